@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up of a Debian 12 machine (as root) for switchml-xdp:
+# Debian packages (bcc, kernel headers, libxdp/libbpf, iproute2, bpftool), a
+# virtual environment that sees Debian's bcc, and the package installed into it.
+# Running it twice is harmless: every step checks before it acts.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+venv=${SWML_VENV:-$top/.venv}
+say() { printf 'setup: %s\n' "$*"; }
+warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
+
+[ "$(id -u)" = 0 ] || { echo "setup: must run as root (netns, XDP, apt-get)" >&2; exit 1; }
+
+# --- Debian packages -------------------------------------------------------
+# python3-bpfcc: bcc's Python bindings (the PyPI "bcc" is an unrelated package).
+# libxdp-dev/libbpf-dev: the worker's AF_XDP engine. clang/llvm: bcc's compiler.
+pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libbpf-dev
+      bpftool clang llvm iproute2 util-linux python3-venv python3-dev python3-numpy
+      python3-pyroute2 gcc make pkg-config ethtool tcpdump)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  say "Debian packages present"
+fi
+
+# --- kernel headers for bcc ------------------------------------------------
+# bcc compiles against /lib/modules/$(uname -r)/build. Where this kernel ships no
+# headers (VMs with custom kernels), Debian's generic amd64 headers compile XDP
+# programs fine: link them in as this kernel's build/source trees.
+kver=$(uname -r)
+moddir=/lib/modules/$kver
+if [ ! -e "$moddir/build/include" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$hdr" ] && [ -n "$common" ] || { echo "setup: no linux-headers-*-amd64 under /usr/src" >&2; exit 1; }
+  warn "no kernel headers for $kver; linking Debian's $(basename "$hdr") as its build tree"
+  mkdir -p "$moddir"
+  ln -sfn "$hdr" "$moddir/build"
+  ln -sfn "$common" "$moddir/source"
+fi
+
+# --- bpffs -----------------------------------------------------------------
+mountpoint -q /sys/fs/bpf || { say "mounting bpffs at /sys/fs/bpf"; mount -t bpf bpf /sys/fs/bpf; }
+
+# --- virtual environment ---------------------------------------------------
+# Made from Debian's python3 with system site-packages so that `import bcc` works.
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import bcc' 2>/dev/null; then
+  say "creating virtual environment $venv"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+stamp="$venv/.swml-installed"
+newest=$(find "$top/pyproject.toml" "$top/setup.py" "$top/worker" "$top/switchml_xdp" "$top/xdp" -newer "$stamp" -print -quit 2>/dev/null || true)
+if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
+  say "installing switchml-xdp into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -e "$top[test]"
+  touch "$stamp"
+else
+  say "switchml-xdp already installed in $venv"
+fi
+say "ready: $venv/bin/swml-switch, swml-worker, swml-lab"

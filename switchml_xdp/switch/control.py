@@ -1,0 +1,239 @@
+"""The control protocol server: TCP, one JSON object a line (docs/protocol.md).
+
+Every request gets exactly one reply line, {"ok": true, ...} or
+{"ok": false, "error": "<one-line reason>"}. A member's connection also carries
+events the switch pushes: {"event": "abort", ...} and {"event": "left", ...}.
+A worker keeps its connection open for the life of its job: closing it without
+`leave` means it died, and the job is aborted at once (a lease catches the
+workers that hang without closing).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Callable
+
+from .jobs import ControlError, Job, JobTable
+
+log = logging.getLogger("swml.control")
+
+MAX_LINE = 64 * 1024
+IDLE_TIMEOUT_S = 30.0
+DEFAULT_JOIN_TIMEOUT_S = 60.0
+MAX_JOIN_TIMEOUT_S = 3600.0
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        self.peer = f"{peer[0]}:{peer[1]}"
+        self.job: Job | None = None
+        self.rank: int | None = None
+        self.op: str | None = None  # the request being answered, echoed in replies
+
+    def send(self, obj: dict) -> None:
+        if self.writer.is_closing():
+            return
+        if "event" not in obj and self.op:
+            obj = {"op": self.op, **obj}
+        self.writer.write((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+
+    def error(self, reason: str) -> None:
+        self.send({"ok": False, "error": reason})
+
+
+class ControlServer:
+    def __init__(self, table: JobTable, switch_info: dict, lease_s: float,
+                 status_extra: Callable[[], dict] = dict):
+        self.table = table
+        self.switch_info = switch_info   # ip, mac, port: told to joiners
+        self.lease_s = lease_s
+        self.status_extra = status_extra
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[Connection] = set()
+        self._lease_task: asyncio.Task | None = None
+        self._ready: dict[int, asyncio.Event] = {}  # joining job -> set when all ranks are in
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
+        self._lease_task = asyncio.create_task(self._watch_leases())
+
+    async def stop(self, reason: str) -> None:
+        """Close the server; tell every member its job is over."""
+        if self._lease_task:
+            self._lease_task.cancel()
+        if self._server:
+            self._server.close()
+        for job in list(self.table.jobs.values()):
+            self.abort(job, reason)
+        for c in list(self._conns):
+            c.writer.close()
+
+    # --- the connection loop ---------------------------------------------
+    async def _serve(self, reader, writer) -> None:
+        conn = Connection(reader, writer)
+        self._conns.add(conn)
+        try:
+            while True:
+                line = await self._read_line(conn)
+                if line is None:
+                    break
+                await self._dispatch(conn, line)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # a bug must not take the daemon down; say so and drop the client
+            log.exception("control connection %s failed", conn.peer)
+        finally:
+            self._conns.discard(conn)
+            self._lost(conn)
+            writer.close()
+
+    async def _read_line(self, conn: Connection) -> bytes | None:
+        """Next line, or None when the connection should end (after telling why)."""
+        # Members are watched by their lease; anyone else must speak or go.
+        timeout = None if conn.job is not None else IDLE_TIMEOUT_S
+        try:
+            line = await asyncio.wait_for(conn.reader.readline(), timeout)
+        except asyncio.TimeoutError:
+            conn.error(f"idle for {IDLE_TIMEOUT_S:.0f} s without a request; closing")
+            return None
+        except (ValueError, asyncio.LimitOverrunError):
+            conn.error(f"request line longer than {MAX_LINE} bytes; closing")
+            return None
+        return line or None
+
+    async def _dispatch(self, conn: Connection, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            conn.error(f"malformed JSON: {e}")
+            return
+        if not isinstance(msg, dict):
+            conn.error("a request must be a JSON object")
+            return
+        op = msg.get("op")
+        conn.op = op if isinstance(op, str) and len(op) < 32 else None
+        handler = {"join": self._join, "leave": self._leave, "heartbeat": self._heartbeat,
+                   "status": self._status}.get(op if isinstance(op, str) else "")
+        if handler is None:
+            conn.error(f"unknown op {op!r}; ops are join, leave, heartbeat, status")
+            return
+        try:
+            await handler(conn, msg)
+        except ControlError as e:
+            conn.error(str(e))
+
+    # --- ops ---------------------------------------------------------------
+    async def _join(self, conn: Connection, msg: dict) -> None:
+        if conn.job is not None:
+            raise ControlError(f"this connection already joined job {conn.job.name!r} as rank {conn.rank}")
+        timeout = msg.get("timeout", DEFAULT_JOIN_TIMEOUT_S)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= MAX_JOIN_TIMEOUT_S:
+            raise ControlError(f"'timeout' must be a number of seconds in (0, {MAX_JOIN_TIMEOUT_S:.0f}]")
+        job = self.table.join(msg, conn)
+        rank = msg["rank"]
+        log.info("job %s: rank %d joined from %s (%d/%d)", job.name, rank, conn.peer,
+                 len(job.members), job.world)
+        if not await self._barrier(conn, job, rank, timeout):
+            return
+        conn.job, conn.rank = job, rank
+        reply = self.table.join_reply(job, rank)
+        reply.update(switch=self.switch_info, lease_s=self.lease_s, heartbeat_s=self.lease_s / 4)
+        conn.send(reply)
+
+    async def _barrier(self, conn: Connection, job: Job, rank: int, timeout: float) -> bool:
+        """Wait until all ranks joined, the joiner hangs up, or time runs out."""
+        ready = self._ready.setdefault(id(job), asyncio.Event())
+        if job.state != "joining":
+            ready.set()
+        hangup = asyncio.ensure_future(conn.reader.read(1))
+        started = asyncio.ensure_future(ready.wait())
+        try:
+            done, _ = await asyncio.wait({hangup, started}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if started in done and job.state == "running":
+                return True
+            missing = job.missing_ranks()
+            self.table.withdraw(job, rank)
+            if hangup in done:
+                # Nothing may be sent during a join: data or EOF both end it.
+                if hangup.result():
+                    conn.error("request sent before the join completed; closing")
+                conn.writer.close()
+            elif started in done:
+                conn.error(f"job {job.name!r} ended before it started")
+            else:
+                conn.error(f"timed out after {timeout:g} s waiting for rank(s) "
+                           f"{', '.join(map(str, missing))} of job {job.name!r} (world {job.world})")
+            return False
+        finally:
+            # The reader is free again only once the read has really ended.
+            for t in (hangup, started):
+                t.cancel()
+                try:
+                    await t
+                except (asyncio.CancelledError, ConnectionError):
+                    pass
+            if job.state != "joining":
+                self._ready.pop(id(job), None)
+
+    def _member(self, conn: Connection, msg: dict) -> Job:
+        if conn.job is None:
+            raise ControlError(f"{msg['op']} needs a joined job on this connection")
+        if conn.job.state != "running":
+            raise ControlError(f"job {conn.job.name!r} is no longer running")
+        return conn.job
+
+    async def _heartbeat(self, conn: Connection, msg: dict) -> None:
+        job = self._member(conn, msg)
+        self.table.heartbeat(job, conn.rank)
+        conn.send({"ok": True})
+
+    async def _leave(self, conn: Connection, msg: dict) -> None:
+        job = self._member(conn, msg)
+        rank = conn.rank
+        conn.job = conn.rank = None
+        ended = self.table.leave(job, rank)
+        log.info("job %s: rank %d left%s", job.name, rank, " (job ended)" if ended else "")
+        conn.send({"ok": True, "job_ended": ended})
+        if not ended:
+            for m in job.members.values():
+                if m.conn is not None and not m.left:
+                    m.conn.send({"event": "left", "job": job.name, "rank": rank})
+
+    async def _status(self, conn: Connection, msg: dict) -> None:
+        conn.send({"ok": True, "switch": self.switch_info, "jobs": self.table.describe(),
+                   "slots_free": self.table.pool.free, "slots_total": self.table.pool.total,
+                   **self.status_extra()})
+
+    # --- failures ------------------------------------------------------------
+    def _lost(self, conn: Connection) -> None:
+        job, rank = conn.job, conn.rank
+        if job is None or job.state != "running":
+            return
+        m = job.members[rank]
+        self.abort(job, f"rank {rank} ({m.ip}) disconnected from the switch without leaving")
+
+    def abort(self, job: Job, reason: str) -> None:
+        """End a job now: free its slots, and tell every other member why."""
+        if job.state == "ended":
+            return
+        log.warning("job %s aborted: %s", job.name, reason)
+        self.table.remove(job)
+        if id(job) in self._ready:  # joiners still at the barrier learn it now
+            self._ready[id(job)].set()
+        for m in job.members.values():
+            c = m.conn
+            if c is not None and not m.left:
+                c.send({"event": "abort", "job": job.name, "reason": reason})
+                c.job = c.rank = None
+
+    async def _watch_leases(self) -> None:
+        while True:
+            await asyncio.sleep(min(0.25, self.lease_s / 4))
+            for job, m in self.table.expired(self.lease_s):
+                self.abort(job, f"rank {m.rank} ({m.ip}) stopped heartbeating "
+                                f"(lease of {self.lease_s:g} s expired)")

@@ -1,0 +1,84 @@
+"""The wire format v1, derived from xdp/swml_wire.h (never written down twice).
+
+Exposes the header's constants as module attributes (DEFAULT_PORT, TYPE_DATA,
+FLAG_SLOT_VER, CNT_RX, ...), the counter names in row order, a numpy dtype for
+the 16-byte swml header, and helpers to build and parse whole datagrams.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+import numpy as np
+
+from .cheaders import defines
+
+_D = defines("swml_wire.h")
+globals().update({name[len("SWML_"):]: value for name, value in _D.items()})
+
+#: Counter rows of the switch, in index order: ["rx", "aggregated", ...].
+COUNTER_NAMES: list[str] = [
+    name[len("SWML_CNT_"):].lower()
+    for name, value in sorted(_D.items(), key=lambda kv: kv[1])
+    if name.startswith("SWML_CNT_") and name != "SWML_CNT_NUM"
+]
+#: Counters that are reasons to drop a malformed or foreign packet.
+DROP_REASONS = COUNTER_NAMES[COUNTER_NAMES.index("truncated"):]
+
+_NP_TYPES = {"__u8": "u1", "__s8": "i1", "__be16": ">u2", "__be32": ">u4"}
+
+
+def _header_dtype() -> np.dtype:
+    from .cheaders import xdp_dir
+    import re
+    text = (xdp_dir() / "swml_wire.h").read_text()
+    body = re.search(r"struct swml_hdr \{(.*?)\}", text, re.S).group(1)
+    fields = re.findall(r"^\s*(\w+)\s+(\w+);", body, re.M)
+    dt = np.dtype([(name, _NP_TYPES[ctype]) for ctype, name in fields])
+    assert dt.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
+    return dt
+
+
+#: numpy dtype of struct swml_hdr (big-endian fields, as on the wire).
+HDR_DTYPE = _header_dtype()
+
+
+def ver_type(kind: int) -> int:
+    return (VERSION << 4) | kind  # noqa: F821
+
+
+def group_of_job(job_id: int) -> tuple[str, str]:
+    """The multicast group (IPv4, MAC) that RESULTs of a job go to."""
+    hi, lo = job_id >> 8, job_id & 0xFF
+    ip = f"{MCAST_PREFIX_A}.{MCAST_PREFIX_B}.{hi}.{lo}"  # noqa: F821
+    mac = "01:00:5e:%02x:%02x:%02x" % (MCAST_PREFIX_B & 0x7F, hi, lo)  # noqa: F821
+    return ip, mac
+
+
+def pack_header(kind: int, job: int, rank: int, slot: int, seq: int, count: int,
+                flags: int = 0, exp: int = 0) -> bytes:
+    h = np.zeros(1, HDR_DTYPE)
+    h["ver_type"], h["flags"], h["job"], h["rank"] = ver_type(kind), flags, job, rank
+    h["slot"], h["seq"], h["exp"], h["count"] = slot, seq, exp, count
+    return h.tobytes()
+
+
+def unpack_header(buf: bytes | memoryview) -> np.void:
+    """The swml header at the start of `buf` (a UDP payload) as a numpy record."""
+    return np.frombuffer(buf, HDR_DTYPE, count=1)[0]
+
+
+def datagram(kind: int, job: int, rank: int, slot: int, seq: int, values: np.ndarray,
+             flags: int = 0, exp: int = 0) -> bytes:
+    """A UDP payload: header + values as little-endian int32."""
+    vals = np.ascontiguousarray(values, dtype="<i4")
+    return pack_header(kind, job, rank, slot, seq, len(vals), flags, exp) + vals.tobytes()
+
+
+def ip_to_be32(ip: str) -> int:
+    """An IPv4 address as the integer its network-order bytes read as on this host
+    (what a __be32 map field holds)."""
+    return int.from_bytes(ipaddress.IPv4Address(ip).packed, "little")
+
+
+def port_to_be16(port: int) -> int:
+    return int.from_bytes(port.to_bytes(2, "big"), "little")

@@ -1,0 +1,166 @@
+"""The public worker API: `Worker(switch, job, rank, world)`.
+
+A Worker joins its job on the switch (waiting for every rank), then reduces
+tensors in place through the switch. Calls run one at a time, in the order they
+were made, on the worker's own thread; `allreduce` waits, `allreduce_async`
+returns a future. Every rank must make the same calls in the same order.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .. import wire
+from .control import ControlClient, ControlError, JobAborted, JobInfo
+from .plans import make_plan
+
+BACKENDS = ("auto", "afxdp", "udp")
+
+
+def route_to(switch: str, port: int) -> tuple[str, str]:
+    """(local IPv4, interface) the kernel would use to reach the switch."""
+    from pyroute2 import IPRoute
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((switch, port))
+        except OSError as e:
+            raise ControlError(f"no route to the switch {switch}: {e.strerror}") from None
+        local_ip = s.getsockname()[0]
+    with IPRoute() as ipr:
+        routes = ipr.route("get", dst=switch)
+        oif = routes[0].get_attr("RTA_OIF")
+        iface = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME")
+    return local_ip, iface
+
+
+def iface_mac(iface: str) -> str:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=iface)
+        if not idx:
+            raise ControlError(f"no interface named {iface!r}")
+        return ipr.get_links(idx[0])[0].get_attr("IFLA_ADDRESS")
+
+
+def _afxdp_unavailable_reason() -> str | None:
+    try:
+        from . import afxdp_backend
+    except ImportError as e:
+        return f"the AF_XDP engine is not built ({e})"
+    return afxdp_backend.unavailable_reason()
+
+
+class Worker:
+    """One rank of a job. Use as a context manager, or call close()."""
+
+    def __init__(self, switch: str, job: str, rank: int, world: int, iface: str | None = None,
+                 backend: str = "auto", port: int = wire.DEFAULT_PORT,
+                 control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
+                 stall_timeout: float = 30.0, verbose: bool = True):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        if not isinstance(world, int) or world < 1:
+            raise ValueError(f"world must be a positive integer, not {world!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world:
+            raise ValueError(f"rank must be in 0..{world - 1}, not {rank!r}")
+        local_ip, route_iface = route_to(switch, control_port)
+        self.iface = iface or route_iface
+        self.local_ip = local_ip
+        self.backend_name = self._choose_backend(backend, verbose)
+        self._control = ControlClient(switch, control_port)
+        try:
+            self.info: JobInfo = self._control.join(job, world, rank, local_ip, port,
+                                                    iface_mac(self.iface), join_timeout)
+            self._backend = self._make_backend(stall_timeout)
+        except BaseException:
+            self._control.close()
+            raise
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-r{rank}")
+        self._lock = threading.Lock()
+        self._stats = {"tensors": 0, "elements": 0, "seconds": 0.0}
+        self._closed = False
+
+    def _choose_backend(self, backend: str, verbose: bool) -> str:
+        if backend == "udp":
+            return "udp"
+        reason = _afxdp_unavailable_reason()
+        if backend == "afxdp":
+            if reason:
+                raise RuntimeError(f"afxdp backend unavailable: {reason}")
+            return "afxdp"
+        chosen = "udp" if reason else "afxdp"
+        if verbose:
+            why = f" ({reason})" if reason else " (kernel bypass available)"
+            print(f"switchml-xdp: backend auto -> {chosen}{why}", file=sys.stderr)
+        return chosen
+
+    def _make_backend(self, stall_timeout: float):
+        abort = lambda: self._control.abort_reason  # noqa: E731 - read between packets
+        if self.backend_name == "afxdp":
+            from .afxdp_backend import AfxdpBackend
+            return AfxdpBackend(self.info, self.local_ip, self.iface, abort, stall_timeout)
+        from .udp_backend import UdpBackend
+        return UdpBackend(self.info, self.local_ip, abort, stall_timeout)
+
+    # --- the API -------------------------------------------------------------
+    def allreduce(self, array: np.ndarray) -> np.ndarray:
+        """Sum `array` over all ranks, in place (float32 or int32); returns it."""
+        return self.allreduce_async(array).result()
+
+    def allreduce_async(self, array: np.ndarray) -> Future:
+        """Start an allreduce; the future's result is the (reduced) array."""
+        if self._closed:
+            raise RuntimeError("this Worker is closed")
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"allreduce takes a numpy array, not {type(array).__name__}")
+        if array.dtype not in (np.float32, np.int32):
+            raise TypeError(f"allreduce supports float32 and int32 arrays, not {array.dtype}")
+        if not array.flags.c_contiguous:
+            raise ValueError("allreduce works in place and needs a C-contiguous array "
+                             "(np.ascontiguousarray makes one; copy the result back)")
+        if not array.flags.writeable:
+            raise ValueError("allreduce works in place and needs a writeable array")
+        return self._executor.submit(self._reduce, array)
+
+    def _reduce(self, array: np.ndarray) -> np.ndarray:
+        with self._lock:
+            if self._control.abort_reason:
+                raise JobAborted(f"job {self.info.name!r} aborted: {self._control.abort_reason}")
+            t0 = time.perf_counter()
+            if array.size:
+                self._backend.run(make_plan(array.reshape(-1), self.info.k, self.info.slots,
+                                            self.info.world))
+            self._stats["tensors"] += 1
+            self._stats["elements"] += array.size
+            self._stats["seconds"] += time.perf_counter() - t0
+        return array
+
+    def stats(self) -> dict:
+        """Counters of this worker: tensors, elements, packets, retransmissions."""
+        return {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
+                "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
+                "slots": self.info.slots, **self._stats, **self._backend.stats}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        try:
+            self._control.leave()
+        finally:
+            self._control.close()
+            self._backend.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

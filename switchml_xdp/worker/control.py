@@ -1,0 +1,171 @@
+"""The worker's side of the control protocol (docs/protocol.md): join with the
+barrier, a heartbeat thread that keeps the lease, and the switch's events
+(another rank failed, the switch is going down) turned into a reason the
+datapath checks between packets."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from dataclasses import dataclass
+
+from .. import wire
+
+
+class ControlError(RuntimeError):
+    """The switch refused a request, or could not be reached; says why."""
+
+
+class JobAborted(RuntimeError):
+    """The job ended under this worker: another rank failed, or the switch went down."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a join returns: everything the datapath needs."""
+    name: str
+    job_id: int
+    world: int
+    rank: int
+    k: int
+    slots: int
+    switch_ip: str
+    switch_mac: str
+    switch_port: int
+    group_ip: str
+    group_mac: str
+    port: int          # this worker's UDP port, where RESULTs arrive
+    heartbeat_s: float
+
+
+class ControlClient:
+    def __init__(self, switch: str, port: int = wire.DEFAULT_CONTROL_PORT, connect_timeout: float = 5.0):
+        self.switch, self.port = switch, port
+        try:
+            self.sock = socket.create_connection((switch, port), timeout=connect_timeout)
+        except OSError as e:
+            raise ControlError(f"cannot reach the switch's control server at {switch}:{port}: "
+                               f"{e.strerror or e}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._rfile = self.sock.makefile("rb")
+        self._send_lock = threading.Lock()
+        self._replies: list[dict] = []
+        self._reply_ready = threading.Condition()
+        self.abort_reason: str | None = None
+        self.left_ranks: set[int] = set()
+        self._closed = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._heartbeat: threading.Thread | None = None
+
+    # --- plumbing ------------------------------------------------------------
+    def _send(self, obj: dict) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def _read_line(self) -> dict | None:
+        line = self._rfile.readline()
+        if not line:
+            return None
+        return json.loads(line)
+
+    def _reader_loop(self) -> None:
+        """After the join: route replies to callers and events to flags."""
+        try:
+            while True:
+                msg = self._read_line()
+                if msg is None:
+                    break
+                if "event" in msg:
+                    if msg["event"] == "abort":
+                        self.abort_reason = msg.get("reason", "aborted by the switch")
+                    elif msg["event"] == "left":
+                        self.left_ranks.add(msg.get("rank"))
+                    continue
+                if msg.get("op") == "heartbeat":
+                    if not msg.get("ok"):
+                        self.abort_reason = f"the switch refused a heartbeat: {msg.get('error')}"
+                    continue
+                with self._reply_ready:
+                    self._replies.append(msg)
+                    self._reply_ready.notify_all()
+        except (OSError, ValueError):
+            pass
+        if not self._closed.is_set() and self.abort_reason is None:
+            self.abort_reason = f"lost the control connection to the switch at {self.switch}:{self.port}"
+        with self._reply_ready:
+            self._reply_ready.notify_all()
+
+    def request(self, obj: dict, timeout: float = 10.0) -> dict:
+        """A request on a joined connection (replies come through the reader)."""
+        self._send(obj)
+        with self._reply_ready:
+            if not self._reply_ready.wait_for(lambda: self._replies or self.abort_reason, timeout):
+                raise ControlError(f"no reply from the switch to {obj.get('op')} within {timeout:g} s")
+            if not self._replies:
+                raise JobAborted(self.abort_reason)
+            reply = self._replies.pop(0)
+        if not reply.get("ok"):
+            raise ControlError(reply.get("error", "request refused"))
+        return reply
+
+    # --- the protocol ------------------------------------------------------------
+    def join(self, job: str, world: int, rank: int, ip: str, port: int, mac: str = "",
+             timeout: float = 60.0, k: int | None = None) -> JobInfo:
+        msg = {"op": "join", "job": job, "world": world, "rank": rank, "ip": ip, "port": port,
+               "mac": mac, "timeout": timeout}
+        if k is not None:
+            msg["k"] = k
+        self._send(msg)
+        self.sock.settimeout(timeout + 10.0)  # the switch answers at the barrier or its timeout
+        try:
+            reply = self._read_line()
+        except socket.timeout:
+            raise ControlError(f"the switch did not answer the join within {timeout + 10:g} s") from None
+        finally:
+            self.sock.settimeout(None)
+        if reply is None:
+            raise ControlError("the switch closed the connection during the join")
+        if not reply.get("ok"):
+            raise ControlError(f"join refused: {reply.get('error')}")
+        sw, grp = reply["switch"], reply["group"]
+        info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
+                       reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
+                       grp["port"], reply["heartbeat_s"])
+        self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)
+        self._reader.start()
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, args=(info.heartbeat_s,),
+                                           name="swml-heartbeat", daemon=True)
+        self._heartbeat.start()
+        return info
+
+    def _heartbeat_loop(self, period: float) -> None:
+        while not self._closed.wait(period):
+            if self.abort_reason:
+                return
+            try:
+                self._send({"op": "heartbeat"})
+            except OSError:
+                return
+
+    def status(self) -> dict:
+        self._send({"op": "status"})
+        reply = self._read_line()
+        if reply is None or not reply.get("ok"):
+            raise ControlError((reply or {}).get("error", "no status from the switch"))
+        return reply
+
+    def leave(self) -> None:
+        if self.abort_reason is None and self._reader is not None:
+            try:
+                self.request({"op": "leave"}, timeout=5.0)
+            except (ControlError, JobAborted, OSError):
+                pass
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()

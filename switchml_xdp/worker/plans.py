@@ -1,0 +1,88 @@
+"""What a worker streams for one tensor: a plan of packets, each with its
+payload and the dependencies that say when it may be sent.
+
+The streaming rule (DESIGN.md "Worker"): packet i of the job's life goes to slot
+i mod S with version (i div S) mod 2, and may be sent only when the slot's
+previous packet (i - S) has its result. Float tensors add one rule: the payload
+of block b is quantized with the exponent agreed for it, which travels `lag`
+packets ahead in the switch's `exp` field, so packet p also waits for the
+result of packet p - lag. For int32, lag = S and the rule is SwitchML's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import wire
+
+
+class Int32Plan:
+    """int32 tensors: packet p carries block p; the sum is exact (wrapping)."""
+
+    def __init__(self, flat: np.ndarray, k: int, slots: int):
+        self.flat, self.k = flat, k
+        n = flat.size
+        self.blocks = -(-n // k)
+        self.npackets = self.blocks
+        self.lag = slots
+        self.padded = np.zeros((self.blocks, k), dtype=np.int32)
+        self.padded.reshape(-1)[:n] = flat
+
+    def payload(self, p: int) -> tuple[np.ndarray, int, int]:
+        return self.padded[p], 0, 0
+
+    def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
+        self.padded[p] = values
+
+    def finish(self) -> None:
+        self.flat[:] = self.padded.reshape(-1)[: self.flat.size]
+
+
+class Float32Plan:
+    """float32 tensors, quantized per block (docs/quantization.md).
+
+    Packets 0..lag-1 carry only exponents (zero payload); packet p >= lag carries
+    block p - lag, quantized with the exponent the switch returned with packet
+    p - lag. Every packet p < blocks carries block p's local exponent."""
+
+    def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
+        from .. import quant
+
+        self.quant = quant
+        self.flat, self.k, self.world = flat, k, world
+        self.blocks = -(-flat.size // k)
+        self.lag = min(slots, self.blocks)
+        self.npackets = self.blocks + self.lag
+        self.local_exp, self.nonfinite = quant.block_exponents(flat, k)
+        self.global_exp = np.full(self.blocks, -128, dtype=np.int8)
+        self.nonfinite_any = np.zeros(self.blocks, dtype=bool)
+        self.sums = np.zeros((self.blocks, k), dtype=np.int32)
+        self._zeros = np.zeros(k, dtype=np.int32)
+
+    def payload(self, p: int) -> tuple[np.ndarray, int, int]:
+        exp = int(self.local_exp[p]) if p < self.blocks else -128
+        b = p - self.lag
+        if b < 0:
+            return self._zeros, exp, 0
+        block = self.flat[b * self.k:(b + 1) * self.k]
+        q = self.quant.quantize(block, self.k, self.global_exp[b:b + 1], self.world)[0]
+        return q, exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
+
+    def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
+        if p < self.blocks:
+            self.global_exp[p] = exp
+        b = p - self.lag
+        if b >= 0:
+            self.sums[b] = values
+            self.nonfinite_any[b] = bool(flags & wire.FLAG_NONFINITE)
+
+    def finish(self) -> None:
+        self.flat[:] = self.quant.dequantize(self.sums, self.global_exp, self.nonfinite_any,
+                                             self.world, self.flat.size)
+
+
+def make_plan(flat: np.ndarray, k: int, slots: int, world: int):
+    if flat.dtype == np.int32:
+        return Int32Plan(flat, k, slots)
+    if flat.dtype == np.float32:
+        return Float32Plan(flat, k, slots, world)
+    raise TypeError(f"allreduce supports float32 and int32 arrays, not {flat.dtype}")

@@ -1,0 +1,135 @@
+"""The `udp` backend: the wire protocol over kernel UDP sockets, no root needed.
+
+One socket bound to the job's port receives both the multicast RESULTs (it
+joins the job's group) and unicast shadow replies. Streaming follows
+plans.py; each in-flight packet has a retransmission timer that doubles on
+every expiry (up to a cap), and a tensor that makes no progress for
+`stall_timeout` seconds fails with the slots it was waiting for.
+"""
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+
+import numpy as np
+
+from .. import wire
+from .control import JobAborted, JobInfo
+
+HDR = struct.Struct("!BBHHHIbBH")  # struct swml_hdr, checked against wire.HDR_DTYPE below
+assert HDR.size == wire.HDR_LEN and HDR.size == wire.HDR_DTYPE.itemsize
+
+RTO_INITIAL_S = 0.05
+RTO_MAX_S = 1.0
+
+
+class UdpBackend:
+    name = "udp"
+
+    def __init__(self, info: JobInfo, local_ip: str, abort_reason=lambda: None,
+                 stall_timeout: float = 30.0):
+        self.info = info
+        self.abort_reason = abort_reason
+        self.stall_timeout = stall_timeout
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.bind(("0.0.0.0", info.port))
+        mreq = socket.inet_aton(info.group_ip) + socket.inet_aton(local_ip)
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
+        self.sock.setblocking(False)
+        self.dest = (info.switch_ip, info.switch_port)
+        self.next_index = 0  # packets sent over the job's life: slot and version follow from it
+        self.stats = {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
+                      "shadow_replies": 0}
+        k = info.k
+        self._tx = bytearray(wire.HDR_LEN + 4 * k)
+        self._rx = bytearray(2048)
+        self._rx_vals = np.frombuffer(self._rx, dtype="<i4", count=k, offset=wire.HDR_LEN)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _send(self, plan, p: int, base: int, retrans: bool) -> None:
+        i = base + p
+        S = self.info.slots
+        values, exp, flags = plan.payload(p)
+        flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
+        HDR.pack_into(self._tx, 0, wire.ver_type(wire.TYPE_DATA), flags, self.info.job_id,
+                      self.info.rank, i % S, i & 0xFFFFFFFF, exp, 0, self.info.k)
+        self._tx[wire.HDR_LEN:] = values.astype("<i4", copy=False).tobytes()
+        self.sock.sendto(self._tx, self.dest)
+        self.stats["packets_sent"] += 1
+
+    def run(self, plan) -> None:
+        """Stream a whole plan through the job's slots; returns when every
+        packet has its result."""
+        S, N, lag = self.info.slots, plan.npackets, plan.lag
+        base = self.next_index
+        done = np.zeros(N, dtype=bool)
+        sent = np.zeros(N, dtype=bool)
+        deadline: dict[int, tuple[float, float]] = {}  # p -> (when to resend, rto)
+        remaining = N
+        now = time.monotonic()
+        last_progress = now
+
+        def ready(p: int) -> bool:
+            return (p < S or done[p - S]) and (p < lag or done[p - lag])
+
+        def send(p: int, retrans: bool = False, rto: float = RTO_INITIAL_S) -> None:
+            self._send(plan, p, base, retrans)
+            sent[p] = True
+            deadline[p] = (time.monotonic() + rto, rto)
+
+        for p in range(min(S, N)):
+            if ready(p):
+                send(p)
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        expected_vt = wire.ver_type(wire.TYPE_RESULT)
+        while remaining:
+            reason = self.abort_reason()
+            if reason:
+                raise JobAborted(f"job {self.info.name!r} aborted: {reason}")
+            wait = min((d for d, _ in deadline.values()), default=now + 0.05) - time.monotonic()
+            if not poller.poll(max(0, min(wait, 0.05)) * 1000):
+                now = time.monotonic()
+                if now - last_progress > self.stall_timeout:
+                    raise TimeoutError(
+                        f"no result from the switch for {self.stall_timeout:g} s; waiting for "
+                        f"slot(s) {sorted((base + p) % S for p in deadline)[:8]} of job {self.info.name!r}")
+                for p, (d, rto) in list(deadline.items()):
+                    if d <= now:
+                        self.stats["retransmissions"] += 1
+                        send(p, True, min(rto * 2, RTO_MAX_S))
+                continue
+            while True:
+                try:
+                    nbytes = self.sock.recv_into(self._rx)
+                except BlockingIOError:
+                    break
+                if nbytes < wire.HDR_LEN + 4 * self.info.k:
+                    continue
+                vt, flags, job, _rank, slot, seq, exp, _r, count = HDR.unpack_from(self._rx)
+                if vt != expected_vt or job != self.info.job_id:
+                    continue
+                p = (seq - base) & 0xFFFFFFFF
+                if p >= N or done[p] or not sent[p]:
+                    self.stats["duplicates"] += 1
+                    continue
+                if flags & wire.FLAG_SHADOW:
+                    self.stats["shadow_replies"] += 1
+                plan.result(p, self._rx_vals, exp, flags)
+                done[p] = True
+                deadline.pop(p, None)
+                remaining -= 1
+                self.stats["results"] += 1
+                last_progress = time.monotonic()
+                for q in (p + S, p + lag):
+                    if q < N and not sent[q] and ready(q):
+                        send(q)
+            now = time.monotonic()
+        self.next_index = base + N
+        plan.finish()

@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * swml_switch.c - the aggregation switch's data plane (XDP, loaded with bcc).
+ *
+ * Specialised at load time by compiler defines (switchml_xdp/switch/dataplane.py):
+ *   SWML_K        int32 elements a packet (fixed per switch)
+ *   SWML_SLOTS    aggregation slots shared by all jobs
+ *   SWML_PORT     UDP port the switch listens on
+ *   SWML_PIN_DIR  bpffs directory the maps are pinned in (a string literal)
+ *
+ * Per packet of (job, rank, slot, ver), after DESIGN.md "Data plane":
+ *   not IPv4/UDP to our port          -> XDP_PASS (the box stays reachable)
+ *   malformed / foreign               -> XDP_DROP, counted by reason, no slot touched
+ *   rank new to seen[ver]             -> aggregate; the last one is rewritten into a
+ *                                        multicast RESULT and sent with XDP_TX
+ *   rank already in seen[ver]         -> shadow reply if complete, else drop
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/udp.h>
+
+#include "swml_wire.h"
+#include "swml_maps.h"
+
+#ifndef SWML_K
+#error "SWML_K must be defined"
+#endif
+#ifndef SWML_SLOTS
+#error "SWML_SLOTS must be defined"
+#endif
+#ifndef SWML_PORT
+#define SWML_PORT SWML_DEFAULT_PORT
+#endif
+#ifndef SWML_PIN_DIR
+#error "SWML_PIN_DIR must be defined"
+#endif
+
+#define SWML_PAYLOAD_LEN (SWML_K * 4)
+
+/* Pinned: `status`, `down` and a restarted daemon open them by path; a reload
+ * on the same interface re-uses them (bcc opens an existing pin). */
+BPF_TABLE_PINNED("array", u32, struct swml_job, jobs, SWML_MAX_JOBS, SWML_PIN_DIR "/jobs");
+BPF_TABLE_PINNED("array", u32, struct swml_member, members,
+		 SWML_MAX_JOBS * SWML_MAX_WORLD, SWML_PIN_DIR "/members");
+BPF_TABLE_PINNED("array", u32, struct swml_slot, slots, SWML_SLOTS, SWML_PIN_DIR "/slots");
+BPF_TABLE_PINNED("percpu_array", u32, u64, counters, SWML_CNT_NUM, SWML_PIN_DIR "/counters");
+
+static __always_inline void swml_count(u32 reason)
+{
+	u64 *c = counters.lookup(&reason);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline int swml_drop(u32 reason)
+{
+	swml_count(reason);
+	return XDP_DROP;
+}
+
+/* Full IPv4 header checksum (20 bytes, no options). Not named csum_*: those
+ * names belong to the kernel headers bcc includes. */
+static __always_inline __u16 swml_ipv4_csum(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+
+	ip->check = 0;
+#pragma unroll
+	for (int i = 0; i < SWML_IP_LEN / 2; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+/* Turn the packet in place into a RESULT: addresses swapped for a unicast shadow
+ * reply, or aimed at the job's multicast group. The payload is already written. */
+static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *ip,
+					     struct udphdr *udp, struct swml_hdr *h,
+					     const struct swml_job *job, int unicast,
+					     __u8 flags, __s8 exp)
+{
+	__u8 mac[ETH_ALEN];
+	__be32 switch_ip = ip->daddr;
+
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN); /* the switch's MAC */
+	if (unicast) {
+		__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+		ip->daddr = ip->saddr;
+		udp->dest = udp->source;
+	} else {
+		__builtin_memcpy(eth->h_dest, job->group_mac, ETH_ALEN);
+		ip->daddr = job->group_ip;
+		udp->dest = job->result_port;
+	}
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+	ip->saddr = switch_ip;
+	ip->ttl = 64;
+	ip->check = swml_ipv4_csum(ip);
+	udp->source = bpf_htons(SWML_PORT);
+	udp->check = 0; /* optional for UDP over IPv4; the payload was rewritten */
+
+	h->ver_type = (SWML_VERSION << 4) | SWML_TYPE_RESULT;
+	h->flags = flags | (unicast ? SWML_FLAG_SHADOW : 0);
+	h->exp = exp;
+	h->reserved = 0;
+}
+
+int swml_switch(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	struct swml_hdr *h;
+	__s32 *payload;
+
+	/* 1. Is it ours? Anything we cannot attribute to our port goes to the stack. */
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		goto pass;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->protocol != IPPROTO_UDP ||
+	    ip->ihl < 5)
+		goto pass;
+	if (ip->ihl != 5) {
+		/* IP options: ours only if the UDP header behind them says so. Kept
+		 * apart so that the fast path below uses constant packet offsets. */
+		struct udphdr *u = (void *)ip + (ip->ihl & 0xf) * 4;
+
+		if ((void *)(u + 1) > data_end || u->dest != bpf_htons(SWML_PORT))
+			goto pass;
+		swml_count(SWML_CNT_RX);
+		return swml_drop(SWML_CNT_BAD_IP);
+	}
+	udp = (void *)(ip + 1);
+	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(SWML_PORT))
+		goto pass;
+
+	/* 2. Ours from here on: every outcome below is counted. */
+	swml_count(SWML_CNT_RX);
+	if (ip->frag_off & bpf_htons(0x3fff)) /* a fragment: MF or an offset */
+		return swml_drop(SWML_CNT_BAD_IP);
+	h = (void *)(udp + 1);
+	if ((void *)(h + 1) > data_end)
+		return swml_drop(SWML_CNT_TRUNCATED);
+	if ((h->ver_type >> 4) != SWML_VERSION)
+		return swml_drop(SWML_CNT_BAD_VERSION);
+	if ((h->ver_type & 0x0f) != SWML_TYPE_DATA)
+		return swml_drop(SWML_CNT_BAD_TYPE);
+	if (h->count != bpf_htons(SWML_K))
+		return swml_drop(SWML_CNT_BAD_COUNT);
+	payload = (void *)(h + 1);
+	if ((void *)payload + SWML_PAYLOAD_LEN > data_end)
+		return swml_drop(SWML_CNT_TRUNCATED);
+	if (ip->tot_len != bpf_htons(SWML_IP_LEN + SWML_UDP_LEN + SWML_HDR_LEN + SWML_PAYLOAD_LEN) ||
+	    udp->len != bpf_htons(SWML_UDP_LEN + SWML_HDR_LEN + SWML_PAYLOAD_LEN))
+		return swml_drop(SWML_CNT_BAD_IP);
+
+	u32 job_id = bpf_ntohs(h->job);
+	struct swml_job *job = jobs.lookup(&job_id);
+	if (!job || !job->active)
+		return swml_drop(SWML_CNT_UNKNOWN_JOB);
+	u32 rank = bpf_ntohs(h->rank);
+	if (rank >= job->world || rank >= SWML_MAX_WORLD)
+		return swml_drop(SWML_CNT_BAD_RANK);
+	u32 member_idx = job_id * SWML_MAX_WORLD + rank;
+	struct swml_member *m = members.lookup(&member_idx);
+	if (!m || m->ip != ip->saddr || m->port != udp->source)
+		return swml_drop(SWML_CNT_BAD_SOURCE);
+	u32 rel_slot = bpf_ntohs(h->slot);
+	if (rel_slot >= job->slot_count)
+		return swml_drop(SWML_CNT_BAD_SLOT);
+	u32 slot_idx = job->slot_base + rel_slot;
+	struct swml_slot *s = slots.lookup(&slot_idx);
+	if (!s)
+		return swml_drop(SWML_CNT_BAD_SLOT);
+
+	/* 3./4. The slot, under its lock. */
+	u32 ver = h->flags & SWML_FLAG_SLOT_VER;
+	u64 bit = 1ULL << rank;
+	u32 world = job->world;
+	int outcome;
+	__u8 res_flags = 0;
+	__s8 res_exp = 0;
+
+	bpf_spin_lock(&s->lock);
+	if (!(s->seen[ver] & bit)) {
+		u32 c = s->count[ver];
+
+		s->seen[ver] |= bit;
+		s->seen[ver ^ 1] &= ~bit;
+		if (c == 0) { /* first contribution of the round overwrites */
+			for (int i = 0; i < SWML_K; i++)
+				s->vals[ver][i] = payload[i];
+			s->exp[ver] = h->exp;
+			s->flags[ver] = h->flags & SWML_FLAG_NONFINITE;
+		} else {
+			for (int i = 0; i < SWML_K; i++)
+				s->vals[ver][i] += payload[i];
+			if (h->exp > s->exp[ver])
+				s->exp[ver] = h->exp;
+			s->flags[ver] |= h->flags & SWML_FLAG_NONFINITE;
+		}
+		c += 1;
+		if (c >= world)
+			c = 0;
+		s->count[ver] = c;
+		outcome = c == 0 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
+	} else {
+		outcome = s->count[ver] == 0 ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
+	}
+	if (outcome == SWML_CNT_COMPLETED || outcome == SWML_CNT_SHADOW_REPLY) {
+		/* Copied under the lock: a late first contribution of the next round
+		 * of this version cannot exist yet, but the read must not tear. */
+		for (int i = 0; i < SWML_K; i++)
+			payload[i] = s->vals[ver][i];
+		res_flags = ver | s->flags[ver];
+		res_exp = s->exp[ver];
+	}
+	bpf_spin_unlock(&s->lock);
+
+	swml_count(outcome);
+	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
+		return XDP_DROP;
+	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, res_flags,
+			 res_exp);
+	return XDP_TX;
+
+pass:
+	swml_count(SWML_CNT_PASSED);
+	return XDP_PASS;
+}
