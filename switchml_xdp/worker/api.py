@@ -17,7 +17,6 @@ import numpy as np
 
 from .. import wire
 from .control import ControlClient, ControlError, JobAborted, JobInfo
-from .plans import make_plan
 
 BACKENDS = ("auto", "afxdp", "udp")
 
@@ -105,7 +104,7 @@ class Worker:
         abort = lambda: self._control.abort_reason  # noqa: E731 - read between packets
         if self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
-            return AfxdpBackend(self.info, self.local_ip, self.iface, abort, stall_timeout)
+            return AfxdpBackend(self.info, self.local_ip, self.iface, self._control, stall_timeout)
         from .udp_backend import UdpBackend
         return UdpBackend(self.info, self.local_ip, abort, stall_timeout)
 
@@ -135,8 +134,7 @@ class Worker:
                 raise JobAborted(f"job {self.info.name!r} aborted: {self._control.abort_reason}")
             t0 = time.perf_counter()
             if array.size:
-                self._backend.run(make_plan(array.reshape(-1), self.info.k, self.info.slots,
-                                            self.info.world))
+                self._backend.allreduce(array.reshape(-1))
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0

@@ -52,12 +52,24 @@ class ControlClient:
         self._replies: list[dict] = []
         self._reply_ready = threading.Condition()
         self.abort_reason: str | None = None
+        self._abort_listeners: list = []
         self.left_ranks: set[int] = set()
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
 
     # --- plumbing ------------------------------------------------------------
+    def on_abort(self, fn) -> None:
+        """Call fn(reason) once if the job is aborted (datapaths raise a flag
+        their packet loop reads, so no Python runs per packet)."""
+        self._abort_listeners.append(fn)
+
+    def _set_abort(self, reason: str) -> None:
+        if self.abort_reason is None:
+            self.abort_reason = reason
+            for fn in self._abort_listeners:
+                fn(reason)
+
     def _send(self, obj: dict) -> None:
         data = (json.dumps(obj) + "\n").encode()
         with self._send_lock:
@@ -78,13 +90,13 @@ class ControlClient:
                     break
                 if "event" in msg:
                     if msg["event"] == "abort":
-                        self.abort_reason = msg.get("reason", "aborted by the switch")
+                        self._set_abort(msg.get("reason", "aborted by the switch"))
                     elif msg["event"] == "left":
                         self.left_ranks.add(msg.get("rank"))
                     continue
                 if msg.get("op") == "heartbeat":
                     if not msg.get("ok"):
-                        self.abort_reason = f"the switch refused a heartbeat: {msg.get('error')}"
+                        self._set_abort(f"the switch refused a heartbeat: {msg.get('error')}")
                     continue
                 with self._reply_ready:
                     self._replies.append(msg)
@@ -92,7 +104,7 @@ class ControlClient:
         except (OSError, ValueError):
             pass
         if not self._closed.is_set() and self.abort_reason is None:
-            self.abort_reason = f"lost the control connection to the switch at {self.switch}:{self.port}"
+            self._set_abort(f"lost the control connection to the switch at {self.switch}:{self.port}")
         with self._reply_ready:
             self._reply_ready.notify_all()
 

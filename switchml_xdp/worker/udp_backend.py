@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import wire
 from .control import JobAborted, JobInfo
+from .plans import make_plan
 
 HDR = struct.Struct("!BBHHHIbBH")  # struct swml_hdr, checked against wire.HDR_DTYPE below
 assert HDR.size == wire.HDR_LEN and HDR.size == wire.HDR_DTYPE.itemsize
@@ -62,6 +63,10 @@ class UdpBackend:
         self._tx[wire.HDR_LEN:] = values.astype("<i4", copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self.stats["packets_sent"] += 1
+
+    def allreduce(self, flat: np.ndarray) -> None:
+        """Reduce a 1-D float32/int32 array in place."""
+        self.run(make_plan(flat, self.info.k, self.info.slots, self.info.world))
 
     def run(self, plan) -> None:
         """Stream a whole plan through the job's slots; returns when every
