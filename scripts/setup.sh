@@ -17,7 +17,7 @@ warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
 # libxdp-dev/libbpf-dev: the worker's AF_XDP engine. clang/llvm: bcc's compiler.
 pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libbpf-dev
       bpftool clang llvm iproute2 util-linux python3-venv python3-dev python3-numpy
-      python3-pyroute2 gcc make pkg-config ethtool tcpdump)
+      python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

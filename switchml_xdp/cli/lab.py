@@ -1,0 +1,96 @@
+"""`swml-lab`: build, inspect and remove emulated clusters in network namespaces.
+
+Subcommands are plain click commands on the `main` group. A new one reuses
+`lab_options` (the -n/--prefix/--rate trio), `lab_errors` (LabError and OS errors
+become one-line click errors) and `host_table`:
+
+    @main.command()
+    @lab_options
+    def demo(workers, prefix, rate):
+        with lab_errors(), Lab(workers, prefix, rate) as lab:
+            click.echo(host_table(lab))
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import click
+
+from switchml_xdp.lab.netns import nsenter_argv
+from switchml_xdp.lab.topology import (
+    MAX_RATE_MBIT, MAX_WORKERS, Host, Lab, LabError, cleanup_leftovers, state_path,
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Emulated switch + workers in network namespaces, on one machine (needs root)."""
+
+
+def lab_options(f):
+    """-n/--workers, --prefix and --rate, for every subcommand that builds a lab."""
+    f = click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True),
+                     default=None, metavar="MBIT",
+                     help="Shape every worker link to MBIT Mbit/s each way (TBF).")(f)
+    f = click.option("--prefix", default=None,
+                     help="Name prefix of everything the lab makes (default: swl + 5 hex digits).")(f)
+    f = click.option("-n", "--workers", type=click.IntRange(1, MAX_WORKERS), default=2,
+                     show_default=True, help="Number of worker namespaces.")(f)
+    return f
+
+
+@contextlib.contextmanager
+def lab_errors() -> Iterator[None]:
+    """Turn the lab's failures into one-line click errors (exit status 1)."""
+    try:
+        yield
+    except LabError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        raise click.ClickException(f"{e.strerror or e}{where}") from None
+
+
+def host_table(lab: Lab | None = None, hosts: list[Host] | None = None) -> str:
+    """Aligned table of hosts: name, namespace, iface, ip, mac."""
+    hosts = hosts if hosts is not None else lab.hosts
+    rows = [("host", "namespace", "iface", "ip", "mac")]
+    rows += [(h.name, h.ns, h.iface, h.ip, h.mac) for h in hosts]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+@main.command()
+@lab_options
+def up(workers: int, prefix: str | None, rate: float | None) -> None:
+    """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
+    with lab_errors():
+        lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True).start()
+    shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "links unshaped"
+    example = " ".join(nsenter_argv(lab.workers[0].ns, ["ping", "-c1", lab.switch.ip]))
+    click.echo(f"lab {lab.prefix} is up: {len(lab.workers)} workers, {shaping}")
+    click.echo(host_table(lab))
+    click.echo("\nrun a command inside a host:  nsenter --net=/run/netns/NAMESPACE CMD")
+    click.echo(f"  e.g. {example}")
+    click.echo(f"description: {state_path(lab.prefix)}")
+    click.echo(f"remove it:   swml-lab down {lab.prefix}")
+
+
+@main.command()
+@click.argument("prefix", required=False)
+@click.option("--all", "all_", is_flag=True, help='Remove every lab (namespaces named "swl*").')
+def down(prefix: str | None, all_: bool) -> None:
+    """Remove the lab PREFIX (its namespaces, processes, description)."""
+    if bool(prefix) == all_:
+        raise click.UsageError("give either a lab PREFIX or --all")
+    with lab_errors():
+        had_state = prefix is not None and state_path(prefix).exists()
+        removed = cleanup_leftovers(prefix)
+    if prefix is not None and not removed and not had_state:
+        raise click.ClickException(f"no lab with prefix {prefix!r}")
+    click.echo(f"removed {len(removed)} namespace(s)" + (f": {' '.join(removed)}" if removed else ""))
+
+
+if __name__ == "__main__":
+    main()

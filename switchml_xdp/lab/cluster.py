@@ -1,0 +1,81 @@
+"""Run the real switch daemon and real workers inside a Lab.
+
+Shared by the tests, `swml-lab demo` and the benchmarks: the switch is
+`swml-switch up` in the switch namespace; workers run either as threads of
+this process (each thread moved into its worker's namespace) or as
+processes.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from .topology import Host, Lab
+
+
+class SwitchProcess:
+    """`swml-switch up` running in the lab's switch namespace."""
+
+    def __init__(self, lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0):
+        self.lab = lab
+        self.iface = lab.switch.iface
+        argv = [sys.executable, "-m", "switchml_xdp.cli.switch", "up", self.iface, *args]
+        self.started = time.monotonic()
+        self.proc = lab.popen(lab.switch, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, bufsize=1)
+        self.output: list[str] = []
+        self.ready_line = self._wait_ready(ready_timeout)
+        self.startup_s = time.monotonic() - self.started
+        # Keep draining its output so the daemon never blocks on a full pipe.
+        self._drain = threading.Thread(target=self._drain_output, daemon=True)
+        self._drain.start()
+
+    def _wait_ready(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.output.append(line.rstrip())
+            if " up on " in line:
+                return line.strip()
+        self.stop()
+        raise RuntimeError("swml-switch did not come up:\n" + "\n".join(self.output[-30:]))
+
+    def _drain_output(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line.rstrip())
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "SwitchProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_ranks(lab: Lab, hosts: Sequence[Host], fn: Callable[[int, Host], object],
+              timeout: float = 120.0) -> list:
+    """Call fn(rank, host) for every rank at once, each in a thread that lives
+    in its host's network namespace; return the results in rank order and
+    re-raise the first failure."""
+    def body(rank: int, host: Host):
+        with lab.enter(host):
+            return fn(rank, host)
+
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        futures = [pool.submit(body, r, h) for r, h in enumerate(hosts)]
+        return [f.result(timeout=timeout) for f in futures]

@@ -1,0 +1,44 @@
+"""Shared fixtures: a lab with the real switch, shared by the tests that allow it
+(a bcc compile costs about 1.5 s on these machines)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _why_no_lab() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: network namespaces, veth and XDP"
+    try:
+        import bcc  # noqa: F401  Debian's python3-bpfcc, seen through the venv
+    except ImportError:
+        return "bcc is not importable (run `make test`, which sets up the venv)"
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        return "the kernel has no BTF (bpf_spin_lock in map values needs it)"
+    return None
+
+
+NO_LAB = _why_no_lab()
+needs_lab = pytest.mark.skipif(NO_LAB is not None, reason=NO_LAB or "")
+
+
+@pytest.fixture(scope="session")
+def lab8():
+    """A lab with 8 workers, for the whole session."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=8) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="session")
+def switch(lab8):
+    """The real switch daemon (k=256) serving in lab8's switch namespace."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    with SwitchProcess(lab8, ["--lease", "2"]) as sw:
+        yield sw
+    assert sw.proc.returncode == 0, "\n".join(sw.output[-20:])
