@@ -9,7 +9,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/swml-lab demo
+	$(VENV)/bin/swml-lab demo -n 4 $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)

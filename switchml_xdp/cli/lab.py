@@ -94,3 +94,25 @@ def down(prefix: str | None, all_: bool) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@main.command()
+@lab_options
+@click.option("--size", default="16MiB", show_default=True, help="tensor size (bytes; K/M/G/KiB/MiB/GiB)")
+@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None))
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None))
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]))
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]))
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="check every element of every result")
+def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify):
+    """Switch + WORKERS workers in a lab, running an allreduce benchmark."""
+    from switchml_xdp.lab.demo import run_demo
+
+    if prefix:
+        raise click.BadParameter("demo makes a fresh lab each run", param_hint="--prefix")
+    with lab_errors():
+        try:
+            run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures and ratios (run with python -m)."""

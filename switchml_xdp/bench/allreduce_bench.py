@@ -1,0 +1,99 @@
+"""The allreduce benchmark one rank runs (`swml-worker bench`).
+
+Every rank builds its tensors from (seed, rank, iteration), so with --verify
+each rank can recompute every other rank's input and check every element of
+its result: exactly for int32, and bit for bit against the numpy reference
+of the quantized sum for float32 (docs/quantization.md).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+
+import numpy as np
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'64MiB', '1M', '4096' -> bytes (a multiple of 4: one int32/float32 each)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try 64MiB, 1M, 4096)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 4:
+        raise ValueError(f"size {text!r} is smaller than one element (4 bytes)")
+    return n - n % 4
+
+
+def make_input(dtype: str, n: int, rank: int, iteration: int, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank, iteration])
+    if dtype == "int32":
+        return rng.integers(-(1 << 20), 1 << 20, size=n, dtype=np.int32)
+    return rng.standard_normal(n, dtype=np.float32)
+
+
+def expected(dtype: str, n: int, world: int, iteration: int, k: int) -> np.ndarray:
+    inputs = [make_input(dtype, n, r, iteration) for r in range(world)]
+    if dtype == "int32":
+        return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(np.uint32).view(np.int32)
+    from ..quant import simulate_allreduce
+    return simulate_allreduce(inputs, k)
+
+
+def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "float32",
+        verify: bool = False, progress: bool = True) -> dict:
+    """Time `iterations` allreduces of one tensor (after `warmup` untimed ones)."""
+    n = size_bytes // 4
+    info = worker.info
+    times: list[float] = []
+    bad = 0
+    total = warmup + iterations
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, desc=f"rank {info.rank} allreduce {size_bytes / 2**20:.1f} MiB",
+                   unit="it", leave=False)
+    before = dict(worker.stats())
+    for it in range(total):
+        if it == warmup:
+            before = dict(worker.stats())  # packets and retransmissions of the timed part
+        a = make_input(dtype, n, info.rank, it)
+        t0 = time.perf_counter()
+        worker.allreduce(a)
+        dt = time.perf_counter() - t0
+        if it >= warmup:
+            times.append(dt)
+        if verify and not np.array_equal(a, expected(dtype, n, info.world, it, info.k), equal_nan=True):
+            bad += 1
+        if bar:
+            bar.update()
+    if bar:
+        bar.close()
+    after = worker.stats()
+    med = statistics.median(times)
+    return {
+        "rank": info.rank, "world": info.world, "backend": after["backend"], "dtype": dtype,
+        "bytes": n * 4, "elements": n, "k": info.k, "slots": info.slots, "iterations": iterations,
+        "tat_min_s": min(times), "tat_median_s": med, "tat_max_s": max(times),
+        "goodput_gbps": n * 4 * 8 / med / 1e9, "ate_per_s": n / med,
+        "packets_per_s": (after["packets_sent"] - before["packets_sent"]) / sum(times),
+        "retransmissions": after["retransmissions"] - before["retransmissions"],
+        "verified": (iterations + warmup - bad) if verify else None, "verify_failures": bad if verify else None,
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'rank':>4} {'backend':>7} {'dtype':>7} {'MiB':>7} {'TAT min/median/max (ms)':>25} "
+            f"{'Gbit/s':>7} {'ATE/s':>10} {'retx':>6} {'verify':>8}")
+    lines = [head]
+    for r in sorted(rows, key=lambda r: r["rank"]):
+        tat = f"{r['tat_min_s'] * 1e3:.1f}/{r['tat_median_s'] * 1e3:.1f}/{r['tat_max_s'] * 1e3:.1f}"
+        ver = "-" if r["verified"] is None else ("ok" if not r["verify_failures"] else
+                                                  f"{r['verify_failures']} BAD")
+        lines.append(f"{r['rank']:>4} {r['backend']:>7} {r['dtype']:>7} {r['bytes'] / 2**20:>7.2f} "
+                     f"{tat:>25} {r['goodput_gbps']:>7.3f} {r['ate_per_s']:>10.3g} "
+                     f"{r['retransmissions']:>6} {ver:>8}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""`swml-worker`: a worker of a switchml-xdp job, from the command line."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .. import wire
+from ..bench import allreduce_bench
+
+
+class SizeParam(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return allreduce_bench.parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """switchml-xdp worker tools."""
+
+
+@main.command()
+@click.option("--switch", "switch_ip", required=True, help="the switch's IPv4 address")
+@click.option("--job", required=True, help="job name (the same on every rank)")
+@click.option("--rank", required=True, type=click.IntRange(0, None))
+@click.option("--world", required=True, type=click.IntRange(1, None))
+@click.option("--size", default="64MiB", show_default=True, type=SizeParam(),
+              help="tensor size in bytes (suffixes K, M, G, KiB, MiB, GiB)")
+@click.option("--iterations", "-n", default=10, show_default=True, type=click.IntRange(1, None))
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, None))
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]))
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]))
+@click.option("--iface", default=None, help="interface towards the switch [default: from the route]")
+@click.option("--port", default=wire.DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
+              help="this worker's UDP port (the same on every rank)")
+@click.option("--control-port", default=wire.DEFAULT_CONTROL_PORT, show_default=True,
+              type=click.IntRange(1, 65535))
+@click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600))
+@click.option("--verify", is_flag=True, help="check every element against the exact result")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, backend, iface, port,
+          control_port, join_timeout, verify, as_json, quiet):
+    """Time allreduce of one tensor through the switch, as rank RANK of WORLD."""
+    from .. import Worker
+    from ..worker.control import ControlError, JobAborted
+
+    if rank >= world:
+        raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")
+    try:
+        with Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
+                    control_port=control_port, join_timeout=join_timeout, verbose=not quiet) as w:
+            result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
+                                         progress=not quiet and sys.stderr.isatty())
+    except (ControlError, JobAborted, TimeoutError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(allreduce_bench.format_table([result]))
+    if verify and result["verify_failures"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""`swml-lab demo`: the whole system on one machine. A lab with N workers, the
+real XDP switch, and `swml-worker bench` run as a separate process in every
+worker namespace; prints the per-rank results and a summary."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from ..bench.allreduce_bench import format_table
+from .cluster import SwitchProcess
+from .topology import Lab
+
+
+def run_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, backend: str,
+             verify: bool, rate: float | None, out=print) -> list[dict]:
+    with Lab(workers=workers, rate_mbit=rate) as lab:
+        out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} workers on a bridge"
+            + (f", links shaped to {rate:g} Mbit/s" if rate else ""))
+        with SwitchProcess(lab) as sw:
+            out(sw.ready_line)
+            procs = []
+            for rank, host in enumerate(lab.workers):
+                argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench",
+                        "--switch", lab.switch.ip, "--job", "demo", "--rank", str(rank),
+                        "--world", str(workers), "--size", size, "--iterations", str(iterations),
+                        "--warmup", str(warmup), "--dtype", dtype, "--backend", backend, "--json"]
+                if verify:
+                    argv.append("--verify")
+                if rank != 0:
+                    argv.append("--quiet")
+                # rank 0 shows its progress bar on our terminal
+                procs.append(lab.popen(host, argv, stdout=subprocess.PIPE,
+                                       stderr=None if rank == 0 else subprocess.PIPE, text=True))
+            t0 = time.monotonic()
+            results, errors = [], []
+            for rank, p in enumerate(procs):
+                stdout, stderr = p.communicate(timeout=1800)
+                if p.returncode != 0:
+                    errors.append(f"rank {rank} failed: {(stderr or stdout).strip()}")
+                    continue
+                results.append(json.loads(stdout.strip().splitlines()[-1]))
+            if errors:
+                raise RuntimeError("\n".join(errors))
+            wall = time.monotonic() - t0
+        out("")
+        out(format_table(results))
+        med = max(r["tat_median_s"] for r in results)
+        r0 = results[0]
+        out("")
+        out(f"{workers} workers, {r0['dtype']} tensor of {r0['bytes'] / 2**20:.1f} MiB, "
+            f"k={r0['k']}, {r0['slots']} slots, backend {r0['backend']}: "
+            f"median tensor aggregation time {med * 1e3:.1f} ms, "
+            f"goodput {r0['bytes'] * 8 / med / 1e9:.3f} Gbit/s per worker, "
+            f"{r0['elements'] / med:.3g} ATE/s; wall {wall:.1f} s")
+        return results
