@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from typing import Callable
 
 from .jobs import ControlError, Job, JobTable
@@ -20,6 +21,8 @@ log = logging.getLogger("swml.control")
 
 MAX_LINE = 64 * 1024
 IDLE_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_ENV = "SWML_CONTROL_IDLE_S"  # overrides IDLE_TIMEOUT_S at server start (tests)
+LINGER_S = 2.0   # how long a connection the switch closes may still drain the client's input
 DEFAULT_JOIN_TIMEOUT_S = 60.0
 MAX_JOIN_TIMEOUT_S = 3600.0
 
@@ -32,6 +35,7 @@ class Connection:
         self.job: Job | None = None
         self.rank: int | None = None
         self.op: str | None = None  # the request being answered, echoed in replies
+        self.closing = False        # the switch ends this connection after its reply
 
     def send(self, obj: dict) -> None:
         if self.writer.is_closing():
@@ -42,6 +46,22 @@ class Connection:
 
     def error(self, reason: str) -> None:
         self.send({"ok": False, "error": reason})
+
+
+def idle_timeout_from_env() -> float:
+    """IDLE_TIMEOUT_S, or the positive number of seconds in $SWML_CONTROL_IDLE_S."""
+    raw = os.environ.get(IDLE_TIMEOUT_ENV)
+    if raw is None:
+        return IDLE_TIMEOUT_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < float("inf"):
+        log.warning("ignoring %s=%r: not a positive number of seconds; using %g s",
+                    IDLE_TIMEOUT_ENV, raw, IDLE_TIMEOUT_S)
+        return IDLE_TIMEOUT_S
+    return v
 
 
 class ControlServer:
@@ -55,8 +75,10 @@ class ControlServer:
         self._conns: set[Connection] = set()
         self._lease_task: asyncio.Task | None = None
         self._ready: dict[int, asyncio.Event] = {}  # joining job -> set when all ranks are in
+        self.idle_timeout_s = IDLE_TIMEOUT_S
 
     async def start(self, host: str, port: int) -> None:
+        self.idle_timeout_s = idle_timeout_from_env()
         self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
         self._lease_task = asyncio.create_task(self._watch_leases())
 
@@ -81,7 +103,10 @@ class ControlServer:
                 if line is None:
                     break
                 await self._dispatch(conn, line)
+                conn.op = None
                 await writer.drain()
+                if conn.closing:
+                    break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:  # a bug must not take the daemon down; say so and drop the client
@@ -89,37 +114,63 @@ class ControlServer:
         finally:
             self._conns.discard(conn)
             self._lost(conn)
-            writer.close()
+            await self._close(conn)
+
+    @staticmethod
+    async def _close(conn: Connection) -> None:
+        """Close a connection. When the switch is the one ending it, half-close
+        first and discard what the client still sends for a moment: closing a
+        socket with unread input makes the kernel reset the connection, and
+        the reset can destroy the error line before the client has read it."""
+        w = conn.writer
+        if conn.closing and not w.is_closing():
+            async def linger():
+                await w.drain()
+                if w.can_write_eof():
+                    w.write_eof()
+                while await conn.reader.read(1 << 16):
+                    pass
+            try:
+                await asyncio.wait_for(linger(), LINGER_S)
+            except (asyncio.TimeoutError, ConnectionError, OSError):
+                pass
+        w.close()
 
     async def _read_line(self, conn: Connection) -> bytes | None:
         """Next line, or None when the connection should end (after telling why)."""
         # Members are watched by their lease; anyone else must speak or go.
-        timeout = None if conn.job is not None else IDLE_TIMEOUT_S
+        timeout = None if conn.job is not None else self.idle_timeout_s
         try:
             line = await asyncio.wait_for(conn.reader.readline(), timeout)
         except asyncio.TimeoutError:
-            conn.error(f"idle for {IDLE_TIMEOUT_S:.0f} s without a request; closing")
+            conn.error(f"idle for {self.idle_timeout_s:g} s without a request; closing")
+            conn.closing = True
             return None
         except (ValueError, asyncio.LimitOverrunError):
             conn.error(f"request line longer than {MAX_LINE} bytes; closing")
+            conn.closing = True
             return None
         return line or None
 
     async def _dispatch(self, conn: Connection, line: bytes) -> None:
+        conn.op = None  # nothing is echoed until the request names a valid op
         try:
             msg = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
             conn.error(f"malformed JSON: {e}")
+            return
+        except RecursionError:
+            conn.error("malformed JSON: nested too deeply")
             return
         if not isinstance(msg, dict):
             conn.error("a request must be a JSON object")
             return
         op = msg.get("op")
         conn.op = op if isinstance(op, str) and len(op) < 32 else None
-        handler = {"join": self._join, "leave": self._leave, "heartbeat": self._heartbeat,
-                   "status": self._status}.get(op if isinstance(op, str) else "")
+        handler = {"join": self._join, "resume": self._resume, "leave": self._leave,
+                   "heartbeat": self._heartbeat, "status": self._status}.get(op if isinstance(op, str) else "")
         if handler is None:
-            conn.error(f"unknown op {op!r}; ops are join, leave, heartbeat, status")
+            conn.error(f"unknown op {op!r}; ops are join, resume, leave, heartbeat, status")
             return
         try:
             await handler(conn, msg)
@@ -154,15 +205,21 @@ class ControlServer:
         try:
             done, _ = await asyncio.wait({hangup, started}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
-            if started in done and job.state == "running":
-                return True
+            if job.state == "running":
+                # (Checked whatever woke us: the last rank may have come in just
+                # as the timeout fired.)
+                if hangup not in done:
+                    return True
+                # It spoke or hung up as the last rank came in: the job cannot run.
+                self.abort(job, f"rank {rank} ({job.members[rank].ip}) disconnected "
+                                f"from the switch during its join")
             missing = job.missing_ranks()
             self.table.withdraw(job, rank)
             if hangup in done:
                 # Nothing may be sent during a join: data or EOF both end it.
                 if hangup.result():
                     conn.error("request sent before the join completed; closing")
-                conn.writer.close()
+                conn.closing = True
             elif started in done:
                 conn.error(f"job {job.name!r} ended before it started")
             else:
@@ -179,6 +236,16 @@ class ControlServer:
                     pass
             if job.state != "joining":
                 self._ready.pop(id(job), None)
+
+    async def _resume(self, conn: Connection, msg: dict) -> None:
+        if conn.job is not None:
+            raise ControlError(f"this connection already belongs to job {conn.job.name!r}")
+        job = self.table.resume(msg, conn)
+        old = job.members[msg["rank"]]
+        conn.job, conn.rank = job, old.rank
+        log.info("job %s: rank %d resumed from %s", job.name, old.rank, conn.peer)
+        conn.send({"ok": True, "job": job.name, "job_id": job.id, "lease_s": self.lease_s,
+                   "heartbeat_s": self.lease_s / 4})
 
     def _member(self, conn: Connection, msg: dict) -> Job:
         if conn.job is None:
@@ -215,6 +282,8 @@ class ControlServer:
         if job is None or job.state != "running":
             return
         m = job.members[rank]
+        if m.conn is not conn:
+            return  # an old connection of a member that has resumed on a new one
         self.abort(job, f"rank {rank} ({m.ip}) disconnected from the switch without leaving")
 
     def abort(self, job: Job, reason: str) -> None:

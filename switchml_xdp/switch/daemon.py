@@ -117,21 +117,47 @@ class Switch:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.iface)
         check_free(self.iface)
-        # Maps pinned by an earlier switch with other parameters cannot be reused.
-        st = read_state(self.iface)
-        if SwitchMaps.exist(self.iface) and (not st or st.get("params") != asdict(self.params)):
-            dataplane.remove_pins(self.iface)
+        adopt = self._adoptable_state()
+        if SwitchMaps.exist(self.iface) and adopt is None:
+            dataplane.remove_pins(self.iface)  # stale: from another configuration or a clean stop
         self._bpf, fn = dataplane.compile_switch(self.iface, self.params)
         self.maps = SwitchMaps(self.iface, self.params.k)
-        # A fresh switch starts from empty tables (pins may be left from a crash).
-        for job_id in range(1, 256):
-            if self.maps.read_job(job_id).active:
-                self.maps.clear_job(job_id, 64)
-        self.mode = dataplane.attach_switch(self.iface, fn.fd, self.requested_mode, replace=True)
-        self.prog_id = xdp_attach.attachment(self.iface).prog_id
         self.table = JobTable(self.maps, self.params.k, self.params.slots, self.job_slots,
                               on_change=self.write_state)
+        if adopt is not None:
+            self._adopt(adopt)
+        # Replacing the program in one netlink call: the data plane never stops.
+        self.mode = dataplane.attach_switch(self.iface, fn.fd, self.requested_mode or
+                                            (adopt or {}).get("mode"), replace=True)
+        self.prog_id = xdp_attach.attachment(self.iface).prog_id
         self.write_state()
+
+    def _adoptable_state(self) -> dict | None:
+        """The state of a daemon that died while its data plane kept running on
+        this interface with the same parameters: its jobs can be taken over."""
+        st = read_state(self.iface)
+        if not st or pid_alive(st.get("pid", -1)) or not SwitchMaps.exist(self.iface):
+            return None
+        if xdp_attach.attachment(self.iface).prog_id != st.get("prog_id"):
+            return None
+        if st.get("params") != asdict(self.params):
+            if st.get("jobs"):
+                print(f"swml-switch: the previous switch on {self.iface} ran with {st['params']}; "
+                      f"its {len(st['jobs'])} job(s) are discarded", file=sys.stderr)
+            return None
+        return st
+
+    def _adopt(self, st: dict) -> None:
+        running = [j for j in st.get("jobs", []) if j["state"] == "running"]
+        active = {j["id"] for j in running}
+        for job_id in range(1, 256):  # joins the old daemon never finished
+            if job_id not in active and self.maps.read_job(job_id).active:
+                self.maps.clear_job(job_id, 64)
+        for desc in running:
+            self.table.adopt(desc)
+        print(f"swml-switch: re-adopted {len(running)} running job(s) of the previous daemon "
+              f"(pid {st['pid']}) on {self.iface}; their workers have {self.lease_s:g} s to resume",
+              file=sys.stderr, flush=True)
 
     def unload(self) -> None:
         try:

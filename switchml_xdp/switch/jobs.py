@@ -206,5 +206,35 @@ class JobTable:
         del self.jobs[job.name]
         job.state = "ended"
 
+    def adopt(self, desc: dict) -> Job:
+        """Take over a running job that an earlier daemon left in the pinned maps
+        (desc is its `describe()` from the state file). Its members must
+        reconnect with `resume`; their lease clocks start now."""
+        job = Job(desc["name"], desc["id"], desc["world"], desc["port"], desc["slot_base"],
+                  desc["slots"], state="running")
+        for r, m in desc["members"].items():
+            job.members[int(r)] = Member(int(r), m["ip"], m["port"], m["mac"], left=m["left"])
+        self.pool.claim(job.slot_base, job.slot_count)
+        self.jobs[job.name] = job
+        return job
+
+    def resume(self, msg: dict, conn) -> Job:
+        """A member of a running job re-attaches its control connection (after
+        the daemon restarted, or its connection broke)."""
+        name = _check_str(msg, "job")
+        job = self.jobs.get(name)
+        if job is None or job.state != "running":
+            raise ControlError(f"no running job {name!r} to resume")
+        rank = _check_int(msg, "rank", 0, job.world - 1)
+        job_id = msg.get("job_id")
+        if job_id != job.id:
+            raise ControlError(f"job {name!r} now has id {job.id}, not {job_id!r}: it is another job")
+        m = job.members.get(rank)
+        if m is None or m.left:
+            raise ControlError(f"rank {rank} is not a member of job {name!r}")
+        m.conn = conn
+        m.last_seen = time.monotonic()
+        return job
+
     def describe(self) -> list[dict]:
         return [j.describe() for j in sorted(self.jobs.values(), key=lambda j: j.id)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 from .. import wire
@@ -53,6 +54,9 @@ class ControlClient:
         self._reply_ready = threading.Condition()
         self.abort_reason: str | None = None
         self._abort_listeners: list = []
+        self.resume_window_s = 30.0  # how long to try to reconnect after losing the switch
+        self.resumed = 0
+        self._resume_msg: dict = {}
         self.left_ranks: set[int] = set()
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None
@@ -82,31 +86,65 @@ class ControlClient:
         return json.loads(line)
 
     def _reader_loop(self) -> None:
-        """After the join: route replies to callers and events to flags."""
-        try:
-            while True:
-                msg = self._read_line()
-                if msg is None:
-                    break
-                if "event" in msg:
-                    if msg["event"] == "abort":
-                        self._set_abort(msg.get("reason", "aborted by the switch"))
-                    elif msg["event"] == "left":
-                        self.left_ranks.add(msg.get("rank"))
-                    continue
-                if msg.get("op") == "heartbeat":
-                    if not msg.get("ok"):
-                        self._set_abort(f"the switch refused a heartbeat: {msg.get('error')}")
-                    continue
-                with self._reply_ready:
-                    self._replies.append(msg)
-                    self._reply_ready.notify_all()
-        except (OSError, ValueError):
-            pass
-        if not self._closed.is_set() and self.abort_reason is None:
-            self._set_abort(f"lost the control connection to the switch at {self.switch}:{self.port}")
+        """After the join: route replies to callers and events to flags. A
+        broken connection is re-established with `resume` (the switch daemon
+        may have been restarted; its data plane keeps aggregating meanwhile)."""
+        while True:
+            try:
+                while True:
+                    msg = self._read_line()
+                    if msg is None:
+                        break
+                    self._route(msg)
+            except (OSError, ValueError):
+                pass
+            if self._closed.is_set() or self.abort_reason is not None:
+                break
+            if not self._reconnect():
+                self._set_abort(f"lost the control connection to the switch at {self.switch}:{self.port} "
+                                f"and could not resume within {self.resume_window_s:g} s")
+                break
         with self._reply_ready:
             self._reply_ready.notify_all()
+
+    def _route(self, msg: dict) -> None:
+        if "event" in msg:
+            if msg["event"] == "abort":
+                self._set_abort(msg.get("reason", "aborted by the switch"))
+            elif msg["event"] == "left":
+                self.left_ranks.add(msg.get("rank"))
+            return
+        if msg.get("op") == "heartbeat":
+            if not msg.get("ok"):
+                self._set_abort(f"the switch refused a heartbeat: {msg.get('error')}")
+            return
+        with self._reply_ready:
+            self._replies.append(msg)
+            self._reply_ready.notify_all()
+
+    def _reconnect(self) -> bool:
+        """Connect again and resume this rank's membership, until the window ends."""
+        deadline = time.monotonic() + self.resume_window_s
+        while time.monotonic() < deadline and not self._closed.is_set():
+            try:
+                sock = socket.create_connection((self.switch, self.port), timeout=1.0)
+                sock.settimeout(5.0)
+                rfile = sock.makefile("rb")
+                sock.sendall((json.dumps(self._resume_msg) + "\n").encode())
+                reply = json.loads(rfile.readline() or b"{}")
+                if not reply.get("ok"):
+                    sock.close()
+                    self._set_abort(f"the switch refused to resume the job: {reply.get('error')}")
+                    return True  # a definite answer: stop trying
+                sock.settimeout(None)
+                with self._send_lock:
+                    old, self.sock, self._rfile = self.sock, sock, rfile
+                old.close()
+                self.resumed += 1
+                return True
+            except (OSError, ValueError):
+                time.sleep(0.2)
+        return False
 
     def request(self, obj: dict, timeout: float = 10.0) -> dict:
         """A request on a joined connection (replies come through the reader)."""
@@ -138,12 +176,15 @@ class ControlClient:
             self.sock.settimeout(None)
         if reply is None:
             raise ControlError("the switch closed the connection during the join")
+        if reply.get("event") == "abort":  # the job ended at the barrier (the switch shut down)
+            raise ControlError(f"join refused: {reply.get('reason') or 'the switch aborted the job'}")
         if not reply.get("ok"):
             raise ControlError(f"join refused: {reply.get('error')}")
         sw, grp = reply["switch"], reply["group"]
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
                        grp["port"], reply["heartbeat_s"])
+        self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)
         self._reader.start()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, args=(info.heartbeat_s,),
@@ -158,9 +199,11 @@ class ControlClient:
             try:
                 self._send({"op": "heartbeat"})
             except OSError:
-                return
+                pass  # the reader notices the broken connection and resumes on a new one
 
     def status(self) -> dict:
+        if self._reader is not None:  # joined: the reader thread owns the connection's input
+            return self.request({"op": "status"})
         self._send({"op": "status"})
         reply = self._read_line()
         if reply is None or not reply.get("ok"):
