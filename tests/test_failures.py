@@ -95,7 +95,7 @@ def test_daemon_killed_mid_tensor_data_plane_goes_on_and_restart_readopts(lab3):
     from switchml_xdp import Worker
 
     sw = SwitchProcess(lab3, ["--lease", str(LEASE_S)])
-    n = 4_000_000
+    n = 8_000_000  # 31250 packets a rank: seconds of streaming
     killed_at = {}
     restarted = {}
 
@@ -115,7 +115,11 @@ def test_daemon_killed_mid_tensor_data_plane_goes_on_and_restart_readopts(lab3):
             return done_at, w._control.resumed
 
     def killer():
-        time.sleep(0.4)
+        from switchml_xdp.switch.maps import SwitchMaps
+        maps = SwitchMaps(sw.iface)
+        while maps.read_counters()["completed"] < 500:  # streaming, far from done
+            time.sleep(0.01)
+        maps.close()
         sw.proc.kill()
         killed_at["t"] = time.monotonic()
         sw.proc.wait()

@@ -40,6 +40,34 @@ def lab_options(f):
     return f
 
 
+class Probability(click.ParamType):
+    """A probability given as a fraction (0.05) or a percentage (5%)."""
+    name = "P"
+
+    def convert(self, value, param, ctx):
+        from switchml_xdp.lab.loss import LossError, probability
+        if isinstance(value, float):
+            return value
+        try:
+            return probability(value, param.name if param else "probability")
+        except LossError as e:
+            self.fail(str(e), param, ctx)
+
+
+def loss_options(f):
+    """--loss, --dup and --loss-port: the lab's loss injector (switchml_xdp/lab/loss.py)."""
+    f = click.option("--loss-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+                     help="UDP port (from or to) subject to loss and duplication "
+                          "[default: the switch's data port, 48864; 0 = all UDP].")(f)
+    f = click.option("--dup", type=Probability(), default=None,
+                     help="Duplicate data-port UDP frames that pass with probability P, "
+                          "on every worker link, both ways.")(f)
+    f = click.option("--loss", type=Probability(), default=None,
+                     help="Drop data-port UDP frames with probability P (0.05 or 5%) on every "
+                          "worker link, both ways (ARP, ping, TCP are never dropped).")(f)
+    return f
+
+
 @contextlib.contextmanager
 def lab_errors() -> Iterator[None]:
     """Turn the lab's failures into one-line click errors (exit status 1)."""
@@ -52,22 +80,41 @@ def lab_errors() -> Iterator[None]:
         raise click.ClickException(f"{e.strerror or e}{where}") from None
 
 
+def _pct(p: float) -> str:
+    return f"{p * 100:.4g}%"
+
+
 def host_table(lab: Lab | None = None, hosts: list[Host] | None = None) -> str:
-    """Aligned table of hosts: name, namespace, iface, ip, mac."""
+    """Aligned table of hosts: name, namespace, iface, ip, mac; and, for a lab
+    with the loss injector, each link's loss and dup as up/down."""
     hosts = hosts if hosts is not None else lab.hosts
-    rows = [("host", "namespace", "iface", "ip", "mac")]
-    rows += [(h.name, h.ns, h.iface, h.ip, h.mac) for h in hosts]
+    loss = lab.loss_settings() if lab is not None else {}
+    rows = [("host", "namespace", "iface", "ip", "mac") + (("loss up/down", "dup up/down") if loss else ())]
+    for h in hosts:
+        row = (h.name, h.ns, h.iface, h.ip, h.mac)
+        if loss:
+            s = loss[h.name]
+            row += tuple(f"{_pct(s['up'][k])}/{_pct(s['down'][k])}" for k in ("loss", "dup"))
+        rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
 @main.command()
 @lab_options
-def up(workers: int, prefix: str | None, rate: float | None) -> None:
+@loss_options
+def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
+       dup: float | None, loss_port: int | None) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     with lab_errors():
-        lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True).start()
+        lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
+                  loss=loss, dup=dup, loss_port=loss_port).start()
     shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "links unshaped"
+    if loss is not None or dup is not None or loss_port is not None:
+        from switchml_xdp import wire
+        port = wire.DEFAULT_PORT if loss_port is None else loss_port
+        shaping += (f"; loss {_pct(loss or 0)}, dup {_pct(dup or 0)} on worker links both ways "
+                    f"({f'UDP port {port}' if port else 'all UDP'})")
     example = " ".join(nsenter_argv(lab.workers[0].ns, ["ping", "-c1", lab.switch.ip]))
     click.echo(f"lab {lab.prefix} is up: {len(lab.workers)} workers, {shaping}")
     click.echo(host_table(lab))

@@ -7,6 +7,8 @@ processes.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -20,13 +22,16 @@ from .topology import Host, Lab
 class SwitchProcess:
     """`swml-switch up` running in the lab's switch namespace."""
 
-    def __init__(self, lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0):
+    def __init__(self, lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0,
+                 env: dict[str, str] | None = None):
+        """env: extra environment variables for the daemon, on top of ours."""
         self.lab = lab
         self.iface = lab.switch.iface
         argv = [sys.executable, "-m", "switchml_xdp.cli.switch", "up", self.iface, *args]
         self.started = time.monotonic()
         self.proc = lab.popen(lab.switch, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, bufsize=1)
+                              text=True, bufsize=1,
+                              env={**os.environ, **env} if env else None)
         self.output: list[str] = []
         self.ready_line = self._wait_ready(ready_timeout)
         self.startup_s = time.monotonic() - self.started
@@ -58,7 +63,19 @@ class SwitchProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._remove_leftovers()
         return self.proc.returncode
+
+    def _remove_leftovers(self) -> None:
+        """A daemon that was killed leaves its pins and state file (on purpose:
+        a restarted daemon re-adopts them). Once the lab is done with it, they go."""
+        from ..switch import dataplane, daemon
+
+        st = daemon.read_state(self.iface)
+        if st is None or not daemon.pid_alive(st.get("pid", -1)):
+            dataplane.remove_pins(self.iface)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(daemon.state_path(self.iface))
 
     def __enter__(self) -> "SwitchProcess":
         return self

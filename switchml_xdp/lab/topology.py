@@ -11,7 +11,8 @@ after the process that made it died.
 
 Bridge-side veth ends carry an XDP pass program: see xdp/swml_pass.c for why
 veth needs one. Optional TBF shaping rates every worker link in both
-directions.
+directions. Optional loss and duplication per link and direction replace the
+pass program with the loss injector (xdp/swml_loss.c, switchml_xdp/lab/loss.py).
 """
 from __future__ import annotations
 
@@ -198,15 +199,36 @@ class Lab:
     with Lab(workers=2) as lab:
         lab.run(lab.workers[0], ["ping", "-c1", lab.switch.ip])
 
+    Loss and duplication of data-port UDP, per link and direction, settable at
+    run time (switchml_xdp/lab/loss.py):
+
+    with Lab(workers=4, loss="5%") as lab:
+        lab.set_loss(0.2, dup=0.01, hosts=["w0"], direction="up")
+        lab.loss_counters()["w0"]["up"]      # seen, dropped, duplicated, passed
+
     keep=True leaves the lab up when the `with` block ends (`swml-lab up`, or to
     inspect a failed run); `swml-lab down PREFIX` removes it. A build that fails
     half-way is always undone.
     """
 
     def __init__(self, workers: int = 2, prefix: str | None = None,
-                 rate_mbit: float | None = None, keep: bool = False):
+                 rate_mbit: float | None = None, keep: bool = False,
+                 loss: float | str | None = None, dup: float | str | None = None,
+                 loss_port: int | None = None):
+        """loss, dup: probabilities (0.05 or "5%") of dropping, and of
+        duplicating, data-port UDP frames on every worker link in both
+        directions; giving either (or loss_port) attaches the loss injector at
+        build time, set_loss() does it later otherwise. loss_port: the UDP
+        port subject to loss (default the switch's data port; 0 = all UDP)."""
         self.prefix = prefix or new_prefix()
         _check_args(workers, self.prefix, rate_mbit)
+        from switchml_xdp.lab import loss as _loss
+        try:
+            self.loss = None if loss is None else _loss.probability(loss, "loss")
+            self.dup = None if dup is None else _loss.probability(dup, "dup")
+            self.loss_port = None if loss_port is None else _loss.check_port(loss_port)
+        except _loss.LossError as e:
+            raise LabError(str(e)) from None
         self.rate_mbit = rate_mbit
         self.keep = keep
         self.bridge_ns = f"{self.prefix}-br"
@@ -217,6 +239,8 @@ class Lab:
         self._procs: list[subprocess.Popen] = []
         self._iprs: dict[str, IPRoute] = {}
         self._bpf = None
+        self._loss = None                        # LossInjector, once loss is asked for
+        self._loss_lock = threading.Lock()
         self._started = self._closed = False
 
     # -- public surface -------------------------------------------------------
@@ -266,6 +290,7 @@ class Lab:
             "prefix": self.prefix,
             "bridge": {"ns": self.bridge_ns, "iface": self.bridge},
             "rate_mbit": self.rate_mbit,
+            "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "switch": dataclasses.asdict(self.switch),
             "workers": [dataclasses.asdict(w) for w in self.workers],
             "owner_pid": None if self.keep else os.getpid(),
@@ -282,13 +307,63 @@ class Lab:
         except FileNotFoundError:
             raise LabError(f"no lab with prefix {prefix!r} (no {state_path(prefix)})") from None
         lab = cls(workers=len(state["workers"]), prefix=prefix,
-                  rate_mbit=state.get("rate_mbit"), keep=True)
+                  rate_mbit=state.get("rate_mbit"), keep=True, loss=state.get("loss"),
+                  dup=state.get("dup"), loss_port=state.get("loss_port"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
         lab._created = lab.namespaces
         lab._started = True
         return lab
+
+    # -- loss and duplication (switchml_xdp/lab/loss.py) ----------------------------
+
+    def set_loss(self, loss: float | str = 0.0, dup: float | str = 0.0, *,
+                 hosts: Sequence[Host | str] | None = None, direction: str = "both",
+                 port: int | None = None) -> None:
+        """Drop data-port UDP frames with probability `loss` and duplicate the
+        ones that pass with probability `dup` (fractions, or "5%"), on the links
+        of `hosts` (default: every worker; the switch's link is a host too,
+        "sw") in `direction`: "up" (what the host sends), "down" (what it
+        receives) or "both". `port` changes the UDP port subject to loss for
+        the whole lab (0 = all UDP). Takes effect for the next frame; the
+        first call on a lab without the injector compiles and attaches it."""
+        from switchml_xdp.lab.loss import LossError
+        try:
+            injector = self._loss_injector(create=True)
+            if port is not None:
+                injector.set_port(port)
+            injector.set(loss, dup, hosts, direction)
+        except LossError as e:
+            raise LabError(str(e)) from None
+
+    def loss_settings(self, hosts: Sequence[Host | str] | None = None) -> dict:
+        """{host name: {"up": {"loss": p, "dup": q}, "down": {...}}} for `hosts`
+        (default every host), or {} if the lab has no loss injector."""
+        injector = self._loss_injector(create=False)
+        return injector.settings(hosts) if injector else {}
+
+    def loss_counters(self, hosts: Sequence[Host | str] | None = None) -> dict:
+        """{host name: {"up"|"down": {"seen", "dropped", "duplicated", "passed"}}}
+        for `hosts` (default every host), counted since the injector was
+        attached: seen = dropped + passed, and the copies delivered are passed
+        + duplicated. {} if the lab has no loss injector."""
+        injector = self._loss_injector(create=False)
+        return injector.counters(hosts) if injector else {}
+
+    def _loss_injector(self, create: bool):
+        """The lab's LossInjector: ours, or the pinned one of whoever attached
+        it (Lab.from_state), or with `create` a new one; None if there is none."""
+        from switchml_xdp.lab.loss import LossInjector
+        with self._loss_lock:
+            if self._loss is None and self._started and not self._closed:
+                self._loss = LossInjector.open(self)
+                if self._loss is None and create:
+                    with contextlib.closing(netns.iproute_in(self.bridge_ns)) as br:
+                        self._loss = LossInjector.attach(self, br)
+            if self._loss is None and create:
+                raise LabError(f"lab {self.prefix} is not up")
+            return self._loss
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -331,6 +406,10 @@ class Lab:
             return
         self._stop_processes()
         self._close_iprs()
+        if self._loss is not None:
+            with contextlib.suppress(Exception):
+                self._loss.close()
+            self._loss = None
         if self._bpf is not None:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
@@ -340,6 +419,8 @@ class Lab:
                 netns.remove_netns(ns)
             except OSError as e:
                 log.warning("lab %s: could not remove namespace %s: %s", self.prefix, ns, e)
+        if self._created:
+            _remove_loss_pins(self.prefix)
         state_path(self.prefix).unlink(missing_ok=True)
         with _live_lock:
             _live.discard(self)
@@ -356,7 +437,10 @@ class Lab:
         self._make_bridge()
         for host in self.hosts:
             self._make_link(host)
-        self._attach_pass_program()
+        if self.loss is None and self.dup is None and self.loss_port is None:
+            self._attach_pass_program()
+        else:
+            self._attach_loss_injector()
         if self.rate_mbit is not None:
             self._shape_worker_links()
 
@@ -428,6 +512,14 @@ class Lab:
         br = self._ipr(self.bridge_ns)
         for host in self.hosts:
             attach_xdp(br, host.peer, prog.fd)
+
+    def _attach_loss_injector(self) -> None:
+        """The loss injector instead of the pass program (it passes by default)."""
+        from switchml_xdp.lab.loss import LossInjector
+        self._loss = LossInjector.attach(self, self._ipr(self.bridge_ns))
+        if self.loss_port is not None:
+            self._loss.set_port(self.loss_port)
+        self._loss.set(self.loss or 0.0, self.dup or 0.0)
 
     def _shape_worker_links(self) -> None:
         """Worker-side end shapes upstream (worker -> bridge), bridge-side end
@@ -508,7 +600,13 @@ def cleanup_leftovers(prefix: str | None = None, orphans_only: bool = False) -> 
     removed = [ns for ns in names if netns.remove_netns(ns)]
     for p in prefixes:
         state_path(p).unlink(missing_ok=True)
+        _remove_loss_pins(p)
     return removed
+
+
+def _remove_loss_pins(prefix: str) -> None:
+    from switchml_xdp.lab.loss import remove_pins
+    remove_pins(prefix)
 
 
 def running_labs() -> list[dict]:

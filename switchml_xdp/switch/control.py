@@ -134,6 +134,8 @@ class ControlServer:
                 await asyncio.wait_for(linger(), LINGER_S)
             except (asyncio.TimeoutError, ConnectionError, OSError):
                 pass
+            finally:
+                w.close()  # also when the daemon stops meanwhile (the task is cancelled)
         w.close()
 
     async def _read_line(self, conn: Connection) -> bytes | None:
@@ -240,7 +242,9 @@ class ControlServer:
     async def _resume(self, conn: Connection, msg: dict) -> None:
         if conn.job is not None:
             raise ControlError(f"this connection already belongs to job {conn.job.name!r}")
-        job = self.table.resume(msg, conn)
+        job, previous = self.table.resume(msg, conn)
+        if previous is not None:
+            previous.job = previous.rank = None
         old = job.members[msg["rank"]]
         conn.job, conn.rank = job, old.rank
         log.info("job %s: rank %d resumed from %s", job.name, old.rank, conn.peer)

@@ -218,9 +218,10 @@ class JobTable:
         self.jobs[job.name] = job
         return job
 
-    def resume(self, msg: dict, conn) -> Job:
+    def resume(self, msg: dict, conn) -> tuple[Job, object]:
         """A member of a running job re-attaches its control connection (after
-        the daemon restarted, or its connection broke)."""
+        the daemon restarted, or its connection broke). Returns the job and
+        the member's previous connection, which no longer speaks for it."""
         name = _check_str(msg, "job")
         job = self.jobs.get(name)
         if job is None or job.state != "running":
@@ -232,9 +233,9 @@ class JobTable:
         m = job.members.get(rank)
         if m is None or m.left:
             raise ControlError(f"rank {rank} is not a member of job {name!r}")
-        m.conn = conn
+        previous, m.conn = m.conn, conn
         m.last_seen = time.monotonic()
-        return job
+        return job, previous
 
     def describe(self) -> list[dict]:
         return [j.describe() for j in sorted(self.jobs.values(), key=lambda j: j.id)]

@@ -1,0 +1,250 @@
+"""Packet loss and duplication on the lab's links (xdp/swml_loss.c; no netem here).
+
+Per link (one per host: the switch and every worker) and per direction:
+
+    up   = what the host sends     (XDP on the bridge-side end drops,
+                                    tc ingress there duplicates)
+    down = what the host receives  (tc egress on the bridge-side end drops
+                                    and duplicates)
+
+For a worker, up is worker -> switch and down is switch -> worker; every path
+is covered: kernel-socket traffic, AF_XDP transmissions (copy mode on veth
+sends with __dev_direct_xmit, past the worker's qdisc, but still into the
+bridge-side end's XDP hook; tests/test_loss.py drives that path with
+PACKET_QDISC_BYPASS) and the switch's XDP_TX'd RESULTs
+(the bridge forwards them through each worker port's tc egress, one skb per
+port, so multicast is dropped independently per worker). Nothing is attached
+to the hosts' own interfaces, where the AF_XDP backend puts its program.
+
+Only data-port UDP (to or from `port`, the switch's 48864 by default; 0 = all
+UDP) is subject to loss and counted: ARP, ICMP and the control protocol's TCP
+stay untouched, so joins and leases do not depend on the injected loss.
+
+Normally used through the Lab:
+
+    with Lab(workers=4, loss=0.05) as lab:          # 5 % each way on every worker link
+        lab.set_loss(0.2, dup=0.01, hosts=["w0"], direction="up")
+        lab.loss_counters()["w0"]["up"]             # {"seen", "dropped", "duplicated", "passed"}
+
+The program is compiled once per lab, when loss is first asked for (the
+constructor's loss=/dup=, or set_loss()); until then the lab runs the plain
+pass program. Its maps are pinned under /sys/fs/bpf/swml/lab-PREFIX/loss, so a
+process holding Lab.from_state(PREFIX) sets and reads them without reloading.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+
+from pyroute2 import IPRoute
+
+from ..cheaders import defines, structs, xdp_dir
+
+SOURCE = "swml_loss.c"
+XDP_PROG, INGRESS_PROG, EGRESS_PROG = "swml_loss_xdp", "swml_loss_ingress", "swml_loss_egress"
+DIRECTIONS = ("up", "down")
+COUNTERS = ("seen", "dropped", "duplicated", "passed")
+TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks
+TC_EGRESS_PARENT = "ffff:fff3"
+
+_D = defines(SOURCE)
+MAX_LINKS = _D["SWML_LOSS_MAX_LINKS"]
+ALWAYS = _D["SWML_LOSS_ALWAYS"]
+_DIR_INDEX = {"up": _D["SWML_LOSS_UP"], "down": _D["SWML_LOSS_DOWN"]}
+
+
+class LossError(ValueError):
+    """A bad probability, port, host or direction."""
+
+
+def _lab_pin_dir(prefix: str) -> str:
+    from ..switch.maps import PIN_ROOT   # late: that module needs bcc, `swml-lab down` does not
+    return f"{PIN_ROOT}/lab-{prefix}"
+
+
+def pin_dir(prefix: str) -> str:
+    """Where lab `prefix` pins its loss maps (bpffs, next to the switch's)."""
+    return f"{_lab_pin_dir(prefix)}/loss"
+
+
+def remove_pins(prefix: str) -> None:
+    """Unpin lab `prefix`'s maps (the maps go when no program holds them either)."""
+    try:
+        path = _lab_pin_dir(prefix)
+    except ImportError:                    # no bcc: no loss injector can have pinned anything
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def probability(value: float | str | None, what: str = "probability") -> float:
+    """A probability from a fraction (0.05, "0.05") or a percentage ("5%")."""
+    if value is None:
+        return 0.0
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            p = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        else:
+            p = float(value)
+    except ValueError:
+        raise LossError(f"{what} must be a fraction 0..1 or a percentage like 5%, "
+                        f"not {value!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise LossError(f"{what} must be in 0..1 (0%..100%), not {value!r}")
+    return p
+
+
+def threshold(p: float) -> int:
+    """The u32 the program compares bpf_get_prandom_u32() against: P * 2^32."""
+    return ALWAYS if p >= 1.0 else min(round(p * 2**32), ALWAYS)
+
+
+def from_threshold(t: int) -> float:
+    return 1.0 if t == ALWAYS else round(t / 2**32, 9)
+
+
+def check_port(port: int) -> int:
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise LossError(f"loss port must be in 0..65535 (0 = all UDP), not {port!r}")
+    return port
+
+
+def _directions(direction: str) -> tuple[str, ...]:
+    if direction == "both":
+        return DIRECTIONS
+    if direction in DIRECTIONS:
+        return (direction,)
+    raise LossError(f"direction must be 'up', 'down' or 'both', not {direction!r}")
+
+
+class LossInjector:
+    """The loss maps of one lab (and, in the process that attached them, the
+    compiled programs). Link i is lab.hosts[i]: 0 the switch, 1+r worker r."""
+
+    def __init__(self, lab, bpf=None):
+        from ..bpf.pinned import PinnedMap
+
+        self.lab = lab
+        self.dir = pin_dir(lab.prefix)
+        types = structs(SOURCE)
+        self.Cfg, self.Counters = types["swml_loss_cfg"], types["swml_loss_counters"]
+        self._bpf = bpf
+        self.cfg = PinnedMap(f"{self.dir}/cfg", self.Cfg)
+        self.port_map = PinnedMap(f"{self.dir}/port", ct.c_uint32)
+        self.counter_map = PinnedMap(f"{self.dir}/counters", self.Counters, percpu=True)
+
+    # -- making and finding one -------------------------------------------------
+
+    @staticmethod
+    def exists(prefix: str) -> bool:
+        return os.path.exists(f"{pin_dir(prefix)}/cfg")
+
+    @classmethod
+    def open(cls, lab) -> "LossInjector | None":
+        """The injector of a lab that already has one (maybe attached by another
+        process), or None."""
+        return cls(lab) if cls.exists(lab.prefix) else None
+
+    @classmethod
+    def attach(cls, lab, bridge_ipr: IPRoute) -> "LossInjector":
+        """Compile xdp/swml_loss.c once and put it on every bridge-side end:
+        XDP (replacing the pass program), tc ingress and tc egress. Loss starts
+        at 0 and the port at the switch's default data port."""
+        from bcc import BPF
+
+        from .. import wire
+        from ..switch.dataplane import ensure_bpffs
+        from .topology import LabError, _index, attach_xdp
+
+        if len(lab.hosts) > MAX_LINKS:
+            raise LabError(f"the loss injector handles at most {MAX_LINKS} hosts")
+        ensure_bpffs()
+        os.makedirs(pin_dir(lab.prefix), exist_ok=True)
+        cflags = [f"-I{xdp_dir()}", f'-DSWML_LOSS_PIN_DIR="{pin_dir(lab.prefix)}"']
+        try:
+            bpf = BPF(src_file=str(xdp_dir() / SOURCE).encode(), cflags=cflags)
+            xdp = bpf.load_func(XDP_PROG.encode(), BPF.XDP)
+            ingress = bpf.load_func(INGRESS_PROG.encode(), BPF.SCHED_CLS)
+            egress = bpf.load_func(EGRESS_PROG.encode(), BPF.SCHED_CLS)
+        except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+            remove_pins(lab.prefix)
+            raise LabError(f"cannot load the loss injector ({SOURCE}): {e}") from e
+        self = cls(lab, bpf)
+        try:
+            self.set_port(wire.DEFAULT_PORT)
+            for link, host in enumerate(lab.hosts):
+                idx = _index(bridge_ipr, host.peer)
+                bpf[b"links"][ct.c_uint32(idx)] = ct.c_uint32(link)
+                with contextlib.suppress(Exception):   # a clsact left by an earlier attach
+                    bridge_ipr.tc("del", "clsact", idx)
+                bridge_ipr.tc("add", "clsact", idx)
+                for fn, parent in ((ingress, TC_INGRESS_PARENT), (egress, TC_EGRESS_PARENT)):
+                    bridge_ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name,
+                                  parent=parent, classid=1, direct_action=True)
+                attach_xdp(bridge_ipr, host.peer, xdp.fd)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Close our handles; attached programs and pinned maps stay (the lab's
+        close removes both)."""
+        for m in (self.cfg, self.port_map, self.counter_map):
+            m.close()
+        if self._bpf is not None:
+            with contextlib.suppress(Exception):
+                self._bpf.cleanup()
+            self._bpf = None
+
+    # -- settings ------------------------------------------------------------------
+
+    def _links(self, hosts: Iterable | None, default: Sequence) -> list[tuple[int, object]]:
+        all_hosts = self.lab.hosts
+        chosen = default if hosts is None else [self.lab.host(h) for h in hosts]
+        return [(all_hosts.index(h), h) for h in chosen]
+
+    def set(self, loss: float = 0.0, dup: float = 0.0, hosts: Iterable | None = None,
+            direction: str = "both") -> None:
+        """Drop with probability `loss`, duplicate what passes with probability
+        `dup`, on the links of `hosts` (default: every worker) in `direction`
+        ("up", "down" or "both"). Takes effect at once, for the next frame."""
+        value = self.Cfg(drop=threshold(probability(loss, "loss")),
+                         dup=threshold(probability(dup, "dup")))
+        dirs = _directions(direction)
+        for link, _ in self._links(hosts, self.lab.workers):
+            for d in dirs:
+                self.cfg.update(link * 2 + _DIR_INDEX[d], value)
+
+    def set_port(self, port: int) -> None:
+        """Which UDP port's traffic (from or to it) is subject to loss; 0 = all UDP."""
+        self.port_map.update(0, ct.c_uint32(check_port(port)))
+
+    @property
+    def port(self) -> int:
+        return self.port_map.lookup(0).value
+
+    def settings(self, hosts: Iterable | None = None) -> dict[str, dict[str, dict[str, float]]]:
+        """{host: {"up": {"loss": p, "dup": q}, "down": {...}}}, default every host."""
+        out = {}
+        for link, host in self._links(hosts, self.lab.hosts):
+            out[host.name] = {}
+            for d in DIRECTIONS:
+                c = self.cfg.lookup(link * 2 + _DIR_INDEX[d])
+                out[host.name][d] = {"loss": from_threshold(c.drop), "dup": from_threshold(c.dup)}
+        return out
+
+    def counters(self, hosts: Iterable | None = None) -> dict[str, dict[str, dict[str, int]]]:
+        """{host: {"up"|"down": {"seen", "dropped", "duplicated", "passed"}}}, summed
+        over CPUs, since the injector was attached; default every host."""
+        out = {}
+        for link, host in self._links(hosts, self.lab.hosts):
+            out[host.name] = {}
+            for d in DIRECTIONS:
+                per_cpu = self.counter_map.lookup(link * 2 + _DIR_INDEX[d])
+                out[host.name][d] = {name: sum(getattr(c, name) for c in per_cpu)
+                                     for name in COUNTERS}
+        return out

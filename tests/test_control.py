@@ -1,0 +1,594 @@
+"""The control protocol (docs/protocol.md) against the real daemon in the lab.
+
+Most tests talk raw TCP to the shared switch (conftest.py: k=256, 1024 slots,
+128 a job, lease 2 s), each with its own job names, so that what is checked is
+the wire itself: one JSON object a line, one reply a request, events on a
+member's connection. Two tests need a daemon of their own (a short idle
+timeout; a shutdown) and run it on a small lab of their own.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from switchml_xdp import wire
+from switchml_xdp.lab.cluster import SwitchProcess
+from switchml_xdp.worker.control import ControlClient, ControlError
+
+PORT = 48950          # the workers' UDP port in join requests (no data is sent)
+LEASE_S = 2.0         # conftest.py starts the shared switch with --lease 2
+JOB_SLOTS = 128       # the daemon's default window a job
+MAX_LINE = 64 * 1024
+_names = itertools.count()
+
+
+def job_name(tag: str) -> str:
+    return f"ctl-{tag}-{next(_names)}"
+
+
+class Raw:
+    """A hand-driven control connection from a worker's namespace. Reads are
+    line-exact (no file object: those cannot be read after a timeout)."""
+
+    def __init__(self, lab, host=None, port: int = wire.DEFAULT_CONTROL_PORT):
+        self.host = host or lab.workers[0]
+        with lab.enter(self.host):
+            self.sock = socket.create_connection((lab.switch.ip, port), timeout=5)
+        self.buf = b""
+
+    def send(self, obj) -> None:
+        data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        self.sock.sendall(data + b"\n")
+
+    def recv(self, timeout: float = 5.0) -> dict | None:
+        """The next line as an object, None at EOF; TimeoutError if none came."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no line within {timeout:g} s")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                assert not self.buf, f"connection closed after a partial line {self.buf[:200]!r}"
+                return None
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+    def silent(self, timeout: float) -> bool:
+        """True if nothing arrives for `timeout` seconds."""
+        try:
+            got = self.recv(timeout)
+        except TimeoutError:
+            return True
+        raise AssertionError(f"expected silence, got {got!r}")
+
+    def request(self, obj, timeout: float = 5.0) -> dict:
+        self.send(obj)
+        reply = self.recv(timeout)
+        assert reply is not None, f"connection closed instead of a reply to {obj!r}"
+        return reply
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def join_msg(job: str, world: int, rank: int, host, port: int = PORT, **kw) -> dict:
+    return {"op": "join", "job": job, "world": world, "rank": rank, "ip": host.ip,
+            "port": port, "mac": host.mac, **kw}
+
+
+def status(lab) -> dict:
+    with Raw(lab, lab.workers[-1]) as r:
+        reply = r.request({"op": "status"})
+    assert reply["ok"] and reply["op"] == "status", reply
+    return reply
+
+
+def job_of(st: dict, name: str) -> dict | None:
+    return next((j for j in st["jobs"] if j["name"] == name), None)
+
+
+def wait_for(pred, timeout: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def wait_members(lab, name: str, ranks: set[int]) -> dict:
+    """Wait until the job's registered ranks are exactly `ranks`."""
+    def check():
+        j = job_of(status(lab), name)
+        return j if j is not None and set(map(int, j["members"])) == ranks else None
+    return wait_for(check, what=f"job {name} to have ranks {sorted(ranks)}")
+
+
+def wait_gone(lab, name: str, slots_free: int) -> None:
+    wait_for(lambda: (st := status(lab)) and job_of(st, name) is None and st["slots_free"] == slots_free,
+             what=f"job {name} to end and {slots_free} slots to be free")
+
+
+def assert_error(reply: dict, *words: str, op: str | None = None) -> str:
+    assert reply is not None, "no reply"
+    assert reply["ok"] is False and isinstance(reply["error"], str), reply
+    assert "\n" not in reply["error"]
+    assert reply.get("op") == op, reply
+    for w in words:
+        assert w in reply["error"], f"{w!r} not in {reply['error']!r}"
+    return reply["error"]
+
+
+# --- requests the switch refuses ------------------------------------------------
+
+def _bad_join(**change):
+    def make(lab, name):
+        msg = join_msg(name, 4, 0, lab.workers[0], timeout=5)
+        for k, v in change.items():
+            if v is _DROP:
+                del msg[k]
+            else:
+                msg[k] = v
+        return msg
+    return make
+
+
+_DROP = object()
+
+BAD_REQUESTS = {
+    # id: (request: bytes | callable(lab, name) -> dict, op echoed, words in the error)
+    "malformed": (b'{"op": "status"', None, ["malformed JSON"]),
+    "not-utf8": (b'\xff\xfe{"op"}', None, ["malformed JSON"]),
+    "deeply-nested": (b"[" * 50_000, None, ["malformed JSON"]),
+    "array": (b'["op", "status"]', None, ["must be a JSON object"]),
+    "string": (b'"status"', None, ["must be a JSON object"]),
+    "empty-object": (b"{}", None, ["unknown op None"]),
+    "unknown-op": (b'{"op": "frobnicate"}', "frobnicate", ["unknown op 'frobnicate'; ops are join,"]),
+    "op-wrong-type": (b'{"op": 7}', None, ["unknown op 7"]),
+    "op-list": (b'{"op": ["status"]}', None, ["unknown op ['status']"]),
+    "heartbeat-unjoined": (b'{"op": "heartbeat"}', "heartbeat", ["heartbeat needs a joined job"]),
+    "leave-unjoined": (b'{"op": "leave"}', "leave", ["leave needs a joined job"]),
+    "world-str": (_bad_join(world="4"), "join", ["'world' must be an integer, got str"]),
+    "world-bool": (_bad_join(world=True), "join", ["'world' must be an integer, got bool"]),
+    "world-float": (_bad_join(world=4.0), "join", ["'world' must be an integer, got float"]),
+    "world-0": (_bad_join(world=0), "join", ["'world' must be in 1..", "got 0"]),
+    "world-65": (_bad_join(world=65), "join", ["world 65 exceeds the switch's limit of 64"]),
+    "world-missing": (_bad_join(world=_DROP), "join", ["'world' is required"]),
+    "rank-negative": (_bad_join(rank=-1), "join", ["'rank' must be in 0..3, got -1"]),
+    "rank-is-world": (_bad_join(rank=4), "join", ["'rank' must be in 0..3, got 4"]),
+    "rank-missing": (_bad_join(rank=_DROP), "join", ["'rank' is required"]),
+    "port-0": (_bad_join(port=0), "join", ["'port' must be in 1..65535, got 0"]),
+    "port-65536": (_bad_join(port=65536), "join", ["'port' must be in 1..65535, got 65536"]),
+    "ip-garbage": (_bad_join(ip="not-an-ip"), "join", ["'ip' is not an IPv4 address: 'not-an-ip'"]),
+    "ip-int": (_bad_join(ip=167772171), "join", ["'ip' must be a non-empty string"]),
+    "ip-v6": (_bad_join(ip="::1"), "join", ["'ip' is not an IPv4 address"]),
+    "job-missing": (_bad_join(job=_DROP), "join", ["'job' must be a non-empty string"]),
+    "job-empty": (_bad_join(job=""), "join", ["'job' must be a non-empty string"]),
+    "job-too-long": (_bad_join(job="j" * 65), "join", ["'job'", "at most 64"]),
+    "mac-int": (_bad_join(mac=5), "join", ["'mac' must be a string"]),
+    "k-mismatch": (_bad_join(k=64), "join", ["k=256", "asked for k=64"]),
+    "timeout-0": (_bad_join(timeout=0), "join", ["'timeout' must be a number of seconds"]),
+    "timeout-str": (_bad_join(timeout="5"), "join", ["'timeout' must be a number of seconds"]),
+    "timeout-huge": (_bad_join(timeout=1e9), "join", ["'timeout' must be a number of seconds"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS), ids=list(BAD_REQUESTS))
+def test_bad_request_gets_one_line_error_and_connection_keeps_serving(lab8, switch, case):
+    request, op, words = BAD_REQUESTS[case]
+    name = job_name(case)
+    with Raw(lab8) as r:
+        # A status first: the error must not echo that earlier request's op.
+        assert r.request({"op": "status"})["op"] == "status"
+        line = request if isinstance(request, bytes) else json.dumps(request(lab8, name)).encode()
+        assert_error(r.request(line), *words, op=op)
+        assert r.silent(0.05), "exactly one reply a request"
+        again = r.request({"op": "status"})
+        assert again["ok"] and again["op"] == "status"
+        assert job_of(again, name) is None, "a refused join must leave no job behind"
+
+
+def test_max_line_accepted_longer_line_refused_and_closed(lab8, switch):
+    # A request of exactly MAX_LINE bytes before the newline is served.
+    line = b'{"op": "status"}'
+    with Raw(lab8) as r:
+        assert r.request(line + b" " * (MAX_LINE - len(line)))["ok"]
+    # Longer: one error line, then the switch closes -- even if the client is
+    # still sending when the switch gives up (no reset eating the reply).
+    for size in (MAX_LINE + 1, 200_000, 4_000_000):
+        with Raw(lab8) as r:
+            sender = threading.Thread(target=lambda: _send_quietly(r.sock, b"x" * size + b"\n"))
+            sender.start()
+            try:
+                assert_error(r.recv(10), f"longer than {MAX_LINE} bytes", "closing")
+                assert r.recv(10) is None, "the switch must close the connection"
+            finally:
+                sender.join(10)
+    assert status(lab8)["ok"], "the daemon keeps serving others"
+
+
+def _send_quietly(sock, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass
+
+
+def test_hundred_clients_at_once(lab8, switch):
+    conns = [Raw(lab8, lab8.workers[i % len(lab8.workers)]) for i in range(100)]
+    try:
+        for c in conns:
+            c.send({"op": "status"})
+        for c in conns:
+            reply = c.recv(10)
+            assert reply["ok"] and reply["op"] == "status" and reply["slots_total"] == 1024
+    finally:
+        for c in conns:
+            c.close()
+    assert status(lab8)["ok"]
+
+
+# --- join: the barrier and its limits -------------------------------------------
+
+def test_join_reply_fields(lab8, switch):
+    name, (h0, h1) = job_name("reply"), lab8.workers[:2]
+    free = status(lab8)["slots_free"]
+    with Raw(lab8, h0) as r0, Raw(lab8, h1) as r1:
+        r0.send(join_msg(name, 2, 0, h0, k=256))
+        assert r0.silent(0.1), "join returns only when all ranks joined"
+        j = wait_members(lab8, name, {0})
+        assert j["state"] == "joining" and j["slots"] == JOB_SLOTS
+        r1.send(join_msg(name, 2, 1, h1))
+        replies = [r0.recv(), r1.recv()]
+        for rank, rep in enumerate(replies):
+            assert rep["ok"] and rep["op"] == "join", rep
+            assert (rep["job"], rep["world"], rep["rank"], rep["k"]) == (name, 2, rank, 256)
+            assert 1 <= rep["job_id"] <= 255 and rep["slots"] == JOB_SLOTS
+            gip, gmac = wire.group_of_job(rep["job_id"])
+            assert rep["group"] == {"ip": gip, "mac": gmac, "port": PORT}
+            assert gip == f"239.77.{rep['job_id'] >> 8}.{rep['job_id'] & 255}"
+            assert rep["switch"] == {"iface": switch.iface, "ip": lab8.switch.ip,
+                                     "mac": lab8.switch.mac, "port": wire.DEFAULT_PORT}
+            assert rep["lease_s"] == LEASE_S and rep["heartbeat_s"] == LEASE_S / 4
+        assert replies[0]["job_id"] == replies[1]["job_id"]
+        assert replies[0]["slot_base"] == replies[1]["slot_base"]
+        j = job_of(status(lab8), name)
+        assert j["state"] == "running" and j["id"] == replies[0]["job_id"]
+        assert status(lab8)["slots_free"] == free - JOB_SLOTS
+        # One join a connection.
+        assert_error(r0.request(join_msg(name + "x", 1, 0, h0)), "already joined job", op="join")
+        assert r0.request({"op": "leave"}) == {"op": "leave", "ok": True, "job_ended": False}
+        assert r1.recv() == {"event": "left", "job": name, "rank": 0}
+        assert r1.request({"op": "leave"}) == {"op": "leave", "ok": True, "job_ended": True}
+    wait_gone(lab8, name, free)
+
+
+def test_data_plane_takes_a_job_only_once_all_ranks_joined(lab8, switch):
+    import numpy as np
+    from switchml_xdp.switch.maps import SwitchMaps
+
+    def counters():
+        maps = SwitchMaps(switch.iface)
+        try:
+            return maps.read_counters()
+        finally:
+            maps.close()
+
+    name, (h0, h1) = job_name("dataplane"), lab8.workers[:2]
+    with lab8.enter(h0):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind((h0.ip, PORT))
+    try:
+        with Raw(lab8, h0) as r0, Raw(lab8, h1) as r1:
+            r0.send(join_msg(name, 2, 0, h0))
+            job_id = wait_members(lab8, name, {0})["id"]
+            pkt = wire.datagram(wire.TYPE_DATA, job_id, 0, 0, 0, np.ones(wire.DEFAULT_K, np.int32))
+            before = counters()
+            udp.sendto(pkt, (lab8.switch.ip, wire.DEFAULT_PORT))
+            wait_for(lambda: counters()["unknown_job"] == before["unknown_job"] + 1,
+                     what="the joining job's packet to be dropped as unknown_job")
+            r1.send(join_msg(name, 2, 1, h1))
+            assert r0.recv()["ok"] and r1.recv()["ok"]
+            before = counters()
+            udp.sendto(pkt, (lab8.switch.ip, wire.DEFAULT_PORT))
+            wait_for(lambda: counters()["aggregated"] == before["aggregated"] + 1,
+                     what="the running job's packet to be aggregated")
+            assert counters()["unknown_job"] == before["unknown_job"]
+    finally:
+        udp.close()
+
+
+def test_second_world_size_and_second_rank_refused_first_join_undisturbed(lab8, switch):
+    name, (h0, h1, h2) = job_name("mismatch"), lab8.workers[:3]
+    free = status(lab8)["slots_free"]
+    with Raw(lab8, h0) as first, Raw(lab8, h1) as other, Raw(lab8, h2) as dup:
+        first.send(join_msg(name, 2, 0, h0, timeout=20))
+        wait_members(lab8, name, {0})
+        assert_error(other.request(join_msg(name, 3, 1, h1)), f"job {name!r} has world 2, this worker says 3",
+                     op="join")
+        assert_error(dup.request(join_msg(name, 2, 0, h2)),
+                     f"rank 0 of job {name!r} already joined from {h0.ip}:{PORT}", op="join")
+        assert_error(dup.request(join_msg(name, 2, 1, h2, port=PORT + 1)), f"uses UDP port {PORT}",
+                     op="join")
+        assert_error(dup.request(join_msg(name, 2, 1, h0)), f"rank 0 of job {name!r} already uses",
+                     op="join")
+        assert first.silent(0.05), "the refusals must not disturb the first joiner"
+        # The refused connection serves on: it joins properly now.
+        ok = other.request(join_msg(name, 2, 1, h1))
+        assert ok["ok"] and ok["rank"] == 1
+        rep = first.recv()
+        assert rep["ok"] and rep["rank"] == 0 and rep["job_id"] == ok["job_id"]
+        # A running job takes no more joins under its name.
+        assert_error(dup.request(join_msg(name, 2, 1, h2)), "already running", op="join")
+    wait_gone(lab8, name, free)  # both closed without leave: aborted, slots back
+
+
+def test_barrier_timeout_names_missing_ranks_and_returns_slots(lab8, switch):
+    name, hosts = job_name("timeout"), lab8.workers[:3]
+    free = status(lab8)["slots_free"]
+    with Raw(lab8, hosts[0]) as r:
+        t0 = time.monotonic()
+        err = assert_error(r.request(join_msg(name, 3, 0, hosts[0], timeout=0.5)), op="join")
+        assert 0.45 <= time.monotonic() - t0 < 2.0
+        assert err == f"timed out after 0.5 s waiting for rank(s) 1, 2 of job {name!r} (world 3)"
+        wait_gone(lab8, name, free)
+        # The connection serves on; with another rank waiting, the slots stay taken.
+        with Raw(lab8, hosts[2]) as waiting:
+            waiting.send(join_msg(name, 3, 2, hosts[2], timeout=20))
+            wait_members(lab8, name, {2})
+            assert_error(r.request(join_msg(name, 3, 0, hosts[0], timeout=0.3)),
+                         "waiting for rank(s) 1 of job", op="join")
+            j = wait_members(lab8, name, {2})
+            assert status(lab8)["slots_free"] == free - j["slots"]
+    wait_gone(lab8, name, free)  # the last joiner hung up
+
+
+def test_joiner_hanging_up_during_barrier_frees_its_rank(lab8, switch):
+    name, hosts = job_name("hangup"), lab8.workers[:4]
+    free = status(lab8)["slots_free"]
+    with Raw(lab8, hosts[1]) as r1:
+        r1.send(join_msg(name, 3, 1, hosts[1]))
+        gone = Raw(lab8, hosts[0])
+        gone.send(join_msg(name, 3, 0, hosts[0]))
+        wait_members(lab8, name, {0, 1})
+        gone.close()
+        wait_members(lab8, name, {1})
+        # Rank 0 again, from another host: the first one's registration is gone.
+        with Raw(lab8, hosts[3]) as r0, Raw(lab8, hosts[2]) as r2:
+            r0.send(join_msg(name, 3, 0, hosts[3]))
+            r2.send(join_msg(name, 3, 2, hosts[2]))
+            reps = [r0.recv(), r1.recv(), r2.recv()]
+            assert all(rep["ok"] for rep in reps), reps
+            members = job_of(status(lab8), name)["members"]
+            assert members["0"]["ip"] == hosts[3].ip
+    wait_gone(lab8, name, free)  # all hung up: aborted, slots back
+
+
+def test_data_sent_during_join_ends_it(lab8, switch):
+    name, h = job_name("eager"), lab8.workers[0]
+    free = status(lab8)["slots_free"]
+    with Raw(lab8, h) as r:
+        r.send(join_msg(name, 2, 0, h))
+        wait_members(lab8, name, {0})
+        r.send({"op": "heartbeat"})
+        assert_error(r.recv(), "request sent before the join completed; closing", op="join")
+        assert r.recv() is None
+    wait_gone(lab8, name, free)
+
+
+def test_slot_pool_exhaustion_and_release(lab8, switch):
+    """Jobs waiting at the barrier hold their slots; the pool runs out, then
+    comes back whole when their joiners hang up."""
+    st = status(lab8)
+    free, total = st["slots_free"], st["slots_total"]
+    holders, names = [], []
+    try:
+        while True:
+            name = job_name("pool")
+            r = Raw(lab8, lab8.workers[len(holders) % 8])
+            holders.append(r)
+            r.send(join_msg(name, 2, 0, r.host, timeout=30))
+            # Either the job shows up (it waits at the barrier) or the join is refused.
+            def settled():
+                try:
+                    return ("refused", r.recv(0.01))
+                except TimeoutError:
+                    return job_of(status(lab8), name) and ("waiting", None)
+            what, reply = wait_for(settled, what=f"join of {name} to settle")
+            if what == "refused":
+                assert_error(reply, "slot pool exhausted", f"of {total} slots free", op="join")
+                break
+            names.append(name)
+            assert len(names) <= total // 8, "the pool never ran out"
+        st = status(lab8)
+        assert st["slots_free"] < 8
+        if free == total == 1024:
+            assert len(names) == 8, names
+        assert job_of(st, name) is None, "a refused join leaves no job"
+    finally:
+        for r in holders:
+            r.close()
+    wait_for(lambda: status(lab8)["slots_free"] == free, what="the slots to come back")
+    assert not {j["name"] for j in status(lab8)["jobs"]} & set(names)
+
+
+# --- leases, disconnects and leave ----------------------------------------------
+
+def _client(lab, host) -> ControlClient:
+    with lab.enter(host):
+        return ControlClient(lab.switch.ip)
+
+
+def test_silent_member_is_aborted_after_the_lease(lab8, switch):
+    name, (h0, h1) = job_name("lease"), lab8.workers[:2]
+    free = status(lab8)["slots_free"]
+    with Raw(lab8, h1) as silent:
+        silent.send(join_msg(name, 2, 1, h1))
+        c = _client(lab8, h0)
+        try:
+            c.join(name, 2, 0, h0.ip, PORT, h0.mac, timeout=10)   # heartbeats from now on
+            t0 = time.monotonic()
+            assert silent.recv()["ok"]
+            reason = wait_for(lambda: c.abort_reason, LEASE_S + 3, "the abort event")
+            took = time.monotonic() - t0
+            assert LEASE_S - 0.1 <= took <= LEASE_S + 1.0, took
+            assert reason == (f"rank 1 ({h1.ip}) stopped heartbeating "
+                              f"(lease of {LEASE_S:g} s expired)")
+            assert silent.recv() == {"event": "abort", "job": name, "reason": reason}
+        finally:
+            c.close()
+    wait_gone(lab8, name, free)
+
+
+def test_member_closing_without_leave_aborts_the_job_at_once(lab8, switch):
+    name, (h0, h1) = job_name("drop"), lab8.workers[:2]
+    free = status(lab8)["slots_free"]
+    r = Raw(lab8, h1)
+    r.send(join_msg(name, 2, 1, h1))
+    c = _client(lab8, h0)
+    try:
+        c.join(name, 2, 0, h0.ip, PORT, h0.mac, timeout=10)
+        assert r.recv()["ok"]
+        t0 = time.monotonic()
+        r.close()
+        reason = wait_for(lambda: c.abort_reason, LEASE_S, "the abort event")
+        assert time.monotonic() - t0 < 0.5
+        assert reason == f"rank 1 ({h1.ip}) disconnected from the switch without leaving"
+        wait_gone(lab8, name, free)
+    finally:
+        c.close()
+
+
+def test_leave_events_and_job_end(lab8, switch):
+    name, hosts = job_name("leave"), lab8.workers[:3]
+    free = status(lab8)["slots_free"]
+    rs = [Raw(lab8, h) for h in hosts]
+    try:
+        for rank, (r, h) in enumerate(zip(rs, hosts)):
+            r.send(join_msg(name, 3, rank, h))
+        assert all(r.recv()["ok"] for r in rs)
+        assert rs[0].request({"op": "heartbeat"}) == {"op": "heartbeat", "ok": True}
+        assert rs[2].request({"op": "leave"}) == {"op": "leave", "ok": True, "job_ended": False}
+        for r in rs[:2]:
+            assert r.recv() == {"event": "left", "job": name, "rank": 2}
+        assert rs[2].silent(0.05), "the leaver gets no event about itself"
+        j = job_of(status(lab8), name)
+        assert j["state"] == "running" and j["members"]["2"]["left"] and not j["members"]["0"]["left"]
+        assert_error(rs[2].request({"op": "heartbeat"}), "heartbeat needs a joined job", op="heartbeat")
+        assert rs[0].request({"op": "leave"}) == {"op": "leave", "ok": True, "job_ended": False}
+        assert rs[1].recv() == {"event": "left", "job": name, "rank": 0}
+        assert rs[1].request({"op": "leave"}) == {"op": "leave", "ok": True, "job_ended": True}
+        st = status(lab8)
+        assert job_of(st, name) is None and st["slots_free"] == free
+        # The name is free again.
+        assert rs[0].request(join_msg(name, 1, 0, hosts[0]))["ok"]
+        assert rs[0].request({"op": "leave"})["job_ended"]
+    finally:
+        for r in rs:
+            r.close()
+
+
+def test_worker_client_status_and_leave_on_a_joined_connection(lab8, switch):
+    """ControlClient.status() after join goes through the reader thread."""
+    name, h = job_name("client"), lab8.workers[0]
+    free = status(lab8)["slots_free"]
+    c = _client(lab8, h)
+    try:
+        info = c.join(name, 1, 0, h.ip, PORT, h.mac, timeout=10)
+        assert info.heartbeat_s == LEASE_S / 4
+        time.sleep(info.heartbeat_s * 1.5)  # a heartbeat reply is in flight or arrived
+        st = c.status()
+        assert st["op"] == "status" and job_of(st, name)["state"] == "running"
+        c.leave()
+        assert c.abort_reason is None
+    finally:
+        c.close()
+    wait_gone(lab8, name, free)
+
+
+# --- a daemon of our own -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def _own_daemon(lab8):  # lab8: skips with the same reason when there can be no lab
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=2) as lab:
+        box = {"lab": lab, "sw": None}
+        yield box
+        sw = box["sw"]
+        if sw is not None:
+            assert sw.stop() == 0, "\n".join(sw.output[-20:])
+
+
+@pytest.fixture
+def own_switch(_own_daemon):
+    """A daemon of our own on a small lab, idle timeout 1 s (SWML_CONTROL_IDLE_S);
+    started again if an earlier test stopped it."""
+    sw = _own_daemon["sw"]
+    if sw is None or sw.proc.poll() is not None:
+        sw = _own_daemon["sw"] = SwitchProcess(_own_daemon["lab"], ["--lease", "2"],
+                                               env={"SWML_CONTROL_IDLE_S": "1"})
+    return sw
+
+
+def test_idle_client_is_closed_after_the_idle_timeout(own_switch):
+    lab = own_switch.lab
+    with Raw(lab) as idle, Raw(lab) as busy:
+        t0, err = time.monotonic(), None
+        while err is None and time.monotonic() - t0 < 3:
+            assert busy.request({"op": "status"})["ok"]  # a client that keeps asking stays
+            try:
+                err = idle.recv(0.3)
+            except TimeoutError:
+                pass
+        assert_error(err, "idle for 1 s without a request; closing")
+        assert 0.9 <= time.monotonic() - t0 <= 1.6
+        assert idle.recv(3) is None
+        time.sleep(0.5)
+        assert busy.request({"op": "status"})["ok"]
+
+
+def test_shutdown_tells_joiners_and_members(own_switch):
+    lab, sw = own_switch.lab, own_switch
+    w0, w1 = lab.workers
+    # A running world-1 job, and a world-2 job waiting at the barrier.
+    member = _client(lab, w0)
+    joiner = _client(lab, w1)
+    try:
+        member.join(job_name("solo"), 1, 0, w0.ip, PORT, w0.mac, timeout=10)
+        failure, pair = [], job_name("pair")
+        t = threading.Thread(target=lambda: _join_expecting_error(joiner, pair, w1, failure))
+        t.start()
+        wait_for(lambda: job_of(status(lab), pair), what="the joiner to wait")
+        assert sw.stop() == 0, "\n".join(sw.output[-20:])
+        t.join(10)
+        reason = wait_for(lambda: member.abort_reason, 5, "the member's abort")
+        assert reason == "the switch is shutting down"
+        assert failure == ["join refused: the switch is shutting down"], failure
+    finally:
+        member.close()
+        joiner.close()
+
+
+def _join_expecting_error(client, name, host, out):
+    try:
+        client.join(name, 2, 0, host.ip, PORT, host.mac, timeout=20)
+        out.append("joined?!")
+    except ControlError as e:
+        out.append(str(e))
