@@ -17,7 +17,8 @@ warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
 # libxdp-dev/libbpf-dev: the worker's AF_XDP engine. clang/llvm: bcc's compiler.
 pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libbpf-dev
       bpftool clang llvm iproute2 util-linux python3-venv python3-dev python3-numpy
-      python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping)
+      python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping
+      ruby shellcheck)  # ruby, shellcheck: the tests check vagrant/ (ruby -c, shellcheck)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -58,7 +59,11 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import bcc' 2>/dev/nu
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
 stamp="$venv/.swml-installed"
-newest=$(find "$top/pyproject.toml" "$top/setup.py" "$top/worker" "$top/switchml_xdp" "$top/xdp" -newer "$stamp" -print -quit 2>/dev/null || true)
+# Only sources count: the __pycache__/ that any import writes and the engine (.so)
+# that the install itself builds in the tree must not make the next run reinstall.
+newest=$(find "$top/pyproject.toml" "$top/setup.py" "$top/worker" "$top/switchml_xdp" "$top/xdp" \
+  -type f \( -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.toml' \) \
+  -newer "$stamp" -print -quit 2>/dev/null || true)
 if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
   say "installing switchml-xdp into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -e "$top[test]"
