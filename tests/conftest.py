@@ -23,6 +23,19 @@ NO_LAB = _why_no_lab()
 needs_lab = pytest.mark.skipif(NO_LAB is not None, reason=NO_LAB or "")
 
 
+@pytest.fixture
+def fresh_lab(request):
+    """A lab of its own for a test that kills or restarts things; the number of
+    workers comes from `@pytest.mark.lab_workers(N)` (default 1)."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+
+    mark = request.node.get_closest_marker("lab_workers")
+    with Lab(workers=mark.args[0] if mark else 1) as lab:
+        yield lab
+
+
 @pytest.fixture(scope="session")
 def lab8():
     """A lab with 8 workers, for the whole session."""

@@ -16,13 +16,8 @@ SWITCH_CLI = [sys.executable, "-m", "switchml_xdp.cli.switch"]
 
 
 @pytest.fixture
-def lab1():
-    from conftest import NO_LAB
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    from switchml_xdp.lab import Lab
-    with Lab(workers=1) as lab:
-        yield lab
+def lab1(fresh_lab):
+    return fresh_lab
 
 
 def xdp_attached(lab, iface) -> bool:

@@ -18,14 +18,12 @@ from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 LEASE_S = 2.0
 
 
+pytestmark = pytest.mark.lab_workers(3)
+
+
 @pytest.fixture
-def lab3():
-    from conftest import NO_LAB
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    from switchml_xdp.lab import Lab
-    with Lab(workers=3) as lab:
-        yield lab
+def lab3(fresh_lab):
+    return fresh_lab
 
 
 def bench_procs(lab, job, world, iterations=100000, size="4MiB"):
