@@ -18,6 +18,7 @@ warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
 pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libbpf-dev
       bpftool clang llvm iproute2 util-linux python3-venv python3-dev python3-numpy
       python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping
+      python3-sklearn python3-matplotlib
       ruby shellcheck)  # ruby, shellcheck: the tests check vagrant/ (ruby -c, shellcheck)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -66,7 +67,9 @@ newest=$(find "$top/pyproject.toml" "$top/setup.py" "$top/worker" "$top/switchml
   -newer "$stamp" -print -quit 2>/dev/null || true)
 if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
   say "installing switchml-xdp into $venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -e "$top[test]"
+  # torch==2.13.0 exactly: a local CPU build here; other specs pull GBs of CUDA.
+  # sklearn/matplotlib come from Debian (PyPI's would replace Debian's numpy).
+  "$venv/bin/pip" install -q --disable-pip-version-check -e "$top[test,torch]"
   touch "$stamp"
 else
   say "switchml-xdp already installed in $venv"

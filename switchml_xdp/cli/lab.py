@@ -139,10 +139,6 @@ def down(prefix: str | None, all_: bool) -> None:
     click.echo(f"removed {len(removed)} namespace(s)" + (f": {' '.join(removed)}" if removed else ""))
 
 
-if __name__ == "__main__":
-    main()
-
-
 @main.command()
 @lab_options
 @click.option("--size", default="16MiB", show_default=True, help="tensor size (bytes; K/M/G/KiB/MiB/GiB)")
@@ -163,3 +159,116 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
             run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
+
+
+@main.command()
+@click.option("-n", "--workers", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Number of workers (ranks; a job has at most 64).")
+@click.option("--epochs", type=click.IntRange(1, None), default=30, show_default=True)
+@click.option("--batch", type=click.IntRange(1, None), default=16, show_default=True,
+              help="Batch size per rank.")
+@click.option("--lr", type=click.FloatRange(0, None, min_open=True), default=0.05, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--bucket-kb", type=click.FloatRange(0, None, min_open=True), default=1.0,
+              show_default=True, help="DDP bucket size cap in KiB.")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]),
+              help="The swml worker's datapath.")
+@click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
+              metavar="MBIT", help="Shape every worker link to MBIT Mbit/s each way (TBF).")
+@click.option("--png", default="swml-train.png", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to save the loss and accuracy curves.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Also save both runs' curves as JSON.")
+def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, png, json_path):
+    """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
+
+    Same seeds both times; prints final accuracy and time per epoch of both and
+    saves a PNG of the loss and accuracy curves (needs the torch extra,
+    scikit-learn and matplotlib)."""
+    try:
+        import matplotlib  # noqa: F401
+        import sklearn  # noqa: F401
+
+        import switchml_xdp.torch  # noqa: F401  (says how to install torch if it is missing)
+        from switchml_xdp.torch.train_example import TrainConfig, run_lab_training
+    except ImportError as e:
+        raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
+    cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb)
+    with lab_errors():
+        try:
+            run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+
+
+def _list_of(kind, what: str):
+    """A click callback: "2,4,8" -> (2, 4, 8); percentages allowed for probabilities."""
+    def convert(ctx, param, value):
+        if value is None or isinstance(value, tuple):
+            return value
+        items = [v for v in str(value).replace(" ", "").split(",") if v]
+        try:
+            if kind is float:
+                from switchml_xdp.lab.loss import probability
+                return tuple(probability(v, what) for v in items)
+            return tuple(kind(v) for v in items)
+        except (ValueError, LabError) as e:
+            raise click.BadParameter(f"{value!r}: {e}") from None
+    return convert
+
+
+@main.command()
+@click.option("-n", "--workers", default="2,4,8", show_default=True, callback=_list_of(int, "workers"),
+              help="worker counts, comma-separated (one lab each)")
+@click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
+              metavar="MBIT", help="every worker link's rate, each way [default: 200]")
+@click.option("--size", default="16MiB", show_default=True, help="float32 tensor size (bytes; KiB/MiB/...)")
+@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None))
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None))
+@click.option("--loss", "losses", default="0,0.1%,1%", show_default=True,
+              callback=_list_of(float, "loss"), help="loss rates per link and direction")
+@click.option("-k", "--elements", "ks", default="64,256", show_default=True,
+              callback=_list_of(int, "k"), help="elements a packet (swml systems)")
+@click.option("--systems", default="swml-afxdp,swml-udp,userspace,gloo", show_default=True,
+              callback=_list_of(str, "systems"), help="what to run")
+@click.option("--job-slots", type=click.IntRange(8, 1024), default=None,
+              help="slots a job gets on the switches [default: the switch's, 128]")
+@click.option("--out", "out_dir", default="bench/results", show_default=True,
+              help="directory for lab_bench.json, lab_bench.md and the PNG plots")
+@click.option("--no-check", is_flag=True, help="skip checking the first result against the exact sum")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="extra environment for every rank process (e.g. SWML_AFXDP_SPIN=200)")
+def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
+          env):
+    """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
+    on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots."""
+    import shlex
+    import sys
+
+    from switchml_xdp.bench import lab_bench
+    from switchml_xdp.bench.allreduce_bench import parse_size
+
+    bad = [s for s in systems if s not in lab_bench.SYSTEMS]
+    if bad:
+        raise click.BadParameter(f"unknown system(s) {', '.join(bad)}; choose from "
+                                 f"{', '.join(lab_bench.SYSTEMS)}", param_hint="--systems")
+    if not workers or min(workers) < 1 or max(workers) > 64:
+        raise click.BadParameter("worker counts must be in 1..64", param_hint="--workers")
+    if any(not 1 <= k <= 364 for k in ks):
+        raise click.BadParameter("k must be in 1..364", param_hint="--elements")
+    try:
+        size_bytes = parse_size(size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--size") from None
+    cfg = lab_bench.BenchConfig(
+        workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, size=size_bytes,
+        iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
+        out_dir=out_dir, job_slots=job_slots, check=not no_check,
+        env=dict(e.split("=", 1) for e in env if "=" in e),
+        command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
+    with lab_errors():
+        lab_bench.run_bench(cfg, out=click.echo)
+
+
+if __name__ == "__main__":
+    main()

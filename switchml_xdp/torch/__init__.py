@@ -1,0 +1,40 @@
+"""PyTorch integration (needs the `torch` extra: `pip install switchml-xdp[torch]`).
+
+Two ways in, both over a `switchml_xdp.Worker`:
+
+* A DDP communication hook (`allreduce_hook`, `register_hook`): the process
+  group (Gloo, say) sets the model up; every gradient bucket is then averaged
+  through the switch.
+
+      worker = Worker(switch_ip, "job1", rank, world)
+      ddp = DistributedDataParallel(model)
+      register_hook(ddp, worker)
+
+* A torch.distributed backend named "swml", registered when this module is
+  imported: `dist.all_reduce` of float32/int32 CPU tensors (SUM; AVG for
+  float32) goes through the switch, everything else through Gloo.
+
+      import switchml_xdp.torch
+      dist.init_process_group("swml", ..., pg_options=SwmlOptions(switch=switch_ip))
+
+float32 values are quantized per block of k elements (docs/quantization.md);
+`quant.error_bound` bounds the difference from the exact sum.
+"""
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+    import torch.distributed as _dist
+except ImportError as e:  # pragma: no cover - depends on the installation
+    raise ImportError("switchml_xdp.torch needs PyTorch: pip install 'switchml-xdp[torch]' "
+                      f"(torch==2.13.0) ({e})") from e
+if not _dist.is_available():  # pragma: no cover
+    raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
+
+from .backend import BACKEND_NAME, ProcessGroupSwml, SwmlOptions, register  # noqa: E402
+from .hook import HookState, allreduce_hook, register_hook  # noqa: E402
+
+register()
+
+__all__ = ["BACKEND_NAME", "HookState", "ProcessGroupSwml", "SwmlOptions", "allreduce_hook",
+           "register", "register_hook"]

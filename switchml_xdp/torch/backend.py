@@ -1,0 +1,393 @@
+"""`swml`: a torch.distributed backend whose all_reduce goes through the switch.
+
+    import switchml_xdp.torch                       # registers the backend
+    from switchml_xdp.torch import SwmlOptions
+
+    dist.init_process_group("swml", rank=r, world_size=n,   # any init_method/store
+                            pg_options=SwmlOptions(switch="10.0.0.1"))
+    dist.all_reduce(t)                               # float32/int32 CPU: the switch
+
+What goes where:
+- `all_reduce` (and `all_reduce_coalesced`) of float32 or int32 CPU tensors
+  with SUM (and AVG for float32, which Gloo lacks) go through a
+  `switchml_xdp.Worker` joined to the switch. float32 is quantized as in
+  docs/quantization.md; int32 sums are exact.
+- Every other all_reduce (other dtypes, MIN/MAX/PRODUCT, CUDA tensors, lists of
+  several tensors) falls back to a Gloo process group built from the same
+  store, with one warning per kind (dtype, op) per process group.
+- Every other collective (broadcast, all_gather, barrier, send/recv, ...) is
+  Gloo's: the switch only adds.
+
+Configuration: `pg_options=SwmlOptions(...)`, or the environment:
+SWML_SWITCH (the switch's address, required one way or the other), SWML_JOB
+(the job name; by default rank 0 makes one up and shares it through the
+store), SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT.
+Gloo's device is GLOO_SOCKET_IFNAME's interface if set, else the interface
+that routes to the switch.
+
+Switch and Gloo work are separate channels: a switch all_reduce issued with
+async_op=True runs on the Worker's thread while later Gloo collectives proceed.
+Calls through the switch run in the order they are made, the same on every rank.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import secrets
+import sys
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllreduceCoalescedOptions, AllreduceOptions, BarrierOptions, ProcessGroupGloo, ReduceOp,
+)
+
+from .. import wire
+from ..worker.api import Worker
+
+BACKEND_NAME = "swml"
+_SWITCH_DTYPES = (torch.float32, torch.int32)
+_JOB_KEY = "swml/job"
+
+
+@dataclass
+class SwmlOptions:
+    """Options of the swml backend (pass as init_process_group's pg_options).
+    Fields left None are read from the environment (see the module doc)."""
+    switch: str | None = None
+    job: str | None = None
+    backend: str | None = None          # the Worker's datapath: auto, udp, afxdp
+    port: int | None = None
+    control_port: int = wire.DEFAULT_CONTROL_PORT
+    iface: str | None = None            # the Worker's interface (default: route to the switch)
+    gloo_iface: str | None = None       # Gloo's interface (default: see the module doc)
+    verbose: bool = False               # let the Worker say which datapath it took
+
+    def resolved(self) -> "SwmlOptions":
+        env = os.environ
+        switch = self.switch or env.get("SWML_SWITCH")
+        if not switch:
+            raise ValueError("the swml backend needs the switch's address: pass "
+                             "pg_options=SwmlOptions(switch=...) or set SWML_SWITCH")
+        port = self.port if self.port is not None else int(env.get("SWML_PORT", wire.DEFAULT_PORT))
+        return SwmlOptions(switch=switch, job=self.job or env.get("SWML_JOB"),
+                           backend=self.backend or env.get("SWML_WORKER_BACKEND", "auto"),
+                           port=port, control_port=self.control_port, iface=self.iface,
+                           gloo_iface=self.gloo_iface,
+                           verbose=self.verbose)
+
+
+class _FutureWork(dist.Work):
+    """A Work completed through a torch future (set from the Worker's thread)."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._fut.wait()  # re-raises the switch's error, if any
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._fut.value()
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._fut.wait()
+
+
+_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(dist.__file__)))
+
+
+def _caller_level() -> int:
+    """warnings' stacklevel of the first frame outside this package and
+    torch.distributed: the user's call, not torch's wrappers."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)).startswith(_OWN_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _op_name(op) -> str:
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        if op == getattr(ReduceOp, name, None):
+            return name
+    return str(op)
+
+
+class ProcessGroupSwml(dist.ProcessGroup):
+    """The `swml` process group: all_reduce through the switch, the rest through Gloo."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
+                 options: SwmlOptions | None = None, group_id: str = ""):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        opts = (options or SwmlOptions()).resolved()
+        self.options = opts
+        job = opts.job or self._agree_job_name(store, rank, group_id)
+        join_timeout = max(10.0, min(timeout.total_seconds(), 300.0))
+        self.worker = Worker(opts.switch, job, rank, size, iface=opts.iface, backend=opts.backend,
+                             port=opts.port, control_port=opts.control_port,
+                             join_timeout=join_timeout, verbose=opts.verbose)
+        try:
+            gloo_store = dist.PrefixStore("swml-gloo/", store)
+            if opts.gloo_iface or not os.environ.get("GLOO_SOCKET_IFNAME"):
+                gloo_opts = ProcessGroupGloo._Options()
+                gloo_opts._timeout = timeout
+                gloo_opts._devices = [ProcessGroupGloo.create_device(
+                    interface=opts.gloo_iface or self.worker.iface)]
+                self.gloo = ProcessGroupGloo(gloo_store, rank, size, gloo_opts)
+            else:  # this constructor reads GLOO_SOCKET_IFNAME (which may list several)
+                self.gloo = ProcessGroupGloo(gloo_store, rank, size, timeout)
+        except BaseException:
+            self.worker.close()
+            raise
+        self.fallbacks = 0          # all_reduce calls that went to Gloo
+        self.switch_calls = 0       # all_reduce calls that went through the switch
+        self._warned: set = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        _live.add(self)
+
+    @staticmethod
+    def _agree_job_name(store: dist.Store, rank: int, group_id: str) -> str:
+        """Rank 0 makes up a name no other job on the switch has; the others read it."""
+        if rank == 0:
+            gid = "".join(c for c in str(group_id) if c.isalnum())[:16]
+            store.set(_JOB_KEY, f"torch-{gid or 'pg'}-{secrets.token_hex(6)}")
+        return store.get(_JOB_KEY).decode()
+
+    # -- identity -------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - the C++ name the trampoline looks up
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupSwml(rank={self._rank}, size={self._size}, job={self.worker.info.name!r})"
+
+    # -- all_reduce -------------------------------------------------------------
+    def _switch_reason(self, tensors: list[torch.Tensor], op) -> str | None:
+        """Why these tensors cannot go through the switch (None if they can)."""
+        name = _op_name(op)
+        dtypes = {t.dtype for t in tensors}
+        if any(t.device.type != "cpu" for t in tensors):
+            return f"{name} on {tensors[0].device.type} tensors"
+        if any(t.layout != torch.strided for t in tensors):
+            return f"{name} on {tensors[0].layout} tensors"
+        if len(dtypes) != 1 or next(iter(dtypes)) not in _SWITCH_DTYPES:
+            return f"{name} on {', '.join(sorted(str(d) for d in dtypes))}"
+        if name == "SUM" or (name == "AVG" and tensors[0].dtype == torch.float32):
+            if any(t.is_conj() or t.is_neg() for t in tensors):
+                return f"{name} on tensors with a pending conj/neg view"
+            return None
+        return f"{name} on {tensors[0].dtype}"
+
+    def _warn_fallback(self, reason: str) -> None:
+        with self._lock:
+            self.fallbacks += 1
+            first = reason not in self._warned
+            self._warned.add(reason)
+        if first:
+            warnings.warn(f"switchml_xdp: all_reduce {reason} is not done by the switch "
+                          "(only float32/int32 SUM and float32 AVG on CPU are): it falls back to gloo "
+                          "(warned once per kind)", RuntimeWarning, stacklevel=_caller_level())
+
+    def _reduce_through_switch(self, flat: torch.Tensor, avg: bool, finish) -> _FutureWork:
+        """Reduce a contiguous 1-D CPU tensor in place; finish() runs after (on the
+        Worker's thread) and returns the future's value."""
+        with self._lock:
+            self.switch_calls += 1
+        fut: torch.futures.Future = torch.futures.Future()
+        size = self._size
+
+        def done(cf) -> None:
+            try:
+                cf.result()
+                if avg:
+                    flat.div_(size)
+                value = finish()
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                fut.set_exception(e)
+                return
+            fut.set_result(value)
+
+        self.worker.allreduce_async(flat.detach().numpy()).add_done_callback(done)
+        return _FutureWork(fut)
+
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        if opts is None:
+            opts = AllreduceOptions()
+        elif not isinstance(opts, AllreduceOptions):  # allreduce(tensors, op)
+            op, opts = opts, AllreduceOptions()
+            opts.reduceOp = op
+        reason = ("a list of several tensors" if len(tensors) != 1
+                  else self._switch_reason(tensors, opts.reduceOp))
+        if reason:
+            self._warn_fallback(reason)
+            return self.gloo.allreduce(tensors, opts)
+        t = tensors[0]
+        avg = _op_name(opts.reduceOp) == "AVG"
+        if t.is_contiguous():
+            return self._reduce_through_switch(t.view(-1), avg, lambda: [t])
+        buf = t.contiguous().view(-1)
+        return self._reduce_through_switch(buf, avg, lambda: [t.copy_(buf.view_as(t))])
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        if opts is None:
+            opts = AllreduceCoalescedOptions()
+        reason = self._switch_reason(tensors, opts.reduceOp) if tensors else "of no tensors"
+        if reason:
+            self._warn_fallback(reason)
+            return self.gloo.allreduce_coalesced(tensors, opts)
+        avg = _op_name(opts.reduceOp) == "AVG"
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+
+        def finish():
+            off = 0
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[off:off + n].view_as(t))
+                off += n
+            return tensors
+
+        return self._reduce_through_switch(flat, avg, finish)
+
+    # -- everything else is Gloo's ------------------------------------------------
+    def broadcast(self, tensors, opts):
+        return self.gloo.broadcast(tensors, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts):
+        return self.gloo.allgather(output_tensors, input_tensors, opts)
+
+    def all_gather_single(self, output, input, opts):
+        return self.gloo._allgather_base(output, input, opts)
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists, input_list, opts):
+        return self.gloo.allgather_coalesced(output_lists, input_list, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        works = [self.gloo._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1]
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts):
+        return self.gloo.gather(output_tensors, input_tensors, opts)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        return self.gloo.scatter(output_tensors, input_tensors, opts)
+
+    def reduce(self, tensors, opts):
+        return self.gloo.reduce(tensors, opts)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts):
+        return self.gloo.reduce_scatter(output_tensors, input_tensors, opts)
+
+    def reduce_scatter_single(self, output, input, opts):
+        return self.gloo._reduce_scatter_base(output, input, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        return self.gloo.alltoall(output_tensors, input_tensors, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
+        return self.gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    alltoall_base = all_to_all_single
+
+    def send(self, tensors, dst, tag):
+        return self.gloo.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self.gloo.recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag):
+        return self.gloo.recv_anysource(tensors, tag)
+
+    def barrier(self, opts=None):
+        return self.gloo.barrier(opts if opts is not None else BarrierOptions())
+
+    def monitored_barrier(self, *args, **kwargs):
+        return self.gloo.monitored_barrier(*args, **kwargs)
+
+    # -- life cycle -------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Leave the job on the switch (after the queued reductions) and stop Gloo."""
+        if self._closed:
+            return
+        self._closed = True
+        _live.discard(self)
+        try:
+            self.worker.close()
+        finally:
+            self.gloo.shutdown()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+# Process groups still open at exit leave their job cleanly: a worker that just
+# disappears makes the switch abort the job under ranks still finishing up.
+_live: "weakref.WeakSet[ProcessGroupSwml]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_groups() -> None:
+    for pg in list(_live):
+        try:
+            pg.worker.close()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
+def _create(backend_opts, pg_options) -> ProcessGroupSwml:
+    """The creator torch calls (extended API: it hands us pg_options)."""
+    if pg_options is not None and not isinstance(pg_options, SwmlOptions):
+        raise TypeError(f"the swml backend takes pg_options=SwmlOptions(...), "
+                        f"not {type(pg_options).__name__}")
+    return ProcessGroupSwml(backend_opts.store, backend_opts.group_rank, backend_opts.group_size,
+                            backend_opts.timeout, pg_options, str(backend_opts.group_id))
+
+
+def register() -> None:
+    """Register the backend as "swml" (done on import of switchml_xdp.torch)."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
