@@ -3,14 +3,28 @@
 - The BPF sources in xdp/ travel inside the package (switchml_xdp/_xdp/) so that an
   installed daemon can compile them at `swml-switch up`; an editable install reads
   them from the checkout.
+- The AF_XDP worker engine (worker/*.c) becomes the extension module
+  switchml_xdp._engine, linked against libxdp and libbpf. Its headers are checked
+  before compiling so that a missing library fails with the Debian package to
+  install rather than a compiler error. SWML_SKIP_ENGINE=1 builds without it (the
+  udp backend needs no C).
 """
+import glob
+import os
 import shutil
+import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 TOP = Path(__file__).resolve().parent
+INCLUDE_DIRS = ["/usr/include", "/usr/local/include"]
+LIB_GLOBS = ["/usr/lib/*/lib{0}.so", "/usr/lib/lib{0}.so", "/usr/lib64/lib{0}.so",
+             "/usr/local/lib/lib{0}.so", "/usr/local/lib/*/lib{0}.so"]
+# (header, library, Debian package) the engine needs.
+ENGINE_DEPS = [("xdp/xsk.h", "xdp", "libxdp-dev"), ("bpf/libbpf.h", "bpf", "libbpf-dev")]
 
 
 class BuildPyWithBpfSources(build_py):
@@ -22,4 +36,39 @@ class BuildPyWithBpfSources(build_py):
             shutil.copy2(src, dest / src.name)
 
 
-setup(cmdclass={"build_py": BuildPyWithBpfSources})
+def missing_engine_deps() -> list[str]:
+    """What is missing to build the engine, as 'header/lib (Debian package)' strings."""
+    missing = []
+    for header, lib, pkg in ENGINE_DEPS:
+        have_header = any(os.path.exists(os.path.join(d, header)) for d in INCLUDE_DIRS)
+        have_lib = any(glob.glob(g.format(lib)) for g in LIB_GLOBS)
+        if not have_header or not have_lib:
+            what = " and ".join(w for w, ok in ((header, have_header), (f"lib{lib}.so", have_lib)) if not ok)
+            missing.append(f"{what} (Debian package {pkg})")
+    return missing
+
+
+class BuildEngine(build_ext):
+    def run(self):
+        missing = missing_engine_deps()
+        if missing:
+            sys.exit("switchml-xdp: cannot build the AF_XDP worker engine (switchml_xdp._engine): "
+                     f"missing {'; '.join(missing)}.\n"
+                     f"  Install: apt-get install {' '.join(p for _, _, p in ENGINE_DEPS)}\n"
+                     "  (or set SWML_SKIP_ENGINE=1 to install without it: udp backend only)")
+        super().run()
+
+
+engine = Extension(
+    "switchml_xdp._engine",
+    sources=sorted(str(p.relative_to(TOP)) for p in (TOP / "worker").glob("*.c")),
+    depends=sorted(str(p.relative_to(TOP)) for p in [*(TOP / "worker").glob("*.h"),
+                                                      TOP / "xdp" / "swml_wire.h"]),
+    include_dirs=["worker", "xdp"],
+    libraries=["xdp", "bpf"],
+    extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function",
+                        "-fno-strict-aliasing"],
+)
+
+setup(cmdclass={"build_py": BuildPyWithBpfSources, "build_ext": BuildEngine},
+      ext_modules=[] if os.environ.get("SWML_SKIP_ENGINE") == "1" else [engine])

@@ -73,6 +73,7 @@ class Worker:
         self.iface = iface or route_iface
         self.local_ip = local_ip
         self.backend_name = self._choose_backend(backend, verbose)
+        self._requested_backend, self._verbose = backend, verbose
         self._control = ControlClient(switch, control_port)
         try:
             self.info: JobInfo = self._control.join(job, world, rank, local_ip, port,
@@ -104,7 +105,17 @@ class Worker:
         abort = lambda: self._control.abort_reason  # noqa: E731 - read between packets
         if self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
-            return AfxdpBackend(self.info, self.local_ip, self.iface, self._control, stall_timeout)
+            try:
+                return AfxdpBackend(self.info, self.local_ip, self.iface, self._control,
+                                    stall_timeout, verbose=self._verbose)
+            except (RuntimeError, OSError) as e:
+                if self._requested_backend != "auto":
+                    raise
+                # Same port and address, same protocol: udp can take over the join.
+                if self._verbose:
+                    print(f"switchml-xdp: afxdp set-up failed on {self.iface} ({e}); "
+                          "backend auto -> udp", file=sys.stderr)
+                self.backend_name = "udp"
         from .udp_backend import UdpBackend
         return UdpBackend(self.info, self.local_ip, abort, stall_timeout)
 

@@ -1,0 +1,252 @@
+"""The `afxdp` backend: the C engine (switchml_xdp._engine) over an AF_XDP socket.
+
+Set-up, per worker: compile xdp/swml_redirect.c for this job (port, the
+worker's IP, the job's multicast group as -D defines), attach it to the
+worker's interface (native XDP, generic if the driver has none), and open the
+engine: a UMEM plus an AF_XDP socket in copy mode on queue 0, inserted into the
+program's XSKMAP. From then on the switch's RESULTs for this worker land in
+the socket's rx ring and everything else still goes to the kernel stack.
+
+Each allreduce is one call into C, which streams the whole tensor with the GIL
+released. The streaming rules, packet format and quantization are those of the
+udp backend (plans.py, quant.py), so both kinds of worker can share a job.
+An abort from the control connection raises a flag the C loop reads every
+few ms; the loop's status code becomes JobAborted / TimeoutError here.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+import numpy as np
+
+from .. import wire
+from ..cheaders import xdp_dir
+from .control import ControlClient, JobAborted, JobInfo
+
+PROG_NAME = "swml_redirect"
+SOURCE = "swml_redirect.c"
+QUEUE = 0                 # veth (and the lab) have one rx queue; the engine binds it
+# Retransmission timeout: RTO_INITIAL_S until the engine has measured round trips,
+# then srtt + 4 rttvar (RFC 6298) kept within [RTO_MIN_S, RTO_MAX_S]; each expiry
+# doubles a slot's timeout. A window's round trip in the lab is ~1 ms.
+# (The RTT samples are what keeps 4 workers sharing 2 cores from resending whole
+# windows while a peer is descheduled: a fixed 5 ms timer resent ~7% of packets.)
+RTO_INITIAL_S = 0.005
+RTO_MIN_S = 0.002
+RTO_MAX_S = 0.5
+# Empty rx-ring polls (~10 us) before sleeping in ppoll(). Results of a worker's own
+# packets come back inside its own sendto() (copy mode runs the whole veth/bridge/
+# switch path in that call's softirq), so spinning only helps for results that
+# other workers complete; on 2 shared cores a long spin (20000) halved 4-worker
+# goodput by starving the peers it was waiting for.
+SPIN = 200
+
+
+def _tunable(name: str, default: float) -> float:
+    """Engine knobs can be overridden for experiments: SWML_AFXDP_<NAME>=value."""
+    value = os.environ.get(f"SWML_AFXDP_{name}")
+    return type(default)(value) if value else default
+
+
+# bcc (clang/LLVM underneath) is not thread-safe: two workers of one process (the
+# lab, tests) compiling at once crash it. One compile at a time per process.
+_BCC_LOCK = threading.Lock()
+
+def _engine_module():
+    from .. import _engine
+    return _engine
+
+
+def unavailable_reason() -> str | None:
+    """None if this process can use the afxdp backend, else a short reason."""
+    try:
+        _engine_module()
+    except ImportError as e:
+        return f"extension not built: {e} (pip install -e . with libxdp-dev and libbpf-dev)"
+    if os.geteuid() != 0:
+        return "needs root (AF_XDP)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "needs bcc (Debian package python3-bpfcc)"
+    return None
+
+
+def _mac_bytes(mac: str) -> bytes:
+    return bytes.fromhex(mac.replace(":", ""))
+
+
+def compile_redirect(info: JobInfo, local_ip: str):
+    """Compile and load the redirect program for one job on one worker."""
+    from bcc import BPF
+
+    cflags = [f"-I{xdp_dir()}", f"-DSWML_PORT={info.port}",
+              f"-DSWML_LOCAL_IP={wire.ip_to_be32(local_ip):#x}u",
+              f"-DSWML_GROUP_IP={wire.ip_to_be32(info.group_ip):#x}u",
+              "-Wno-unused-value", "-Wno-pointer-sign", "-Wno-compare-distinct-pointer-types"]
+    try:
+        with _BCC_LOCK:
+            bpf = BPF(src_file=str(xdp_dir() / SOURCE).encode(), cflags=cflags)
+            fn = bpf.load_func(PROG_NAME.encode(), BPF.XDP)
+    except Exception as e:  # bcc raises bare Exception, the verifier log is on stderr
+        raise RuntimeError(f"cannot load the worker's XDP program ({SOURCE}): {e}") from e
+    return bpf, fn
+
+
+class AfxdpBackend:
+    name = "afxdp"
+
+    def __init__(self, info: JobInfo, local_ip: str, iface: str, control: ControlClient,
+                 stall_timeout: float = 30.0, *, mode: str | None = None,
+                 rto_initial: float | None = None, rto_min: float | None = None,
+                 rto_max: float | None = None, spin: int | None = None, verbose: bool = True):
+        from ..bpf import xdp_attach
+
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeError(f"afxdp backend unavailable: {reason}")
+        self.info, self.iface, self.stall_timeout = info, iface, stall_timeout
+        self._control = control
+        self._xdp_attach = xdp_attach
+        self._lock = threading.Lock()
+        self._call_lock = threading.Lock()  # held by allreduce; close() waits for it
+        self._engine = None
+        self._bpf = None
+        self._link_fd = -1
+        self._closed = False
+        # The abort flag the C loop reads: a 4-byte aligned, writable buffer.
+        self._abort = np.zeros(1, dtype=np.uint32)
+        rto_initial = rto_initial if rto_initial is not None else _tunable("RTO_INITIAL", RTO_INITIAL_S)
+        rto_min = rto_min if rto_min is not None else _tunable("RTO_MIN", RTO_MIN_S)
+        rto_max = rto_max if rto_max is not None else _tunable("RTO_MAX", RTO_MAX_S)
+        spin = spin if spin is not None else _tunable("SPIN", SPIN)
+        try:
+            self._bpf, fn = compile_redirect(info, local_ip)
+            self.mode = self._attach(fn.fd, mode, verbose)
+            engine = _engine_module()
+            self._engine = engine.Engine(
+                iface, self._bpf[b"xsks"].map_fd, self._abort,
+                job=info.job_id, rank=info.rank, world=info.world, k=info.k, slots=info.slots,
+                src_mac=_mac_bytes(_iface_mac(iface)), dst_mac=_mac_bytes(info.switch_mac),
+                src_ip=socket.inet_aton(local_ip), dst_ip=socket.inet_aton(info.switch_ip),
+                src_port=info.port, dst_port=info.switch_port, queue=QUEUE,
+                rto_initial=rto_initial, rto_min=rto_min, rto_max=rto_max,
+                stall_timeout=stall_timeout, spin=spin)
+        except BaseException:
+            self.close()
+            raise
+        control.on_abort(self._on_abort)
+        if control.abort_reason:
+            self._on_abort(control.abort_reason)
+
+    # --- set-up and tear-down --------------------------------------------------
+    def _attach(self, prog_fd: int, mode: str | None, verbose: bool) -> str:
+        """Attach through a BPF link (see _engine.xdp_link_attach): it detaches when
+        its fd closes, in close() or when the process dies, whatever namespace the
+        closing thread is in."""
+        engine = _engine_module()
+        xa = self._xdp_attach
+        current = xa.attachment(self.iface)
+        if current.mode is not None:
+            raise RuntimeError(
+                f"{self.iface} already has an XDP program (id {current.prog_id}, {current.mode}): "
+                "another afxdp worker on this interface, or a leftover "
+                f"(`ip link set dev {self.iface} xdp off` removes it); use backend='udp' to share it")
+        flags = {"native": engine.XDP_FLAGS_DRV_MODE, "generic": engine.XDP_FLAGS_SKB_MODE}
+        ifindex = socket.if_nametoindex(self.iface)
+        modes = [mode] if mode else ["native", "generic"]
+        for i, m in enumerate(modes):
+            try:
+                self._link_fd = engine.xdp_link_attach(prog_fd, ifindex, flags[m])
+                return m
+            except OSError as e:
+                if i + 1 == len(modes):
+                    raise RuntimeError(f"cannot attach XDP ({m}) to {self.iface}: "
+                                       f"{e.strerror}") from None
+                if verbose:
+                    print(f"switchml-xdp: native XDP unavailable on {self.iface} ({e.strerror}); "
+                          "using generic XDP", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the socket and free the UMEM, detach the program. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._abort[0] = 1  # a call still running in C returns within a few ms
+        try:
+            if self._engine is not None:
+                with self._call_lock:
+                    self._engine.close()
+        finally:
+            if self._link_fd >= 0:
+                os.close(self._link_fd)  # detaches the program
+                self._link_fd = -1
+            if self._bpf is not None:
+                with _BCC_LOCK:
+                    self._bpf.cleanup()
+                self._bpf = None
+
+    def _on_abort(self, reason: str) -> None:
+        self._abort[0] = 1
+
+    # --- the datapath ------------------------------------------------------------
+    def allreduce(self, flat: np.ndarray) -> None:
+        """Reduce a 1-D C-contiguous float32/int32 array in place."""
+        if self._closed:
+            raise RuntimeError("the afxdp backend is closed")
+        if flat.dtype not in (np.float32, np.int32) or flat.ndim != 1 or not flat.flags.c_contiguous:
+            raise TypeError("allreduce takes a 1-D C-contiguous float32 or int32 array")
+        if not flat.size:
+            return
+        engine = _engine_module()
+        with self._call_lock:
+            if self._closed:
+                raise RuntimeError("the afxdp backend is closed")
+            status = self._engine.allreduce(flat)
+        if status == engine.OK:
+            return
+        if status == engine.ABORTED and self._closed and not self._control.abort_reason:
+            raise RuntimeError("the afxdp backend was closed during the allreduce")
+        if status == engine.ABORTED:
+            raise JobAborted(f"job {self.info.name!r} aborted: "
+                             f"{self._control.abort_reason or 'aborted'}")
+        if status == engine.STALLED:
+            raise TimeoutError(
+                f"no result from the switch for {self.stall_timeout:g} s; waiting for slot(s) "
+                f"{self._engine.pending_slots()} of job {self.info.name!r} (afxdp on {self.iface})")
+        if status == engine.E2BIG:
+            raise ValueError(f"tensor of {flat.size} elements needs 2^32 or more packets "
+                             f"(k={self.info.k}): split it")
+        raise OSError(f"the AF_XDP socket on {self.iface} failed (engine status {status})")
+
+    @property
+    def stats(self) -> dict:
+        """Counters: the udp backend's keys (packets_sent, retransmissions, results,
+        duplicates, shadow_replies) plus the engine's and the redirect program's."""
+        if self._engine is None:
+            return {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
+                    "shadow_replies": 0}
+        out = self._engine.stats()
+        bpf = self._bpf
+        if bpf is not None:
+            try:
+                rows = bpf[b"rx_counters"]
+                out["xdp_redirected"] = int(sum(rows[rows.Key(0)]))
+                out["xdp_passed"] = int(sum(rows[rows.Key(1)]))
+            except Exception:  # closed under us: the engine's counters are what matter
+                pass
+        return out
+
+    @property
+    def next_index(self) -> int:
+        return self._engine.next_index
+
+
+def _iface_mac(iface: str) -> str:
+    from .api import iface_mac
+    return iface_mac(iface)

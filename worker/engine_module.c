@@ -1,0 +1,594 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine_module.c - switchml_xdp._engine: the Python face of the C engine.
+ *
+ *   Engine(ifname, xskmap_fd, abort, job=, rank=, world=, k=, slots=,
+ *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
+ *          queue=0, frames=4096, rto_initial=0.005, rto_min=0.002, rto_max=0.5,
+ *          stall_timeout=30.0, spin=200)
+ *     .allreduce(array) -> status   whole tensor, GIL released; OK/ABORTED/STALLED/...
+ *     .pending_slots() -> list      slots still waiting when the last call failed
+ *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
+ *     .next_index                   packets of the job's life so far
+ *     .fd                           the AF_XDP socket
+ *     .close()
+ *   block_exponents(x, k, exp_out, nonfinite_out)
+ *   quantize(x, k, exp_global, world, out)
+ *   dequantize(sums, exp_global, nonfinite_any, world, out)
+ *   exponent_bits(world)
+ *   xdp_link_attach(prog_fd, ifindex, flags) -> link fd   (close it to detach)
+ * The quant functions mirror switchml_xdp/quant.py so tests can compare them
+ * bit for bit. All arrays go through the buffer protocol (any C-contiguous
+ * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
+ * `abort` is a writable buffer of at least 4 bytes; a nonzero first word stops
+ * a running allreduce within a few ms (the Python side raises JobAborted).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include <bpf/bpf.h>
+#include <linux/if_link.h>
+
+#include "quant.h"
+#include "stream.h"
+#include "xsk_port.h"
+
+typedef struct {
+	PyObject_HEAD
+	struct swml_xsk xsk;
+	struct swml_stream stream;
+	Py_buffer abort_buf;
+	int open;
+	int busy;
+} EngineObject;
+
+/* ------------------------------------------------------------ buffer helpers */
+
+/* The element type a buffer's format names, ignoring a native/little-endian
+ * byte-order prefix (every host here is little-endian). */
+static char buf_kind(const Py_buffer *b)
+{
+	const char *f = b->format ? b->format : "B";
+
+	if (*f == '@' || *f == '=' || *f == '<')
+		f++;
+	if (f[0] && !f[1])
+		return f[0];
+	return 0;
+}
+
+static int get_buf(PyObject *obj, Py_buffer *b, int writable, const char *kinds, int itemsize,
+		   const char *what)
+{
+	int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+	char kind;
+
+	if (PyObject_GetBuffer(obj, b, flags) < 0)
+		return -1;
+	kind = buf_kind(b);
+	if (b->itemsize != itemsize || !kind || !strchr(kinds, kind)) {
+		PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous buffer of %s, got format '%s'",
+			     what, itemsize == 4 ? (strchr(kinds, 'f') ? "float32" : "int32")
+						 : "int8/bool",
+			     b->format ? b->format : "B");
+		PyBuffer_Release(b);
+		return -1;
+	}
+	return 0;
+}
+
+static Py_ssize_t buf_len(const Py_buffer *b)
+{
+	return b->len / b->itemsize;
+}
+
+static int check_world(long world)
+{
+	if (world < 1 || world > 65536) {
+		PyErr_Format(PyExc_ValueError, "world must be in [1, 65536], got %ld", world);
+		return -1;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------ quant functions */
+
+static PyObject *py_exponent_bits(PyObject *self, PyObject *args)
+{
+	long world;
+
+	if (!PyArg_ParseTuple(args, "l", &world) || check_world(world))
+		return NULL;
+	return PyLong_FromLong(swml_exponent_bits((uint32_t)world));
+}
+
+static PyObject *py_block_exponents(PyObject *self, PyObject *args)
+{
+	PyObject *xo, *eo, *no;
+	Py_ssize_t k;
+	Py_buffer x, e, nf;
+	PyObject *ret = NULL;
+
+	if (!PyArg_ParseTuple(args, "OnOO", &xo, &k, &eo, &no))
+		return NULL;
+	if (k < 1)
+		return PyErr_Format(PyExc_ValueError, "k must be positive");
+	if (get_buf(xo, &x, 0, "f", 4, "x"))
+		return NULL;
+	if (get_buf(eo, &e, 1, "b", 1, "exp_out"))
+		goto out_x;
+	if (get_buf(no, &nf, 1, "?bB", 1, "nonfinite_out"))
+		goto out_e;
+	{
+		Py_ssize_t n = buf_len(&x), nb = (n + k - 1) / k;
+
+		if (e.len != nb || nf.len != nb) {
+			PyErr_Format(PyExc_ValueError, "need %zd blocks in the outputs", nb);
+			goto out;
+		}
+		Py_BEGIN_ALLOW_THREADS
+		for (Py_ssize_t b = 0; b < nb; b++) {
+			Py_ssize_t m = n - b * k < k ? n - b * k : k;
+			int bad;
+
+			((int8_t *)e.buf)[b] = swml_block_exponent((const float *)x.buf + b * k, m, &bad);
+			((uint8_t *)nf.buf)[b] = (uint8_t)bad;
+		}
+		Py_END_ALLOW_THREADS
+	}
+	ret = Py_NewRef(Py_None);
+out:
+	PyBuffer_Release(&nf);
+out_e:
+	PyBuffer_Release(&e);
+out_x:
+	PyBuffer_Release(&x);
+	return ret;
+}
+
+static PyObject *py_quantize(PyObject *self, PyObject *args)
+{
+	PyObject *xo, *eo, *oo;
+	Py_ssize_t k;
+	long world;
+	Py_buffer x, e, o;
+	PyObject *ret = NULL;
+	int too_big = 0;
+
+	if (!PyArg_ParseTuple(args, "OnOlO", &xo, &k, &eo, &world, &oo))
+		return NULL;
+	if (k < 1)
+		return PyErr_Format(PyExc_ValueError, "k must be positive");
+	if (check_world(world))
+		return NULL;
+	if (get_buf(xo, &x, 0, "f", 4, "x"))
+		return NULL;
+	if (get_buf(eo, &e, 0, "b", 1, "exp_global"))
+		goto out_x;
+	if (get_buf(oo, &o, 1, "i", 4, "out"))
+		goto out_e;
+	{
+		Py_ssize_t n = buf_len(&x), nb = (n + k - 1) / k;
+		int L = swml_exponent_bits((uint32_t)world);
+		uint32_t limit = 1u << (30 - L);
+
+		if (e.len != nb || buf_len(&o) != nb * k) {
+			PyErr_Format(PyExc_ValueError, "need %zd exponents and %zd outputs", nb, nb * k);
+			goto out;
+		}
+		Py_BEGIN_ALLOW_THREADS
+		for (Py_ssize_t b = 0; b < nb; b++) {
+			Py_ssize_t m = n - b * k < k ? n - b * k : k;
+			const float *xb = (const float *)x.buf + b * k;
+			int8_t eg = ((int8_t *)e.buf)[b];
+			int bad;
+
+			if (eg >= swml_block_exponent(xb, m, &bad))
+				swml_quantize_block(xb, m, k, eg, L, (int32_t *)o.buf + b * k);
+			else
+				too_big |= swml_quantize_block_checked(xb, m, k, eg, L,
+								       (int32_t *)o.buf + b * k) > limit;
+		}
+		Py_END_ALLOW_THREADS
+		if (too_big) {
+			PyErr_SetString(PyExc_ValueError,
+					"exp_global is smaller than a block's local exponent: "
+					"values would not fit the int32 headroom");
+			goto out;
+		}
+	}
+	ret = Py_NewRef(Py_None);
+out:
+	PyBuffer_Release(&o);
+out_e:
+	PyBuffer_Release(&e);
+out_x:
+	PyBuffer_Release(&x);
+	return ret;
+}
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args)
+{
+	PyObject *so, *eo, *fo, *oo;
+	long world;
+	Py_buffer s, e, f, o;
+	PyObject *ret = NULL;
+
+	if (!PyArg_ParseTuple(args, "OOOlO", &so, &eo, &fo, &world, &oo))
+		return NULL;
+	if (check_world(world))
+		return NULL;
+	if (get_buf(so, &s, 0, "i", 4, "sums"))
+		return NULL;
+	if (get_buf(eo, &e, 0, "b", 1, "exp_global"))
+		goto out_s;
+	if (get_buf(fo, &f, 0, "?bB", 1, "nonfinite_any"))
+		goto out_e;
+	if (get_buf(oo, &o, 1, "f", 4, "out"))
+		goto out_f;
+	{
+		Py_ssize_t nb = e.len, n = buf_len(&o), k;
+		int L = swml_exponent_bits((uint32_t)world);
+
+		if (nb == 0 || f.len != nb || buf_len(&s) % nb) {
+			PyErr_SetString(PyExc_ValueError, "sums must be nblocks * k int32, with one "
+					"exponent and one flag per block");
+			goto out;
+		}
+		k = buf_len(&s) / nb;
+		if (!((nb - 1) * k < n && n <= nb * k)) {
+			PyErr_Format(PyExc_ValueError, "n=%zd does not fit %zd blocks of %zd", n, nb, k);
+			goto out;
+		}
+		Py_BEGIN_ALLOW_THREADS
+		for (Py_ssize_t b = 0; b < nb; b++) {
+			Py_ssize_t m = n - b * k < k ? n - b * k : k;
+
+			swml_dequantize_block((const int32_t *)s.buf + b * k, m, ((int8_t *)e.buf)[b], L,
+					      ((uint8_t *)f.buf)[b] != 0, (float *)o.buf + b * k);
+		}
+		Py_END_ALLOW_THREADS
+	}
+	ret = Py_NewRef(Py_None);
+out:
+	PyBuffer_Release(&o);
+out_f:
+	PyBuffer_Release(&f);
+out_e:
+	PyBuffer_Release(&e);
+out_s:
+	PyBuffer_Release(&s);
+	return ret;
+}
+
+/* ----------------------------------------------------------------- XDP link */
+
+/* Attach an XDP program through a BPF link rather than netlink: the program
+ * stays attached exactly as long as the returned fd is open, so a worker that
+ * dies (even SIGKILL) never leaves its redirect program on the interface. */
+static PyObject *py_xdp_link_attach(PyObject *self, PyObject *args)
+{
+	int prog_fd, ifindex, fd;
+	unsigned int flags;
+
+	if (!PyArg_ParseTuple(args, "iiI", &prog_fd, &ifindex, &flags))
+		return NULL;
+	{
+		LIBBPF_OPTS(bpf_link_create_opts, opts, .flags = flags);
+
+		fd = bpf_link_create(prog_fd, ifindex, BPF_XDP, &opts);
+	}
+	if (fd < 0) {
+		errno = -fd;
+		return PyErr_SetFromErrno(PyExc_OSError);
+	}
+	return PyLong_FromLong(fd);
+}
+
+/* ------------------------------------------------------------------- Engine */
+
+static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what)
+{
+	char *p;
+	Py_ssize_t n;
+
+	if (PyBytes_AsStringAndSize(o, &p, &n) < 0)
+		return -1;
+	if (n != len) {
+		PyErr_Format(PyExc_ValueError, "%s must be %zd bytes, got %zd", what, len, n);
+		return -1;
+	}
+	memcpy(dst, p, len);
+	return 0;
+}
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"ifname", "xskmap_fd", "abort", "job", "rank", "world", "k",
+				 "slots", "src_mac", "dst_mac", "src_ip", "dst_ip", "src_port",
+				 "dst_port", "queue", "frames", "rto_initial", "rto_min",
+				 "rto_max", "stall_timeout", "spin", NULL};
+	const char *ifname;
+	int xskmap_fd;
+	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
+	const unsigned int unset = 0xffffffffu;
+	unsigned int job = unset, rank = unset, world = unset, k = unset, slots = unset;
+	unsigned int src_port = unset, dst_port = unset, queue = 0, frames = 4096;
+	unsigned int spin = 200;
+	double rto_initial = 0.005, rto_min = 0.002, rto_max = 0.5, stall_timeout = 30.0;
+	struct swml_stream_cfg cfg = {0};
+	char err[256];
+	int ret;
+
+	if (self->open) {
+		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
+		return -1;
+	}
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIIIddddI", kwlist, &ifname,
+					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
+					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
+					 &queue, &frames, &rto_initial, &rto_min, &rto_max, &stall_timeout,
+					 &spin))
+		return -1;
+	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
+	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip) {
+		PyErr_SetString(PyExc_TypeError, "Engine: job, rank, world, k, slots, src_mac, dst_mac, "
+				"src_ip, dst_ip, src_port and dst_port are required keywords");
+		return -1;
+	}
+	if (job < 1 || job > 65535 || rank >= world || world < 1 || world > SWML_MAX_WORLD ||
+	    k < 1 || k > SWML_MAX_K || slots < 1 || slots > 65535 || src_port > 65535 ||
+	    dst_port > 65535 || !(rto_min > 0) || !(rto_initial >= rto_min) || !(rto_max >= rto_initial) ||
+	    !(stall_timeout > 0)) {
+		PyErr_SetString(PyExc_ValueError, "Engine: parameter out of range");
+		return -1;
+	}
+	cfg.job = (uint16_t)job;
+	cfg.rank = (uint16_t)rank;
+	cfg.world = world;
+	cfg.k = k;
+	cfg.slots = slots;
+	cfg.addrs.src_port = (uint16_t)src_port;
+	cfg.addrs.dst_port = (uint16_t)dst_port;
+	if (bytes_arg(src_mac, cfg.addrs.src_mac, 6, "src_mac") ||
+	    bytes_arg(dst_mac, cfg.addrs.dst_mac, 6, "dst_mac") ||
+	    bytes_arg(src_ip, cfg.addrs.src_ip, 4, "src_ip") ||
+	    bytes_arg(dst_ip, cfg.addrs.dst_ip, 4, "dst_ip"))
+		return -1;
+	cfg.rto_init_ns = (uint64_t)(rto_initial * 1e9);
+	cfg.rto_min_ns = (uint64_t)(rto_min * 1e9);
+	cfg.rto_max_ns = (uint64_t)(rto_max * 1e9);
+	cfg.stall_ns = (uint64_t)(stall_timeout * 1e9);
+	cfg.spin = spin;
+
+	if (PyObject_GetBuffer(abort_obj, &self->abort_buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+		return -1;
+	if (self->abort_buf.len < 4 || ((uintptr_t)self->abort_buf.buf & 3)) {
+		PyBuffer_Release(&self->abort_buf);
+		PyErr_SetString(PyExc_ValueError, "abort must be a writable, 4-byte aligned buffer "
+				"of at least 4 bytes");
+		return -1;
+	}
+	cfg.abort = (const volatile uint32_t *)self->abort_buf.buf;
+
+	Py_BEGIN_ALLOW_THREADS
+	ret = swml_xsk_open(&self->xsk, ifname, queue, frames, xskmap_fd, err, sizeof err);
+	Py_END_ALLOW_THREADS
+	if (ret) {
+		PyBuffer_Release(&self->abort_buf);
+		errno = -ret;
+		PyErr_Format(PyExc_OSError, "%s", err);
+		return -1;
+	}
+	if (swml_stream_init(&self->stream, &cfg, &self->xsk)) {
+		swml_xsk_close(&self->xsk);
+		PyBuffer_Release(&self->abort_buf);
+		PyErr_NoMemory();
+		return -1;
+	}
+	self->open = 1;
+	return 0;
+}
+
+static void engine_close(EngineObject *self)
+{
+	if (!self->open)
+		return;
+	self->open = 0;
+	swml_stream_free(&self->stream);
+	swml_xsk_close(&self->xsk);
+	PyBuffer_Release(&self->abort_buf);
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+	engine_close(self);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int check_usable(EngineObject *self)
+{
+	if (!self->open) {
+		PyErr_SetString(PyExc_ValueError, "the engine is closed");
+		return -1;
+	}
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError, "the engine is busy with another allreduce "
+				"(calls must not overlap)");
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *Engine_allreduce(EngineObject *self, PyObject *arg)
+{
+	Py_buffer b;
+	char kind;
+	int status;
+
+	if (check_usable(self))
+		return NULL;
+	if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+		return NULL;
+	kind = buf_kind(&b);
+	if (b.itemsize != 4 || (kind != 'f' && kind != 'i')) {
+		PyErr_Format(PyExc_TypeError, "allreduce takes a writable C-contiguous float32 or "
+			     "int32 buffer, not format '%s'", b.format ? b.format : "B");
+		PyBuffer_Release(&b);
+		return NULL;
+	}
+	self->busy = 1;
+	Py_BEGIN_ALLOW_THREADS
+	status = swml_stream_run(&self->stream, b.buf, (size_t)(b.len / 4),
+				 kind == 'f' ? SWML_FLOAT32 : SWML_INT32);
+	Py_END_ALLOW_THREADS
+	self->busy = 0;
+	PyBuffer_Release(&b);
+	if (status == SWML_ENOMEM)
+		return PyErr_NoMemory();
+	return PyLong_FromLong(status);
+}
+
+static PyObject *Engine_pending_slots(EngineObject *self, PyObject *unused)
+{
+	PyObject *l = PyList_New(self->stream.n_pending);
+
+	for (uint32_t i = 0; l && i < self->stream.n_pending; i++)
+		PyList_SET_ITEM(l, i, PyLong_FromUnsignedLong(self->stream.pending[i]));
+	return l;
+}
+
+static int put_u64(PyObject *d, const char *key, uint64_t v)
+{
+	PyObject *o = PyLong_FromUnsignedLongLong(v);
+	int r = o ? PyDict_SetItemString(d, key, o) : -1;
+
+	Py_XDECREF(o);
+	return r;
+}
+
+static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
+{
+	const struct swml_stream_stats *s = &self->stream.stats;
+	struct xdp_statistics xs = {0};
+	PyObject *d = PyDict_New();
+
+	if (!d)
+		return NULL;
+	if (self->open)
+		swml_xsk_statistics(&self->xsk, &xs);
+	if (put_u64(d, "packets_sent", s->packets_sent) ||
+	    put_u64(d, "retransmissions", s->retransmissions) ||
+	    put_u64(d, "results", s->results) || put_u64(d, "duplicates", s->duplicates) ||
+	    put_u64(d, "shadow_replies", s->shadow_replies) || put_u64(d, "ignored", s->ignored) ||
+	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
+	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
+	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
+	    put_u64(d, "tx_kicks", self->xsk.kicks) ||
+	    put_u64(d, "tx_kick_errors", self->xsk.kick_errors) ||
+	    put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||
+	    put_u64(d, "xsk_rx_ring_full", xs.rx_ring_full) ||
+	    put_u64(d, "xsk_rx_fill_ring_empty", xs.rx_fill_ring_empty_descs) ||
+	    put_u64(d, "xsk_tx_invalid", xs.tx_invalid_descs) ||
+	    put_u64(d, "xsk_tx_ring_empty", xs.tx_ring_empty_descs)) {
+		Py_DECREF(d);
+		return NULL;
+	}
+	return d;
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError, "cannot close the engine during an allreduce");
+		return NULL;
+	}
+	engine_close(self);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Engine_get_next_index(EngineObject *self, void *closure)
+{
+	return PyLong_FromUnsignedLongLong(self->stream.next_index);
+}
+
+static PyObject *Engine_get_fd(EngineObject *self, void *closure)
+{
+	return PyLong_FromLong(self->open ? self->xsk.fd : -1);
+}
+
+static PyMethodDef Engine_methods[] = {
+	{"allreduce", (PyCFunction)Engine_allreduce, METH_O,
+	 "allreduce(array) -> status: reduce a writable C-contiguous float32/int32 buffer in "
+	 "place over the job (GIL released for the whole tensor)."},
+	{"pending_slots", (PyCFunction)Engine_pending_slots, METH_NOARGS,
+	 "Slots that were still waiting for a result when the last allreduce failed."},
+	{"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters as a dict."},
+	{"close", (PyCFunction)Engine_close, METH_NOARGS, "Close the socket and free the UMEM."},
+	{NULL}};
+
+static PyGetSetDef Engine_getset[] = {
+	{"next_index", (getter)Engine_get_next_index, NULL, "packets of the job's life so far"},
+	{"fd", (getter)Engine_get_fd, NULL, "the AF_XDP socket's fd (-1 when closed)"},
+	{NULL}};
+
+static PyTypeObject EngineType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "switchml_xdp._engine.Engine",
+	.tp_basicsize = sizeof(EngineObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "An AF_XDP socket + UMEM on one interface queue, streaming tensors of one job.",
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)Engine_init,
+	.tp_dealloc = (destructor)Engine_dealloc,
+	.tp_methods = Engine_methods,
+	.tp_getset = Engine_getset,
+};
+
+static PyMethodDef module_methods[] = {
+	{"exponent_bits", py_exponent_bits, METH_VARARGS, "exponent_bits(world) -> L"},
+	{"xdp_link_attach", py_xdp_link_attach, METH_VARARGS,
+	 "xdp_link_attach(prog_fd, ifindex, flags) -> fd: attach an XDP program with a BPF "
+	 "link (XDP_FLAGS_DRV_MODE / XDP_FLAGS_SKB_MODE in flags); closing fd detaches it."},
+	{"block_exponents", py_block_exponents, METH_VARARGS,
+	 "block_exponents(x: float32, k, exp_out: int8[nb], nonfinite_out: bool[nb])"},
+	{"quantize", py_quantize, METH_VARARGS,
+	 "quantize(x: float32, k, exp_global: int8[nb], world, out: int32[nb*k])"},
+	{"dequantize", py_dequantize, METH_VARARGS,
+	 "dequantize(sums: int32[nb*k], exp_global: int8[nb], nonfinite_any: bool[nb], world, "
+	 "out: float32[n])"},
+	{NULL}};
+
+static struct PyModuleDef engine_module = {
+	PyModuleDef_HEAD_INIT, "switchml_xdp._engine",
+	"The AF_XDP worker engine of switchml-xdp (C): rings, streaming, quantization.", -1,
+	module_methods,
+};
+
+PyMODINIT_FUNC PyInit__engine(void)
+{
+	PyObject *m;
+
+	if (PyType_Ready(&EngineType) < 0)
+		return NULL;
+	m = PyModule_Create(&engine_module);
+	if (!m)
+		return NULL;
+	Py_INCREF(&EngineType);
+	if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
+	    PyModule_AddIntConstant(m, "OK", SWML_OK) ||
+	    PyModule_AddIntConstant(m, "ABORTED", SWML_ABORTED) ||
+	    PyModule_AddIntConstant(m, "STALLED", SWML_STALLED) ||
+	    PyModule_AddIntConstant(m, "EIO", SWML_EIO) ||
+	    PyModule_AddIntConstant(m, "E2BIG", SWML_E2BIG) ||
+	    PyModule_AddIntConstant(m, "MAX_K", SWML_MAX_K) ||
+	    PyModule_AddIntConstant(m, "XDP_FLAGS_SKB_MODE", XDP_FLAGS_SKB_MODE) ||
+	    PyModule_AddIntConstant(m, "XDP_FLAGS_DRV_MODE", XDP_FLAGS_DRV_MODE)) {
+		Py_DECREF(m);
+		return NULL;
+	}
+	return m;
+}

@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/* quant.c - see quant.h.
+ *
+ * The element loops are written so that gcc vectorizes them at -O3 without
+ * -ffast-math (which would break the exactness): non-finite elements are
+ * masked out with integer bit operations instead of branches, the exponent is
+ * an integer max over the magnitudes' bit patterns, and rint() is the
+ * magic-number rounding below. target_clones adds an AVX2 version picked at
+ * load time where the CPU has it; both give the same bits. */
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#define SWML_TOP_BIT 29
+#define F32_ABS_MASK 0x7fffffffu
+#define F32_MIN_NORMAL_BITS 0x00800000u
+/* |x| bits + 2^23 has bit 31 set iff x is Inf or NaN (exponent field all ones). */
+#define F32_NONFINITE_CARRY 0x00800000u
+/* (v + 1.5*2^52) - 1.5*2^52 rounds v to an integer, half to even, in the
+ * default rounding mode, for |v| < 2^51: the same result as rint(v). */
+#define ROUND_MAGIC 6755399441055744.0
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define SWML_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SWML_CLONES
+#endif
+
+int swml_exponent_bits(uint32_t world)
+{
+	int L = 0;
+
+	while (world > 1 && (1u << L) < world)
+		L++;
+	return L;
+}
+
+SWML_CLONES
+int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite)
+{
+	uint32_t peak = 0, bad = 0;
+	int e;
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u, a, t;
+
+		memcpy(&u, x + i, sizeof u);
+		a = u & F32_ABS_MASK;
+		t = a + F32_NONFINITE_CARRY;
+		bad |= t;
+		a &= (t >> 31) - 1u;            /* 0 for Inf/NaN */
+		peak = a > peak ? a : peak;     /* non-negative floats order as their bits */
+	}
+	*nonfinite = (int)(bad >> 31);
+	if (peak == 0)
+		return SWML_EXP_MIN;
+	if (peak >= F32_MIN_NORMAL_BITS)
+		e = (int)(peak >> 23) - 127;              /* 1.m * 2^(eb - 127) */
+	else
+		e = (31 - __builtin_clz(peak)) - 149;     /* denormal: m * 2^-149 */
+	if (e < SWML_EXP_MIN)
+		e = SWML_EXP_MIN;
+	if (e > SWML_EXP_MAX)
+		e = SWML_EXP_MAX;
+	return (int8_t)e;
+}
+
+static inline int shift_of(int8_t exp_global, int L)
+{
+	return (SWML_TOP_BIT - L) - exp_global; /* F, in [-114, 157] */
+}
+
+SWML_CLONES
+void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, int L,
+			 int32_t *restrict out)
+{
+	const double scale = ldexp(1.0, shift_of(exp_global, L)); /* exact */
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u, t;
+		float xf;
+		double v, r;
+
+		memcpy(&u, x + i, sizeof u);
+		t = (u & F32_ABS_MASK) + F32_NONFINITE_CARRY;
+		u &= (t >> 31) - 1u;            /* Inf/NaN -> +0.0 */
+		memcpy(&xf, &u, sizeof xf);
+		v = (double)xf * scale;         /* exact: a power of two, no over/underflow */
+		r = (v + ROUND_MAGIC) - ROUND_MAGIC;
+		out[i] = (int32_t)r;            /* |r| <= 2^(30-L) by the precondition */
+	}
+	for (size_t i = n; i < k; i++)
+		out[i] = 0;
+}
+
+uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
+				     int L, int32_t *out)
+{
+	const double scale = ldexp(1.0, shift_of(exp_global, L));
+	double peak = 0.0;
+
+	for (size_t i = 0; i < n; i++) {
+		double v = isfinite(x[i]) ? rint((double)x[i] * scale) : 0.0;
+
+		peak = fabs(v) > peak ? fabs(v) : peak;
+		out[i] = v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+	}
+	for (size_t i = n; i < k; i++)
+		out[i] = 0;
+	return peak >= 4294967295.0 ? UINT32_MAX : (uint32_t)peak;
+}
+
+SWML_CLONES
+void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
+			   int nonfinite, float *restrict out)
+{
+	const double scale = ldexp(1.0, -shift_of(exp_global, L));
+
+	if (nonfinite) {
+		for (size_t i = 0; i < n; i++)
+			out[i] = NAN;
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		out[i] = (float)((double)sums[i] * scale); /* exact product, one rounding */
+}

@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * quant.h - float32 <-> int32 block quantization of the worker engine.
+ *
+ * Bit-identical to the numpy reference switchml_xdp/quant.py (the executable
+ * definition; docs/quantization.md explains it):
+ *   L = ceil(log2(world)); E_local = floor(log2(max |x| over finite x)) clamped
+ *   to [-128, 127], -128 for a block with no nonzero finite element; E = max of
+ *   E_local over workers (the switch); F = 29 - L - E;
+ *   q = rint((double)x * 2^F) (round half to even), non-finite and padding -> 0;
+ *   y = (float)((double)S * 2^-F); a block with a non-finite input -> all NaN.
+ * Every scaling is by an exact power of two in double, so the only roundings
+ * are rint's and the final cast, as in the reference.
+ */
+#ifndef SWML_QUANT_H
+#define SWML_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SWML_EXP_MIN (-128)
+#define SWML_EXP_MAX 127
+
+/* L = ceil(log2(world)), 0 for world 1. */
+int swml_exponent_bits(uint32_t world);
+
+/* Local exponent of the n (<= k) elements at x; *nonfinite set to 1 if one of
+ * them is NaN or +-Inf, else 0. */
+int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite);
+
+/* Quantize n elements of x into k int32 at out (zero padded from n to k) with
+ * the block's global exponent. Precondition: exp_global >= the block's local
+ * exponent (always true in a job: the switch returns the max over workers),
+ * so every |q| <= 2^(30-L). Vectorized. */
+void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, int L,
+			 int32_t *out);
+
+/* The same for any exp_global (scalar): values beyond int32 saturate, and the
+ * largest |q| is returned so that callers can check the 2^(30-L) headroom, as
+ * quant.quantize() does. Identical output where the precondition holds. */
+uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
+				     int L, int32_t *out);
+
+/* Dequantize the first n sums of a block into out; all NaN when nonfinite. */
+void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
+			   int nonfinite, float *out);
+
+#endif /* SWML_QUANT_H */

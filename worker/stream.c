@@ -1,0 +1,475 @@
+/* SPDX-License-Identifier: MIT */
+/* stream.c - see stream.h. One call streams one whole tensor; all state that
+ * must outlive it (the packet counter, per-slot timers, statistics) is in
+ * struct swml_stream, everything per tensor in struct plan. */
+#define _GNU_SOURCE
+#include "stream.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "quant.h"
+
+#define RX_BATCH 64
+#define QUEUED_NEW 1
+#define QUEUED_RETRANS 2
+#define SLEEP_MAX_NS 2000000ull     /* the abort flag is read at least this often */
+#define SLEEP_TX_WAIT_NS 50000ull   /* while waiting for tx frames or ring room */
+
+enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
+
+struct plan {
+	enum swml_dtype dtype;
+	uint8_t *data;
+	size_t n;
+	uint32_t k, S;
+	int L;
+	uint64_t blocks, lag, N, base;
+	uint8_t *state;    /* [N] P_* */
+	int8_t *lexp;      /* [blocks] float32: local exponent of block b */
+	uint8_t *lnf;      /* [blocks] float32: block b has a non-finite element */
+	int8_t *gexp;      /* [blocks] float32: global exponent of block b */
+	/* loop state */
+	uint64_t remaining, now, last_progress, next_check;
+};
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t min_u64(uint64_t a, uint64_t b)
+{
+	return a < b ? a : b;
+}
+
+static inline uint32_t slot_of(const struct plan *pl, uint64_t p)
+{
+	return (uint32_t)((pl->base + p) % pl->S);
+}
+
+static inline int ready(const struct plan *pl, uint64_t p)
+{
+	return (p < pl->S || pl->state[p - pl->S] == P_DONE) &&
+	       (p < pl->lag || pl->state[p - pl->lag] == P_DONE);
+}
+
+int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
+		     struct swml_xsk *xsk)
+{
+	uint32_t S = cfg->slots;
+
+	memset(st, 0, sizeof *st);
+	st->cfg = *cfg;
+	st->xsk = xsk;
+	swml_build_template(st->tmpl, &cfg->addrs, cfg->k);
+	st->inflight = malloc(S * sizeof *st->inflight);
+	st->deadline = malloc(S * sizeof *st->deadline);
+	st->rto = malloc(S * sizeof *st->rto);
+	st->queued = calloc(S, 1);
+	st->sent_at = calloc(S, sizeof *st->sent_at);
+	st->resent = calloc(S, 1);
+	if (!st->inflight || !st->deadline || !st->rto || !st->queued || !st->sent_at ||
+	    !st->resent) {
+		swml_stream_free(st);
+		return -ENOMEM;
+	}
+	for (uint32_t s = 0; s < S; s++) {
+		st->inflight[s] = -1;
+		st->deadline[s] = UINT64_MAX;
+		st->rto[s] = cfg->rto_init_ns;
+	}
+	st->rto_ns = cfg->rto_init_ns;
+	return 0;
+}
+
+void swml_stream_free(struct swml_stream *st)
+{
+	free(st->inflight);
+	free(st->deadline);
+	free(st->rto);
+	free(st->queued);
+	free(st->sent_at);
+	free(st->resent);
+	st->sent_at = NULL;
+	st->resent = NULL;
+	st->inflight = NULL;
+	st->deadline = st->rto = NULL;
+	st->queued = NULL;
+}
+
+/* Write packet p (Ethernet to payload) at f. */
+static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int retrans,
+		  uint8_t *f)
+{
+	const uint32_t k = pl->k;
+	const uint64_t i = pl->base + p;
+	int32_t *payload = (int32_t *)(f + SWML_HEADERS_LEN); /* 64-byte aligned, see xsk_port.h */
+	uint8_t flags = ((i / pl->S) & 1) ? SWML_FLAG_SLOT_VER : 0;
+	int8_t exp = 0;
+
+	if (retrans)
+		flags |= SWML_FLAG_RETRANS;
+	memcpy(f, st->tmpl, SWML_L2L4_LEN);
+	if (pl->dtype == SWML_INT32) {
+		size_t off = (size_t)p * k, m = min_u64(k, pl->n - off);
+
+		memcpy(payload, pl->data + off * 4, m * 4);
+		if (m < k)
+			memset(payload + m, 0, (k - m) * 4);
+	} else {
+		exp = p < pl->blocks ? pl->lexp[p] : SWML_EXP_MIN;
+		if (p >= pl->lag) {
+			uint64_t b = p - pl->lag;
+			size_t off = (size_t)b * k, m = min_u64(k, pl->n - off);
+
+			if (pl->gexp[b] >= pl->lexp[b])
+				swml_quantize_block((const float *)pl->data + off, m, k, pl->gexp[b],
+						    pl->L, payload);
+			else /* cannot happen: the switch returns the max, ours included */
+				swml_quantize_block_checked((const float *)pl->data + off, m, k,
+							    pl->gexp[b], pl->L, payload);
+			if (pl->lnf[b])
+				flags |= SWML_FLAG_NONFINITE;
+		} else {
+			memset(payload, 0, (size_t)k * 4);
+		}
+	}
+	swml_write_hdr(f + SWML_L2L4_LEN, SWML_TYPE_DATA, flags, st->cfg.job, st->cfg.rank,
+		       (uint16_t)(i % pl->S), (uint32_t)i, exp, (uint16_t)k);
+}
+
+/* A packet went onto the tx ring in slot s: start its timer. */
+static void arm(struct swml_stream *st, struct plan *pl, uint32_t s, int retrans)
+{
+	st->deadline[s] = pl->now + st->rto[s];
+	if (st->deadline[s] < pl->next_check)
+		pl->next_check = st->deadline[s];
+	st->stats.packets_sent++;
+	if (retrans) {
+		st->resent[s] = 1;
+		st->stats.retransmissions++;
+	} else {
+		st->sent_at[s] = pl->now;
+	}
+}
+
+/* RFC 6298 with the clamps of struct swml_stream_cfg. */
+static void rtt_sample(struct swml_stream *st, uint64_t rtt)
+{
+	uint64_t rto;
+
+	if (!st->stats.rtt_samples) {
+		st->srtt_ns = rtt;
+		st->rttvar_ns = rtt / 2;
+	} else {
+		uint64_t err = st->srtt_ns > rtt ? st->srtt_ns - rtt : rtt - st->srtt_ns;
+
+		st->rttvar_ns = (3 * st->rttvar_ns + err) / 4;
+		st->srtt_ns = (7 * st->srtt_ns + rtt) / 8;
+	}
+	st->stats.rtt_samples++;
+	rto = st->srtt_ns + 4 * st->rttvar_ns;
+	st->rto_ns = rto < st->cfg.rto_min_ns ? st->cfg.rto_min_ns
+		   : rto > st->cfg.rto_max_ns ? st->cfg.rto_max_ns : rto;
+}
+
+/* Put packet p on the tx ring, or queue its slot until a frame is free. */
+static void transmit(struct swml_stream *st, struct plan *pl, uint64_t p, int retrans)
+{
+	const uint32_t s = slot_of(pl, p);
+	uint8_t *f = swml_xsk_tx_reserve(st->xsk, SWML_HEADERS_LEN + 4 * pl->k);
+
+	if (!f) {
+		if (!st->queued[s]) {
+			st->queued[s] = retrans ? QUEUED_RETRANS : QUEUED_NEW;
+			st->n_queued++;
+		}
+		st->deadline[s] = UINT64_MAX;
+		st->stats.tx_deferred++;
+		return;
+	}
+	build(st, pl, p, retrans, f);
+	arm(st, pl, s, retrans);
+}
+
+static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
+{
+	const uint32_t s = slot_of(pl, p);
+
+	pl->state[p] = P_SENT;
+	if (pl->dtype == SWML_FLOAT32 && p < pl->blocks) {
+		size_t off = (size_t)p * pl->k;
+		int nf;
+
+		pl->lexp[p] = swml_block_exponent((const float *)pl->data + off,
+						  min_u64(pl->k, pl->n - off), &nf);
+		pl->lnf[p] = (uint8_t)nf;
+	}
+	st->inflight[s] = (int64_t)p;
+	st->rto[s] = st->rto_ns;
+	st->resent[s] = 0;
+	transmit(st, pl, p, 0);
+}
+
+/* Slots queued for lack of a tx frame, in slot order from a rotating cursor. */
+static void drain_queue(struct swml_stream *st, struct plan *pl)
+{
+	const uint32_t S = pl->S;
+
+	for (uint32_t n = 0; n < S && st->n_queued; n++) {
+		uint32_t s = st->queue_cursor;
+		uint8_t *f;
+		int retrans;
+
+		if (!st->queued[s]) {
+			st->queue_cursor = (s + 1) % S;
+			continue;
+		}
+		f = swml_xsk_tx_reserve(st->xsk, SWML_HEADERS_LEN + 4 * pl->k);
+		if (!f)
+			return;
+		retrans = st->queued[s] == QUEUED_RETRANS;
+		st->queued[s] = 0;
+		st->n_queued--;
+		build(st, pl, (uint64_t)st->inflight[s], retrans, f);
+		arm(st, pl, s, retrans);
+		st->queue_cursor = (s + 1) % S;
+	}
+}
+
+static void on_result(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
+{
+	const uint32_t k = pl->k;
+	uint64_t p = (uint32_t)(r->seq - (uint32_t)pl->base);
+	uint32_t s;
+
+	if (p >= pl->N || pl->state[p] != P_SENT) {
+		st->stats.duplicates++;
+		return;
+	}
+	s = slot_of(pl, p);
+	if (r->slot != s) { /* our sequence number on someone else's slot: not ours */
+		st->stats.ignored++;
+		return;
+	}
+	if (r->flags & SWML_FLAG_SHADOW)
+		st->stats.shadow_replies++;
+	if (!st->resent[s] && st->deadline[s] != UINT64_MAX)
+		rtt_sample(st, pl->now - st->sent_at[s]);
+	pl->state[p] = P_DONE;
+	st->inflight[s] = -1;
+	st->deadline[s] = UINT64_MAX;
+	if (st->queued[s]) {
+		st->queued[s] = 0;
+		st->n_queued--;
+	}
+	st->stats.results++;
+	pl->remaining--;
+	pl->last_progress = pl->now;
+
+	if (pl->dtype == SWML_INT32) {
+		size_t off = (size_t)p * k;
+
+		memcpy(pl->data + off * 4, r->payload, min_u64(k, pl->n - off) * 4);
+	} else {
+		if (p < pl->blocks)
+			pl->gexp[p] = r->exp;
+		if (p >= pl->lag) {
+			uint64_t b = p - pl->lag;
+			size_t off = (size_t)b * k;
+			int32_t sums[SWML_MAX_K] __attribute__((aligned(64)));
+
+			/* Block b's input is no longer needed: packets b and b + lag,
+			 * the only ones reading it, both have their results. */
+			memcpy(sums, r->payload, (size_t)k * 4);
+			swml_dequantize_block(sums, min_u64(k, pl->n - off), pl->gexp[b], pl->L,
+					      r->flags & SWML_FLAG_NONFINITE, (float *)pl->data + off);
+		}
+	}
+	for (int j = 0; j < 2; j++) {
+		uint64_t q = p + (j ? pl->lag : pl->S);
+
+		if (q < pl->N && pl->state[q] == P_UNSENT && ready(pl, q))
+			send_new(st, pl, q);
+	}
+}
+
+static uint32_t rx_batch(struct swml_stream *st, struct plan *pl)
+{
+	struct swml_xsk *x = st->xsk;
+	uint64_t addrs[RX_BATCH];
+	uint32_t idx, n = xsk_ring_cons__peek(&x->rx, RX_BATCH, &idx);
+
+	for (uint32_t i = 0; i < n; i++) {
+		const struct xdp_desc *d = xsk_ring_cons__rx_desc(&x->rx, idx + i);
+		const uint8_t *frame = xsk_umem__get_data(x->area, d->addr);
+		struct swml_result r;
+
+		addrs[i] = d->addr;
+		if (swml_parse_result(frame, d->len, st->cfg.job, pl->k, &r) == 0)
+			on_result(st, pl, &r);
+		else
+			st->stats.ignored++;
+	}
+	if (n) {
+		xsk_ring_cons__release(&x->rx, n);
+		swml_xsk_refill(x, addrs, n);
+	}
+	return n;
+}
+
+static void check_timers(struct swml_stream *st, struct plan *pl)
+{
+	uint64_t next = UINT64_MAX;
+
+	for (uint32_t s = 0; s < pl->S; s++) {
+		if (st->inflight[s] < 0 || st->deadline[s] == UINT64_MAX)
+			continue;
+		if (st->deadline[s] <= pl->now) {
+			st->rto[s] = min_u64(st->rto[s] * 2, st->cfg.rto_max_ns);
+			transmit(st, pl, (uint64_t)st->inflight[s], 1);
+		}
+		next = min_u64(next, st->deadline[s]);
+	}
+	pl->next_check = next;
+}
+
+/* Wait for a frame (or a timer, or the abort check) without burning the CPU. */
+static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
+{
+	uint64_t t = SLEEP_MAX_NS;
+	struct pollfd pfd = { .fd = st->xsk->fd, .events = POLLIN };
+	struct timespec ts;
+
+	if (pl->next_check > pl->now)
+		t = min_u64(t, pl->next_check - pl->now);
+	else
+		t = 0;
+	if (st->n_queued || swml_xsk_tx_pending(st->xsk))
+		t = min_u64(t, SLEEP_TX_WAIT_NS);
+	if (pl->last_progress + st->cfg.stall_ns > pl->now)
+		t = min_u64(t, pl->last_progress + st->cfg.stall_ns - pl->now);
+	ts.tv_sec = t / 1000000000ull;
+	ts.tv_nsec = t % 1000000000ull;
+	st->stats.sleeps++;
+	*woken = ppoll(&pfd, 1, &ts, NULL) > 0;
+}
+
+static void flush_tx(struct swml_stream *st, int *io_error)
+{
+	swml_xsk_submit(st->xsk);
+	if (swml_xsk_tx_pending(st->xsk) && swml_xsk_kick(st->xsk) < 0)
+		*io_error = 1;
+}
+
+int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype)
+{
+	struct plan pl = {0};
+	const uint32_t S = st->cfg.slots, k = st->cfg.k;
+	uint32_t idle = 0;
+	int status = SWML_OK, io_error = 0;
+
+	st->n_pending = 0;
+	if (n == 0)
+		return SWML_OK;
+	pl.dtype = dtype;
+	pl.data = data;
+	pl.n = n;
+	pl.k = k;
+	pl.S = S;
+	pl.L = swml_exponent_bits(st->cfg.world);
+	pl.blocks = (n + k - 1) / k;
+	if (dtype == SWML_INT32) {
+		pl.lag = S;
+		pl.N = pl.blocks;
+	} else {
+		pl.lag = min_u64(S, pl.blocks);
+		pl.N = pl.blocks + pl.lag;
+		pl.lexp = malloc(pl.blocks);
+		pl.lnf = malloc(pl.blocks);
+		pl.gexp = malloc(pl.blocks);
+	}
+	if (pl.N >= (1ull << 32)) {
+		status = SWML_E2BIG;
+		goto out;
+	}
+	pl.state = calloc(pl.N, 1);
+	if (!pl.state || (dtype == SWML_FLOAT32 && (!pl.lexp || !pl.lnf || !pl.gexp))) {
+		status = SWML_ENOMEM;
+		goto out;
+	}
+	pl.base = st->next_index;
+	pl.remaining = pl.N;
+	pl.now = pl.last_progress = now_ns();
+	pl.next_check = UINT64_MAX;
+
+	for (uint64_t p = 0; p < min_u64(S, pl.N); p++)
+		if (ready(&pl, p))
+			send_new(st, &pl, p);
+	flush_tx(st, &io_error);
+
+	while (pl.remaining && !io_error) {
+		uint32_t got;
+
+		if (st->cfg.abort && __atomic_load_n(st->cfg.abort, __ATOMIC_RELAXED)) {
+			status = SWML_ABORTED;
+			break;
+		}
+		pl.now = now_ns();
+		got = rx_batch(st, &pl);
+		if (st->n_queued) {
+			swml_xsk_reclaim(st->xsk);
+			drain_queue(st, &pl);
+		}
+		/* Timers only with the rx ring drained: after a pause (this thread
+		 * descheduled) the results are usually waiting there already. */
+		if (got < RX_BATCH && pl.now >= pl.next_check)
+			check_timers(st, &pl);
+		flush_tx(st, &io_error);
+		if (st->xsk->n_free_tx < st->xsk->nframes / 4)
+			swml_xsk_reclaim(st->xsk);
+		if (got) {
+			idle = 0;
+			continue;
+		}
+		if (pl.now - pl.last_progress > st->cfg.stall_ns) {
+			status = SWML_STALLED;
+			break;
+		}
+		if (++idle > st->cfg.spin) {
+			int woken;
+
+			sleep_rx(st, &pl, &woken);
+			idle = woken ? 0 : st->cfg.spin;
+		}
+	}
+	if (io_error && status == SWML_OK)
+		status = SWML_EIO;
+	flush_tx(st, &io_error);
+
+out:
+	for (uint32_t s = 0; s < S; s++) {
+		if (st->inflight[s] >= 0 && st->n_pending < SWML_MAX_PENDING_REPORT)
+			st->pending[st->n_pending++] = s;
+		st->inflight[s] = -1;
+		st->deadline[s] = UINT64_MAX;
+		st->queued[s] = 0;
+	}
+	st->n_queued = 0;
+	if (status == SWML_OK) {
+		st->next_index += pl.N;
+		st->stats.tensors++;
+	}
+	free(pl.state);
+	free(pl.lexp);
+	free(pl.lnf);
+	free(pl.gexp);
+	return status;
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * stream.h - streaming one tensor through the job's slots (the hot loop).
+ *
+ * The rules are those of switchml_xdp/worker/plans.py + udp_backend.py, so
+ * that afxdp and udp workers can share a job:
+ *   packet i of the job's life (next_index + p) -> slot i mod S, version bit
+ *   (i div S) mod 2, seq i; packet p may go once (p < S or result(p-S) is in)
+ *   and (p < lag or result(p-lag) is in); lag = S for int32, W = min(S, blocks)
+ *   for float32, which has blocks + W packets: packet p carries block p's local
+ *   exponent (-128 past the last block) and block p-W quantized with the
+ *   exponent the switch returned with packet p-W (zeros for p < W).
+ * Every in-flight packet has a retransmission timer that doubles up to a cap;
+ * results of packets not in flight count as duplicates.
+ *
+ * No Python here: the caller releases the GIL around swml_stream_run().
+ */
+#ifndef SWML_STREAM_H
+#define SWML_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "packet.h"
+#include "xsk_port.h"
+
+enum swml_status {
+	SWML_OK = 0,
+	SWML_ABORTED = 1,   /* the abort flag was raised */
+	SWML_STALLED = 2,   /* no result for stall_ns */
+	SWML_ENOMEM = 3,
+	SWML_EIO = 4,       /* the socket failed (sendto: a hard error) */
+	SWML_E2BIG = 5,     /* more packets than a u32 sequence number can tell apart */
+};
+
+enum swml_dtype { SWML_INT32 = 0, SWML_FLOAT32 = 1 };
+
+struct swml_stream_cfg {
+	uint16_t job, rank;
+	uint32_t world, k, slots;
+	struct swml_addrs addrs;
+	/* Retransmission timeout: rto_init_ns until the first RTT sample, then
+	 * srtt + 4 rttvar (RFC 6298, Karn: no samples from resent packets) within
+	 * [rto_min_ns, rto_max_ns]; each expiry doubles a slot's timeout up to
+	 * rto_max_ns. */
+	uint64_t rto_init_ns, rto_min_ns, rto_max_ns, stall_ns;
+	uint32_t spin;             /* empty polls of the rx ring before sleeping in ppoll */
+	const volatile uint32_t *abort; /* nonzero: stop (set by another thread) */
+};
+
+struct swml_stream_stats {
+	uint64_t packets_sent, retransmissions, results, duplicates, shadow_replies;
+	uint64_t ignored;          /* frames that were not a RESULT of this job */
+	uint64_t tx_deferred;      /* sends that waited for a tx frame or ring slot */
+	uint64_t sleeps;           /* ppoll calls */
+	uint64_t rtt_samples;
+	uint64_t tensors;
+};
+
+#define SWML_MAX_PENDING_REPORT 8
+
+struct swml_stream {
+	struct swml_stream_cfg cfg;
+	struct swml_xsk *xsk;
+	uint8_t tmpl[SWML_L2L4_LEN];
+	uint64_t next_index;       /* packets of the job's life so far */
+	struct swml_stream_stats stats;
+	/* per slot, for the packet in flight there */
+	int64_t *inflight;         /* packet index p in the current tensor, -1 if none */
+	uint64_t *deadline;        /* when to resend; UINT64_MAX while queued for tx */
+	uint64_t *rto;             /* its current timeout */
+	uint64_t *sent_at;         /* first transmission, for an RTT sample */
+	uint8_t *resent;           /* retransmitted: no RTT sample (Karn) */
+	/* the RTT estimator, kept across tensors */
+	uint64_t srtt_ns, rttvar_ns, rto_ns;
+	uint8_t *queued;           /* 0, or QUEUED_NEW / QUEUED_RETRANS: waits for a tx frame */
+	uint32_t n_queued, queue_cursor;
+	/* after a failure: slots that were waiting */
+	uint32_t pending[SWML_MAX_PENDING_REPORT];
+	uint32_t n_pending;
+};
+
+int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
+		     struct swml_xsk *xsk);
+void swml_stream_free(struct swml_stream *st);
+
+/* Reduce n elements at data (int32 or float32) in place over the job.
+ * Returns an swml_status. */
+int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype);
+
+#endif /* SWML_STREAM_H */
