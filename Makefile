@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench bench-lab clean
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +16,12 @@ test: setup
 
 bench: setup
 	$(PY) -m switchml_xdp.bench.switch_cost
+
+# switchml-xdp (afxdp, udp), a user-space switch and Gloo on shaped lab links:
+# bench/results/lab_bench.{json,md} and PNG plots. Gloo needs torch (the
+# package's [torch] extra); e.g. make bench-lab BENCH_ARGS="-n 2,4 --rate 100".
+bench-lab: setup
+	$(VENV)/bin/swml-lab bench $(BENCH_ARGS)
 
 clean:
 	-$(VENV)/bin/swml-lab down --all

@@ -334,6 +334,16 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 			continue;
 		if (st->deadline[s] <= pl->now) {
 			st->rto[s] = min_u64(st->rto[s] * 2, st->cfg.rto_max_ns);
+			/* RFC 6298 (5.5, 5.7): the backed-off timeout also holds for
+			 * packets sent from now on, until a fresh RTT sample. Without
+			 * this the estimator is censored: behind a deep queue (a
+			 * shaped link holds the whole window) every packet slower
+			 * than the current RTO is retransmitted and, by Karn's rule,
+			 * never sampled, so srtt only sees the fast ones, the RTO
+			 * stays below the real RTT and the retransmissions (which
+			 * deepen the queue) never stop. */
+			if (st->rto[s] > st->rto_ns)
+				st->rto_ns = st->rto[s];
 			transmit(st, pl, (uint64_t)st->inflight[s], 1);
 		}
 		next = min_u64(next, st->deadline[s]);

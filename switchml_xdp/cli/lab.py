@@ -221,8 +221,9 @@ def _list_of(kind, what: str):
 @click.option("-n", "--workers", default="2,4,8", show_default=True, callback=_list_of(int, "workers"),
               help="worker counts, comma-separated (one lab each)")
 @click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
-              metavar="MBIT", help="every worker link's rate, each way [default: 200]")
-@click.option("--size", default="16MiB", show_default=True, help="float32 tensor size (bytes; KiB/MiB/...)")
+              metavar="MBIT", help="every worker link's rate, each way [default: 50, low enough "
+                                   "that 2 cores keep up with 8 workers]")
+@click.option("--size", default="8MiB", show_default=True, help="float32 tensor size (bytes; KiB/MiB/...)")
 @click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None))
 @click.option("--loss", "losses", default="0,0.1%,1%", show_default=True,
@@ -232,14 +233,21 @@ def _list_of(kind, what: str):
 @click.option("--systems", default="swml-afxdp,swml-udp,userspace,gloo", show_default=True,
               callback=_list_of(str, "systems"), help="what to run")
 @click.option("--job-slots", type=click.IntRange(8, 1024), default=None,
-              help="slots a job gets on the switches [default: the switch's, 128]")
+              help="slots a job gets on the switches [default: a window that keeps the link "
+                   "busy for 3 ms, 16..512]")
 @click.option("--out", "out_dir", default="bench/results", show_default=True,
               help="directory for lab_bench.json, lab_bench.md and the PNG plots")
 @click.option("--no-check", is_flag=True, help="skip checking the first result against the exact sum")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="extra environment for every rank process (e.g. SWML_AFXDP_SPIN=200)")
+@click.option("--no-rto-floor", is_flag=True,
+              help="leave the afxdp engine's retransmission timeout to its own defaults instead of "
+                   "flooring it at twice a window's time on the link")
+@click.option("--wait-quiet", default=600.0, show_default=True, type=click.FloatRange(0, None),
+              metavar="SECONDS", help="before each measurement wait up to SECONDS for the machine to "
+                                      "be quiet (no other lab, little CPU use); 0: never wait")
 def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env):
+          env, no_rto_floor, wait_quiet):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots."""
     import shlex
@@ -264,7 +272,8 @@ def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slot
         workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, size=size_bytes,
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
-        env=dict(e.split("=", 1) for e in env if "=" in e),
+        env=dict(e.split("=", 1) for e in env if "=" in e), rto_floor=not no_rto_floor,
+        wait_quiet=wait_quiet,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)

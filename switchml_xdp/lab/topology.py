@@ -10,9 +10,11 @@ collide, and everything a lab made can be found and removed by prefix, also
 after the process that made it died.
 
 Bridge-side veth ends carry an XDP pass program: see xdp/swml_pass.c for why
-veth needs one. Optional TBF shaping rates every worker link in both
-directions. Optional loss and duplication per link and direction replace the
-pass program with the loss injector (xdp/swml_loss.c, switchml_xdp/lab/loss.py).
+veth needs one. Optional shaping (rate_mbit) gives every worker link the same
+rate in each direction, for every kind of traffic (see `Lab._shape_worker_links`
+and docs/design-decisions.md, "Lab"). Optional loss and duplication per link
+and direction replace the pass program with the loss injector
+(xdp/swml_loss.c, switchml_xdp/lab/loss.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -139,19 +142,45 @@ def attach_xdp(ipr: IPRoute, ifname: str, prog_fd: int) -> None:
         raise LabError(f"XDP program on {ifname} attached in mode {mode!r}, not native")
 
 
+def _burst(rate: int) -> int:
+    """Bucket size for `rate` bytes/s: at least 1 ms of traffic, at least 32 KiB."""
+    return max(32 * 1024, rate // 1000)
+
+
 def shape(ipr: IPRoute, ifname: str, rate_mbit: float) -> None:
     """Limit what `ifname` sends to rate_mbit with a TBF root qdisc.
 
-    A qdisc only sees frames that go through the stack's transmit path: frames
-    an XDP program sends with XDP_TX, or redirects (AF_XDP included) into a
-    veth, enter the peer directly and are not shaped. The lab therefore shapes
-    kernel-socket traffic (UDP backend, Gloo) exactly, and XDP traffic only
-    where it crosses the bridge (the bridge forwards through the stack, so the
-    bridge-side end's qdisc does shape the switch's results towards workers).
+    A qdisc only sees frames that go through the stack's transmit path
+    (dev_queue_xmit): kernel sockets, and everything a bridge forwards. Frames
+    an AF_XDP socket sends in copy mode (__dev_direct_xmit) and frames an XDP
+    program sends with XDP_TX skip the qdisc of the interface they leave by.
     """
     rate = int(rate_mbit * 1_000_000 / 8)               # bytes/s
-    burst = max(32 * 1024, rate // 1000)                # at least 1 ms of traffic
-    ipr.tc("add", "tbf", _index(ipr, ifname), 0x10000, rate=rate, burst=burst, latency="20ms")
+    ipr.tc("add", "tbf", _index(ipr, ifname), 0x10000, rate=rate, burst=_burst(rate),
+           latency="20ms")
+
+
+HTB_HANDLE = 0x10000          # 1:
+HTB_CLASS_BASE = 0x10                                   # class 1:(10+i) for source i
+
+
+def shape_per_source(ipr: IPRoute, ifname: str, rate_mbit: float, sources: Sequence[str]) -> None:
+    """Limit what `ifname` sends from each IPv4 source in `sources` to
+    rate_mbit, independently: an HTB root qdisc with one class per source
+    (1:10, 1:11, ...; rate = ceil, no borrowing), chosen by a u32 filter on the
+    IPv4 source address. Anything else (ARP, other sources) matches no class and
+    goes through HTB's direct queue, unshaped, so the port is never a
+    bottleneck of its own."""
+    rate = int(rate_mbit * 1_000_000 / 8)
+    idx = _index(ipr, ifname)
+    ipr.tc("add", "htb", idx, HTB_HANDLE, default=0)     # 0: unclassified -> direct queue
+    quantum = max(1600, min(200_000, rate // 10))
+    for i, ip in enumerate(sources):
+        classid = HTB_HANDLE | (HTB_CLASS_BASE + i)
+        ipr.tc("add-class", "htb", idx, classid, parent=HTB_HANDLE, rate=rate, ceil=rate,
+               burst=_burst(rate), cburst=_burst(rate), quantum=quantum)
+        ipr.tc("add-filter", "u32", idx, parent=HTB_HANDLE, prio=1, protocol=0x0800,
+               target=classid, keys=[f"0x{ipaddress.IPv4Address(ip).packed.hex()}/0xffffffff+12"])
 
 
 # ---------------------------------------------------------- cleanup on exit/SIGTERM
@@ -522,12 +551,31 @@ class Lab:
         self._loss.set(self.loss or 0.0, self.dup or 0.0)
 
     def _shape_worker_links(self) -> None:
-        """Worker-side end shapes upstream (worker -> bridge), bridge-side end
-        downstream. The switch link stays unshaped, as a switch's ports are
-        each as fast as a worker's and the workers' links are the bottleneck."""
+        """Every worker gets rate_mbit up and rate_mbit down, whatever sends.
+
+            downstream to worker i   TBF on the egress of its bridge port b{i}:
+                                     all it receives was forwarded by the bridge
+                                     (dev_queue_xmit), the switch's XDP_TX'd
+                                     RESULTs and Gloo's TCP from other workers too
+            upstream, worker i ->    HTB on the egress of the switch's bridge port
+            switch                   bs, one class per worker (by source IP) at
+                                     the rate: shapes AF_XDP frames, which skip
+                                     the worker's own qdisc, each worker on its
+                                     own, and the port is not a shared bottleneck
+            upstream, kernel         TBF on the worker's own interface: covers
+            sockets                  worker -> worker traffic (Gloo), which never
+                                     crosses bs; to the switch it is shaped twice
+                                     at the same rate, which changes nothing
+
+        The switch's own interface stays unshaped: a real switch's ports are as
+        fast as the workers' and the workers' links are the bottleneck. The
+        loss injector's clsact hooks on the bridge ports run before these qdiscs
+        and are independent of them."""
+        br = self._ipr(self.bridge_ns)
         for w in self.workers:
             shape(self._ipr(w.ns), w.iface, self.rate_mbit)
-            shape(self._ipr(self.bridge_ns), w.peer, self.rate_mbit)
+            shape(br, w.peer, self.rate_mbit)
+        shape_per_source(br, self.switch.peer, self.rate_mbit, [w.ip for w in self.workers])
 
     def _write_state(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)

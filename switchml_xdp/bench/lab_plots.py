@@ -1,0 +1,135 @@
+"""PNG plots of a `swml-lab bench` result (matplotlib, no display needed).
+
+    tat_vs_workers.png    median TAT against workers, every system, loss-free,
+                          one panel per k, with each system's link-bound TAT
+    goodput_vs_bound.png  goodput against workers with the header-adjusted link
+                          bounds (swml: one per k; Gloo: ring's, per N)
+    tat_vs_loss.png       median TAT against loss, every system, one panel per
+                          worker count (largest k)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .lab_bench import LABELS, SYSTEMS, _find, bound_mbps, gloo_bound_mbps, swml_bound_mbps
+
+STYLE = {
+    "swml-afxdp": dict(color="tab:blue", marker="o"),
+    "swml-udp": dict(color="tab:cyan", marker="s"),
+    "userspace": dict(color="tab:orange", marker="^"),
+    "gloo": dict(color="tab:red", marker="D"),
+}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _caption(meta: dict) -> str:
+    return (f"{meta['size_bytes'] / 2**20:g} MiB float32, links {meta['rate_mbit']:g} Mbit/s each way, "
+            f"medians of {meta['iterations']} iterations")
+
+
+def _systems(meta):
+    return [s for s in SYSTEMS if s in meta["systems"]]
+
+
+def plot_tat_vs_workers(doc: dict, path: Path) -> Path:
+    plt = _plt()
+    meta, res = doc["meta"], doc["results"]
+    ks, ws = meta["ks"], meta["workers"]
+    fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4.2), squeeze=False, sharey=True)
+    for ax, k in zip(axes[0], ks):
+        for s in _systems(meta):
+            pts = [(n, _find(res, s, n, k, 0.0)) for n in ws]
+            pts = [(n, r["tat_median_s"] * 1e3) for n, r in pts if r]
+            if pts:
+                ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+        for s, ls in (("swml-afxdp", "--"), ("gloo", ":")):
+            if s in meta["systems"]:
+                ideal = [meta["size_bytes"] * 8 / (bound_mbps(s, meta["rate_mbit"], k, n) * 1e6) * 1e3
+                         for n in ws]
+                ax.plot(ws, ideal, ls, color=STYLE[s]["color"], alpha=0.6,
+                        label=f"link bound, {'swml' if s != 'gloo' else 'ring'}")
+        ax.set_title(f"k = {k}")
+        ax.set_xlabel("workers")
+        ax.set_xticks(ws)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("tensor aggregation time (ms)")
+    axes[0][0].set_ylim(bottom=0)
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"Aggregation time vs workers, no loss\n{_caption(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_goodput_vs_bound(doc: dict, path: Path) -> Path:
+    plt = _plt()
+    meta, res = doc["meta"], doc["results"]
+    ks, ws, rate = meta["ks"], meta["workers"], meta["rate_mbit"]
+    fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4.2), squeeze=False, sharey=True)
+    for ax, k in zip(axes[0], ks):
+        for s in _systems(meta):
+            pts = [(n, _find(res, s, n, k, 0.0)) for n in ws]
+            pts = [(n, r["goodput_mbps"]) for n, r in pts if r]
+            if pts:
+                ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+        ax.axhline(rate, color="black", lw=0.8, label=f"link rate {rate:g} Mbit/s")
+        ax.axhline(swml_bound_mbps(rate, k), color=STYLE["swml-afxdp"]["color"], ls="--",
+                   label=f"swml bound (4k/(4k+58)) {swml_bound_mbps(rate, k):.0f}")
+        if "gloo" in meta["systems"]:
+            ax.plot(ws, [gloo_bound_mbps(rate, n) for n in ws], ":", color=STYLE["gloo"]["color"],
+                    label="ring bound (TCP, N/(2(N-1)))")
+        ax.set_title(f"k = {k}")
+        ax.set_xlabel("workers")
+        ax.set_xticks(ws)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(0, rate * 1.08)
+    axes[0][0].set_ylabel("goodput per worker (Mbit/s of tensor)")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"Goodput vs header-adjusted link bound, no loss\n{_caption(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_tat_vs_loss(doc: dict, path: Path) -> Path:
+    plt = _plt()
+    meta, res = doc["meta"], doc["results"]
+    k, ws, losses = max(meta["ks"]), meta["workers"], sorted(meta["losses"])
+    xs = list(range(len(losses)))
+    fig, axes = plt.subplots(1, len(ws), figsize=(4.3 * len(ws), 4.0), squeeze=False, sharey=True)
+    for ax, n in zip(axes[0], ws):
+        for s in _systems(meta):
+            pts = [(x, _find(res, s, n, k, p)) for x, p in zip(xs, losses)]
+            pts = [(x, r["tat_median_s"] * 1e3) for x, r in pts if r]
+            if pts:
+                ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{p * 100:g}%" for p in losses])
+        ax.set_xlabel("loss per link and direction")
+        ax.set_title(f"{n} workers")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("tensor aggregation time (ms)")
+    axes[0][0].set_yscale("log")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"Aggregation time vs loss, k = {k} for swml\n{_caption(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(doc: dict, out_dir: Path) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    return {
+        "tat_vs_workers": plot_tat_vs_workers(doc, out_dir / "tat_vs_workers.png"),
+        "goodput_vs_bound": plot_goodput_vs_bound(doc, out_dir / "goodput_vs_bound.png"),
+        "tat_vs_loss": plot_tat_vs_loss(doc, out_dir / "tat_vs_loss.png"),
+    }

@@ -1,0 +1,85 @@
+"""Random loss of TCP segments on a lab's worker links (xdp/swml_tcp_loss.c).
+
+The lab's loss injector (switchml_xdp/lab/loss.py) drops swml's UDP only, by
+design: the control protocol's TCP must not depend on the injected loss. To
+compare with a TCP peer (Gloo) at the same loss rates, the benchmark puts this
+second, TCP-only dropper on the same hooks, in front of the injector's filters:
+tc ingress (up: what the worker sends) and tc egress (down: what it receives)
+of every worker's bridge-side end. Frames it does not drop go on to the
+injector unchanged. Only for labs where no swml job runs at the time (its
+control connection is TCP too).
+
+    with Lab(workers=4) as lab:
+        lab.set_loss(0)                    # the injector (and its clsact hooks) first
+        with TcpLoss(lab) as tl:
+            tl.set(0.01)                   # 1 % each way on every worker link
+            ...
+            tl.counters()                  # {"up": {"seen", "dropped"}, "down": {...}}
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+
+from ..cheaders import xdp_dir
+from ..lab import netns
+from ..lab.loss import TC_EGRESS_PARENT, TC_INGRESS_PARENT, threshold
+from ..lab.topology import LabError, _index
+
+SOURCE = "swml_tcp_loss.c"
+PRIO = 1          # before the loss injector's filters (kernel-chosen, 49152 and down)
+DIRECTIONS = ("up", "down")
+
+
+class TcpLoss:
+    def __init__(self, lab):
+        from bcc import BPF
+
+        self.lab = lab
+        self._bpf = BPF(src_file=str(xdp_dir() / SOURCE).encode())
+        up = self._bpf.load_func(b"swml_tcp_loss_up", BPF.SCHED_CLS)
+        down = self._bpf.load_func(b"swml_tcp_loss_down", BPF.SCHED_CLS)
+        self._attached: list[tuple[int, str]] = []
+        with contextlib.closing(netns.iproute_in(lab.bridge_ns)) as br:
+            for w in lab.workers:
+                idx = _index(br, w.peer)
+                qdiscs = [q.get_attr("TCA_KIND") for q in br.get_qdiscs(index=idx)]
+                if "clsact" not in qdiscs:
+                    raise LabError(f"{w.peer} has no clsact: attach the lab's loss injector "
+                                   "first (lab.set_loss(0))")
+                for fn, parent in ((up, TC_INGRESS_PARENT), (down, TC_EGRESS_PARENT)):
+                    br.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name,
+                          parent=parent, prio=PRIO, classid=1, direct_action=True)
+                    self._attached.append((idx, parent))
+        self.set(0.0)
+
+    def set(self, loss: float) -> None:
+        """Drop TCP with probability `loss` in both directions of every worker link."""
+        t = ct.c_uint32(threshold(loss))
+        for d in range(len(DIRECTIONS)):
+            self._bpf[b"cfg"][ct.c_int(d)] = t
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        c = self._bpf[b"counters"]
+        vals = [sum(c[ct.c_int(i)]) for i in range(4)]
+        return {d: {"seen": vals[2 * i], "dropped": vals[2 * i + 1]}
+                for i, d in enumerate(DIRECTIONS)}
+
+    def close(self) -> None:
+        """Remove the filters (if the lab is still there) and the programs."""
+        if self._bpf is None:
+            return
+        with contextlib.suppress(Exception):
+            with contextlib.closing(netns.iproute_in(self.lab.bridge_ns)) as br:
+                for idx, parent in self._attached:
+                    with contextlib.suppress(Exception):
+                        br.tc("del-filter", "bpf", idx, ":1", parent=parent, prio=PRIO)
+        with contextlib.suppress(Exception):
+            self._bpf.cleanup()
+        self._bpf = None
+
+    def __enter__(self) -> "TcpLoss":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,260 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * userspace_dp.c - the data plane of the user-space aggregator
+ * (switchml_xdp/switch/userspace.py): the switch program xdp/swml_switch.c,
+ * re-done as a plain process on a kernel UDP socket.
+ *
+ * Same semantics, packet for packet: the checks and their counters, two slot
+ * versions with seen bitmaps, count modulo world, the first contribution
+ * overwrites, exp max, NONFINITE OR, a multicast RESULT to the job's group and
+ * port when the count comes round, a unicast shadow reply to a retransmission
+ * that finds its slot version complete. What differs is where it runs: every
+ * packet goes through the kernel's IP/UDP receive path into a socket, is read
+ * by this loop, and its RESULT goes back down through the UDP send path; that
+ * is what XDP saves.
+ *
+ * The maps are plain memory owned by Python (numpy arrays, see MemoryMaps in
+ * userspace.py), which the control plane writes while this loop runs, as it
+ * writes BPF maps under the XDP program. One thread, batched: recvmmsg() up to
+ * BATCH datagrams, process them in order, sendmmsg() the RESULTs in place.
+ *
+ * Compiled at first use with the system C compiler (cc -O2 -shared), against
+ * xdp/swml_wire.h, the one definition of the wire format.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/types.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+
+#include "swml_wire.h"
+
+#define BATCH 64
+#define MAXPKT 2048
+
+/* Mirrors of the numpy dtypes in userspace.py (JOB_DTYPE, MEMBER_DTYPE). */
+struct us_job {
+	uint32_t active;
+	uint32_t world;
+	uint32_t slot_base;
+	uint32_t slot_count;
+	uint32_t group_ip;     /* network order */
+	uint16_t result_port;  /* network order */
+	uint16_t pad;
+};
+
+struct us_member {
+	uint32_t ip;    /* network order */
+	uint16_t port;  /* network order */
+	uint16_t pad;
+};
+
+struct us_state {
+	uint32_t k;
+	uint32_t nslots;
+	struct us_job *jobs;        /* [SWML_MAX_JOBS] */
+	struct us_member *members;  /* [SWML_MAX_JOBS * SWML_MAX_WORLD] */
+	uint64_t *seen;             /* [nslots][2] */
+	uint32_t *count;            /* [nslots][2] */
+	int8_t *exp;                /* [nslots][2] */
+	uint8_t *flags;             /* [nslots][2] */
+	int32_t *vals;              /* [nslots][2][k] */
+	uint64_t *counters;         /* [SWML_CNT_NUM] */
+	volatile uint32_t *stop;    /* non-zero: return */
+	uint64_t batches;           /* recvmmsg calls that returned data */
+	uint64_t batched;           /* datagrams they returned */
+};
+
+size_t swml_us_state_size(void) { return sizeof(struct us_state); }
+size_t swml_us_job_size(void) { return sizeof(struct us_job); }
+size_t swml_us_member_size(void) { return sizeof(struct us_member); }
+
+/* One datagram: 0 = drop it, 1 = multicast RESULT to *to, 2 = unicast (shadow)
+ * back to the sender. The RESULT is written in place into buf. */
+static int handle(struct us_state *st, uint8_t *buf, int len, const struct sockaddr_in *from,
+		  struct sockaddr_in *to)
+{
+	struct swml_hdr *h = (struct swml_hdr *)buf;
+	uint64_t *cnt = st->counters;
+	uint32_t k = st->k, payload_len = 4 * k;
+
+	cnt[SWML_CNT_RX]++;
+	if (len < SWML_HDR_LEN) {
+		cnt[SWML_CNT_TRUNCATED]++;
+		return 0;
+	}
+	if ((h->ver_type >> 4) != SWML_VERSION) {
+		cnt[SWML_CNT_BAD_VERSION]++;
+		return 0;
+	}
+	if ((h->ver_type & 0x0f) != SWML_TYPE_DATA) {
+		cnt[SWML_CNT_BAD_TYPE]++;
+		return 0;
+	}
+	if (ntohs(h->count) != k) {
+		cnt[SWML_CNT_BAD_COUNT]++;
+		return 0;
+	}
+	if ((uint32_t)len < SWML_HDR_LEN + payload_len) {
+		cnt[SWML_CNT_TRUNCATED]++;
+		return 0;
+	}
+	if ((uint32_t)len != SWML_HDR_LEN + payload_len) {
+		cnt[SWML_CNT_BAD_IP]++; /* the switch program checks the IP/UDP lengths */
+		return 0;
+	}
+	uint32_t job_id = ntohs(h->job);
+	if (job_id >= SWML_MAX_JOBS) {
+		cnt[SWML_CNT_UNKNOWN_JOB]++;
+		return 0;
+	}
+	struct us_job *job = &st->jobs[job_id];
+	if (!job->active) {
+		cnt[SWML_CNT_UNKNOWN_JOB]++;
+		return 0;
+	}
+	uint32_t rank = ntohs(h->rank), world = job->world;
+	if (rank >= world || rank >= SWML_MAX_WORLD) {
+		cnt[SWML_CNT_BAD_RANK]++;
+		return 0;
+	}
+	struct us_member *m = &st->members[job_id * SWML_MAX_WORLD + rank];
+	if (m->ip != from->sin_addr.s_addr || m->port != from->sin_port) {
+		cnt[SWML_CNT_BAD_SOURCE]++;
+		return 0;
+	}
+	uint32_t rel = ntohs(h->slot);
+	if (rel >= job->slot_count || job->slot_base + rel >= st->nslots) {
+		cnt[SWML_CNT_BAD_SLOT]++;
+		return 0;
+	}
+	uint32_t ver = h->flags & SWML_FLAG_SLOT_VER;
+	uint32_t si = (job->slot_base + rel) * 2 + ver;
+	uint64_t bit = 1ULL << rank;
+	int32_t *vals = st->vals + (size_t)si * k;
+	int32_t payload[SWML_MAX_K];
+	int outcome;
+
+	memcpy(payload, buf + SWML_HDR_LEN, payload_len); /* unaligned on the wire */
+	if (!(st->seen[si] & bit)) {
+		uint32_t c = st->count[si];
+
+		st->seen[si] |= bit;
+		st->seen[si ^ 1] &= ~bit;
+		if (c == 0) {
+			memcpy(vals, payload, payload_len);
+			st->exp[si] = h->exp;
+			st->flags[si] = h->flags & SWML_FLAG_NONFINITE;
+		} else {
+			/* int32 adds wrap, as in the kernel: do them unsigned. */
+			uint32_t *v = (uint32_t *)vals;
+			const uint32_t *p = (const uint32_t *)payload;
+			for (uint32_t i = 0; i < k; i++)
+				v[i] += p[i];
+			if (h->exp > st->exp[si])
+				st->exp[si] = h->exp;
+			st->flags[si] |= h->flags & SWML_FLAG_NONFINITE;
+		}
+		c += 1;
+		if (c >= world)
+			c = 0;
+		st->count[si] = c;
+		outcome = c == 0 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
+	} else {
+		outcome = st->count[si] == 0 ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
+	}
+	cnt[outcome]++;
+	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
+		return 0;
+
+	memcpy(buf + SWML_HDR_LEN, vals, payload_len);
+	h->ver_type = (SWML_VERSION << 4) | SWML_TYPE_RESULT;
+	h->flags = ver | st->flags[si] | (outcome == SWML_CNT_SHADOW_REPLY ? SWML_FLAG_SHADOW : 0);
+	h->exp = st->exp[si];
+	h->reserved = 0;
+	memset(to, 0, sizeof(*to));
+	to->sin_family = AF_INET;
+	if (outcome == SWML_CNT_SHADOW_REPLY) {
+		to->sin_addr = from->sin_addr;
+		to->sin_port = from->sin_port;
+		return 2;
+	}
+	to->sin_addr.s_addr = job->group_ip;
+	to->sin_port = job->result_port;
+	return 1;
+}
+
+/* Serve datagrams on fd (a bound UDP socket) until *st->stop. Returns 0, or
+ * -errno of a socket call that failed for good. */
+int swml_us_run(int fd, struct us_state *st)
+{
+	static uint8_t bufs[BATCH][MAXPKT];
+	struct mmsghdr rx[BATCH], tx[BATCH];
+	struct iovec rxiov[BATCH], txiov[BATCH];
+	struct sockaddr_in from[BATCH], to[BATCH];
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+	while (!*st->stop) {
+		int n = poll(&pfd, 1, 100);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			continue;
+		for (;;) {
+			for (int i = 0; i < BATCH; i++) {
+				rxiov[i].iov_base = bufs[i];
+				rxiov[i].iov_len = MAXPKT;
+				memset(&rx[i].msg_hdr, 0, sizeof(rx[i].msg_hdr));
+				rx[i].msg_hdr.msg_iov = &rxiov[i];
+				rx[i].msg_hdr.msg_iovlen = 1;
+				rx[i].msg_hdr.msg_name = &from[i];
+				rx[i].msg_hdr.msg_namelen = sizeof(from[i]);
+			}
+			int got = recvmmsg(fd, rx, BATCH, MSG_DONTWAIT, NULL);
+			if (got < 0) {
+				if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+					break;
+				return -errno;
+			}
+			if (got == 0)
+				break;
+			st->batches++;
+			st->batched += got;
+			int out = 0;
+			for (int i = 0; i < got; i++) {
+				if (!handle(st, bufs[i], (int)rx[i].msg_len, &from[i], &to[out]))
+					continue;
+				txiov[out].iov_base = bufs[i];
+				txiov[out].iov_len = rx[i].msg_len;
+				memset(&tx[out].msg_hdr, 0, sizeof(tx[out].msg_hdr));
+				tx[out].msg_hdr.msg_iov = &txiov[out];
+				tx[out].msg_hdr.msg_iovlen = 1;
+				tx[out].msg_hdr.msg_name = &to[out];
+				tx[out].msg_hdr.msg_namelen = sizeof(to[out]);
+				out++;
+			}
+			for (int sent = 0; sent < out;) {
+				int r = sendmmsg(fd, tx + sent, out - sent, 0);
+				if (r < 0) {
+					if (errno == EINTR)
+						continue;
+					/* ENOBUFS and the like: the RESULT is lost, as a frame
+					 * can be on a wire; the workers retransmit. */
+					sent++;
+					continue;
+				}
+				sent += r;
+			}
+			if (got < BATCH)
+				break;
+		}
+	}
+	return 0;
+}
