@@ -187,7 +187,7 @@ def test_down_loss_with_an_xdp_program_on_the_worker_interface(lab):
     from switchml_xdp.cheaders import xdp_dir
 
     w0, w1 = lab.workers
-    bpf = BPF(src_file=str(xdp_dir() / "swml_pass.c").encode())
+    bpf = BPF(src_file=str(xdp_dir() / "lab/swml_pass.c").encode())
     try:
         fn = bpf.load_func(b"swml_pass", BPF.XDP)
         with lab.enter(w1):

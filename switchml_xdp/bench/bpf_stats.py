@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from ..switch.dataplane import prog_stats
+from ..bpf import prog_stats
 
 _SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 

@@ -43,7 +43,7 @@ from pyroute2 import IPRoute
 
 from ..cheaders import defines, structs, xdp_dir
 
-SOURCE = "swml_loss.c"
+SOURCE = "lab/swml_loss.c"
 XDP_PROG, INGRESS_PROG, EGRESS_PROG = "swml_loss_xdp", "swml_loss_ingress", "swml_loss_egress"
 DIRECTIONS = ("up", "down")
 COUNTERS = ("seen", "dropped", "duplicated", "passed")

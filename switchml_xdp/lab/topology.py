@@ -49,7 +49,7 @@ WORKER_IP_BASE = 11          # worker i is 10.0.0.{11+i}
 MAX_WORKERS = 254 - WORKER_IP_BASE + 1
 MAX_RATE_MBIT = 34_000       # TBF's rate is a u32 in bytes/s (pyroute2 has no rate64)
 STATE_DIR = Path("/run/swml")
-PASS_SOURCE = "swml_pass.c"
+PASS_SOURCE = "lab/swml_pass.c"
 XDP_ATTACHED_DRV = "xdp"     # pyroute2's name for IFLA_XDP_ATTACHED == XDP_ATTACHED_DRV
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_]+")

@@ -6,14 +6,8 @@ import os
 from dataclasses import dataclass
 
 from .. import wire
-from ..bpf.pinned import PinnedMap
+from ..bpf import PIN_ROOT, PinnedMap, pin_dir  # noqa: F401  (PIN_ROOT: old importers)
 from ..cheaders import structs
-
-PIN_ROOT = "/sys/fs/bpf/swml"
-
-
-def pin_dir(iface: str) -> str:
-    return f"{PIN_ROOT}/{iface}"
 
 
 @dataclass(frozen=True)

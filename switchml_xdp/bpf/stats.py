@@ -1,0 +1,27 @@
+"""Kernel run-time statistics of a loaded program (kernel.bpf_stats_enabled=1)."""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+
+from . import libbpf
+from .errors import BpfError
+
+
+def prog_stats(prog_id: int) -> dict:
+    """{"run_cnt", "run_time_ns"} of program `prog_id` (zeros while stats are off)."""
+    lib = libbpf.lib()
+    fd = lib.bpf_prog_get_fd_by_id(prog_id)
+    if fd < 0:
+        raise BpfError(f"no BPF program with id {prog_id}: {os.strerror(-fd)}")
+    try:
+        info = (ct.c_uint8 * libbpf.PROG_INFO_LEN)()
+        size = ct.c_uint32(libbpf.PROG_INFO_LEN)
+        err = lib.bpf_obj_get_info_by_fd(fd, info, ct.byref(size))
+        if err < 0:
+            raise BpfError(f"cannot read program {prog_id}'s info: {os.strerror(-err)}")
+    finally:
+        os.close(fd)
+    u64 = ct.c_uint64.from_buffer
+    return {"run_cnt": u64(info, libbpf.PROG_INFO_RUN_CNT).value,
+            "run_time_ns": u64(info, libbpf.PROG_INFO_RUN_TIME_NS).value}
