@@ -191,6 +191,8 @@ def test_attach_query_detach_in_a_named_namespace(netns_pair, pass_prog):
     assert bpf.detach(a, netns=ns) is False
     with pytest.raises(bpf.XdpError, match="no interface"):  # it is not in our namespace
         bpf.attachment(a)
+    with pytest.raises(bpf.XdpError, match="no network namespace"):
+        bpf.attach(a, pass_prog.fd, netns=f"{ns}-gone")
 
 
 @needs_lab
