@@ -29,7 +29,8 @@ from click.testing import CliRunner
 
 from switchml_xdp.cli.lab import main as lab_cli
 from switchml_xdp.lab import Lab, LabError, cleanup_leftovers
-from switchml_xdp.lab.topology import lab_namespaces, new_prefix, state_path
+from switchml_xdp.lab.addressing import new_prefix
+from switchml_xdp.lab.lifecycle import lab_namespaces, state_path
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, PORT = "239.77.0.1", 48864

@@ -21,10 +21,9 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 
-from .. import bpf
-from ..lab import netns
+from .. import bpf, net
+from ..lab import LabError, netns
 from ..lab.loss import TC_EGRESS_PARENT, TC_INGRESS_PARENT, threshold
-from ..lab.topology import LabError, _index
 
 SOURCE = "lab/swml_tcp_loss.c"
 PRIO = 1          # before the loss injector's filters (kernel-chosen, 49152 and down)
@@ -40,7 +39,7 @@ class TcpLoss:
         self._attached: list[tuple[int, str]] = []
         with contextlib.closing(netns.iproute_in(lab.bridge_ns)) as br:
             for w in lab.workers:
-                idx = _index(br, w.peer)
+                idx = net.link_index(w.peer, lab.bridge_ns)
                 qdiscs = [q.get_attr("TCA_KIND") for q in br.get_qdiscs(index=idx)]
                 if "clsact" not in qdiscs:
                     raise LabError(f"{w.peer} has no clsact: attach the lab's loss injector "

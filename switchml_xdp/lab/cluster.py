@@ -16,7 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from .topology import Host, Lab
+from .addressing import Host
+from .topology import Lab
 
 
 class SwitchProcess:
