@@ -61,7 +61,7 @@ class LossError(ValueError):
 
 
 def _lab_pin_dir(prefix: str) -> str:
-    from ..switch.maps import PIN_ROOT   # late: that module needs bcc, `swml-lab down` does not
+    from ..bpf import PIN_ROOT
     return f"{PIN_ROOT}/lab-{prefix}"
 
 
@@ -156,7 +156,7 @@ class LossInjector:
         from bcc import BPF
 
         from .. import wire
-        from ..switch.dataplane import ensure_bpffs
+        from ..bpf import ensure_bpffs
         from .topology import LabError, _index, attach_xdp
 
         if len(lab.hosts) > MAX_LINKS:
