@@ -57,9 +57,12 @@ def state_path(iface: str) -> str:
 def read_state(iface: str) -> dict | None:
     try:
         with open(state_path(iface)) as f:
-            return json.load(f)
+            st = json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+    if "dataplane" not in st:  # written by a daemon older than the choice: an XDP one
+        st.update(dataplane="xdp", label=f"{st.get('mode')} XDP")
+    return st
 
 
 def all_states() -> list[dict]:
@@ -237,7 +240,7 @@ def down(iface: str, timeout_s: float = 10.0) -> str:
     its data plane left (an XDP program, pins) and the state file are gone.
     Returns what it did."""
     st = read_state(iface)
-    kind = DATAPLANES.get(st.get("dataplane"), XdpDataplane) if st else XdpDataplane
+    kind = DATAPLANES.get(st["dataplane"], XdpDataplane) if st else XdpDataplane
     if st is None and not kind.left_behind(iface):
         raise SwitchError(f"swml-switch is not up on {iface}")
     did = []
@@ -251,6 +254,7 @@ def down(iface: str, timeout_s: float = 10.0) -> str:
     did += kind.remove_leftovers(iface, st)
     try:
         os.unlink(state_path(iface))
+        did.append("removed the state file")
     except FileNotFoundError:
-        pass
+        pass  # the daemon removed it as it stopped
     return ", ".join(did) or "nothing was left to clean"
