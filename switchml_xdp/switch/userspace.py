@@ -206,6 +206,7 @@ class UserspaceDataplane(Dataplane):
 
     def __init__(self, iface: str, params: SwitchParams):
         super().__init__(iface, params)
+        self._lib: ct.CDLL | None = None
         self._sock: socket.socket | None = None
         self._state: _State | None = None
         self._thread: threading.Thread | None = None
