@@ -105,8 +105,12 @@ class SwitchMaps(DataplaneMaps):
         self.members.update(job_id * wire.MAX_WORLD + rank,
                             self.Member(ip=wire.ip_to_be32(ip), port=wire.port_to_be16(port)))
 
+    def read_job(self, job_id: int):
+        """The whole `jobs` row (a swml_job structure)."""
+        return self.jobs.lookup(job_id)
+
     def job_active(self, job_id: int) -> bool:
-        return bool(self.jobs.lookup(job_id).active)
+        return bool(self.read_job(job_id).active)
 
     # --- slots -----------------------------------------------------------
     def reset_slots(self, base: int, count: int) -> None:
