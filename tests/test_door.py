@@ -18,24 +18,12 @@ import threading
 
 import pytest
 
+from conftest import NO_LAB, needs_lab
 from switchml_xdp import bpf, net
 from switchml_xdp.bpf import compile as bpf_compile
 
 
-def _why_no_kernel() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root: network namespaces, veth, XDP and bpffs"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        return "bcc is not importable (Debian package python3-bpfcc, through the venv)"
-    return None
-
-
-NO_KERNEL = _why_no_kernel()
-needs_kernel = pytest.mark.skipif(NO_KERNEL is not None, reason=NO_KERNEL or "")
-
-PASS = "lab/swml_pass.c"
+PASS = "lab/swml_pass.c"  # kernel tests skip where the lab would (root, bcc, BTF)
 
 
 # ------------------------------------------------------------ pure helpers
@@ -103,8 +91,8 @@ def test_net_errors_are_one_line():
 @pytest.fixture
 def netns_pair():
     """A throwaway namespace holding veth pair (a, b), both up: 10.9.0.1/24, 10.9.1.1/24."""
-    if NO_KERNEL:
-        pytest.skip(NO_KERNEL)
+    if NO_LAB:
+        pytest.skip(NO_LAB)
     ns = f"swmldoor{secrets.token_hex(3)}"
     a, b = f"{ns}a"[-15:], f"{ns}b"[-15:]
     subprocess.run(["ip", "netns", "add", ns], check=True)
@@ -123,15 +111,15 @@ def netns_pair():
 
 @pytest.fixture(scope="module")
 def pass_prog():
-    if NO_KERNEL:
-        pytest.skip(NO_KERNEL)
+    if NO_LAB:
+        pytest.skip(NO_LAB)
     with bpf.compile_program(PASS, "swml_pass") as prog:
         yield prog
 
 
 # ------------------------------------------------------------ compiling
 
-@needs_kernel
+@needs_lab
 def test_compile_error_is_one_line_with_the_compiler_s_words(tmp_path):
     src = tmp_path / "broken.c"
     src.write_text("#include <uapi/linux/bpf.h>\nint p(struct xdp_md *ctx) { return nope; }\n")
@@ -142,7 +130,7 @@ def test_compile_error_is_one_line_with_the_compiler_s_words(tmp_path):
     assert "error:" in e.value.log
 
 
-@needs_kernel
+@needs_lab
 def test_verifier_rejection_is_one_line_with_the_verifier_s_words(tmp_path):
     src = tmp_path / "unsafe.c"
     src.write_text("#include <uapi/linux/bpf.h>\n"
@@ -153,7 +141,7 @@ def test_verifier_rejection_is_one_line_with_the_verifier_s_words(tmp_path):
     assert "\n" not in msg and "cannot load p" in msg and "outside of the packet" in msg
 
 
-@needs_kernel
+@needs_lab
 def test_missing_source_and_missing_function():
     with pytest.raises(bpf.BpfError, match="no BPF source"):
         bpf.compile_program("nope.c", "p")
@@ -161,7 +149,7 @@ def test_missing_source_and_missing_function():
         bpf.compile_program(PASS, "nope")
 
 
-@needs_kernel
+@needs_lab
 def test_maps_only_loads_nothing_and_several_threads_may_compile():
     progs, errors = [], []
 
@@ -186,7 +174,7 @@ def test_maps_only_loads_nothing_and_several_threads_may_compile():
 
 # ------------------------------------------------------------ attaching
 
-@needs_kernel
+@needs_lab
 def test_attach_query_detach_in_a_named_namespace(netns_pair, pass_prog):
     ns, a, _ = netns_pair
     assert bpf.attachment(a, netns=ns) == bpf.Attachment(None, 0)
@@ -203,9 +191,11 @@ def test_attach_query_detach_in_a_named_namespace(netns_pair, pass_prog):
     assert bpf.detach(a, netns=ns) is False
     with pytest.raises(bpf.XdpError, match="no interface"):  # it is not in our namespace
         bpf.attachment(a)
+    with pytest.raises(bpf.XdpError, match="no network namespace"):
+        bpf.attach(a, pass_prog.fd, netns=f"{ns}-gone")
 
 
-@needs_kernel
+@needs_lab
 def test_generic_on_request(netns_pair, pass_prog):
     ns, _, b = netns_pair
     assert bpf.attach(b, pass_prog.fd, "generic", netns=ns) == "generic"
@@ -213,7 +203,7 @@ def test_generic_on_request(netns_pair, pass_prog):
     assert bpf.detach(b, netns=ns)
 
 
-@needs_kernel
+@needs_lab
 def test_native_falls_back_to_generic_saying_so(netns_pair, pass_prog, capfd):
     ns, _, _ = netns_pair
     assert bpf.attach("lo", pass_prog.fd, netns=ns) == "generic"   # loopback: no native XDP
@@ -227,7 +217,7 @@ def test_native_falls_back_to_generic_saying_so(netns_pair, pass_prog, capfd):
     bpf.detach("lo", netns=ns)
 
 
-@needs_kernel
+@needs_lab
 def test_a_link_detaches_when_closed(netns_pair, pass_prog):
     ns, a, _ = netns_pair
     with bpf.attach_link(a, pass_prog.fd, netns=ns) as link:
@@ -237,7 +227,7 @@ def test_a_link_detaches_when_closed(netns_pair, pass_prog):
     assert bpf.attachment(a, netns=ns).mode is None
 
 
-@needs_kernel
+@needs_lab
 def test_net_lookups_in_a_namespace(netns_pair):
     ns, a, _ = netns_pair
     assert net.link_index(a, netns=ns) > 1
@@ -247,25 +237,18 @@ def test_net_lookups_in_a_namespace(netns_pair):
         assert net.route_to("10.9.0.7") == ("10.9.0.1", a)
 
 
-@needs_kernel
+@needs_lab
 def test_prog_stats_count_runs(netns_pair, pass_prog):
     ns, a, b = netns_pair
     bpf.attach(a, pass_prog.fd, netns=ns)
     prog_id = bpf.attachment(a, netns=ns).prog_id
-    sysctl = "/proc/sys/kernel/bpf_stats_enabled"
-    old = open(sysctl).read().strip()
-    with open(sysctl, "w") as f:
-        f.write("1")
-    try:
+    with bpf.stats_enabled():
         before = bpf.prog_stats(prog_id)
         with net.in_netns(ns), socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
             s.bind((b, 0))
             for _ in range(3):  # out of b, into a's XDP hook
                 s.send(b"\xff" * 6 + bytes(6) + b"\x88\xb5" + bytes(46))
         after = bpf.prog_stats(prog_id)
-    finally:
-        with open(sysctl, "w") as f:
-            f.write(old)
     assert after["run_cnt"] - before["run_cnt"] >= 3
     assert after["run_time_ns"] > before["run_time_ns"]
     with pytest.raises(bpf.BpfError, match="no BPF program"):
@@ -274,7 +257,7 @@ def test_prog_stats_count_runs(netns_pair, pass_prog):
 
 # ------------------------------------------------------------ pins
 
-@needs_kernel
+@needs_lab
 def test_pinned_maps_outlive_their_program():
     bpf.ensure_bpffs()
     d = f"{bpf.PIN_ROOT}/test-door-{secrets.token_hex(3)}"
@@ -300,3 +283,25 @@ def test_pinned_maps_outlive_their_program():
     with pytest.raises(bpf.PinnedMapError) as e:
         bpf.PinnedMap(f"{d}/jobs", ct.c_uint64)
     assert e.value.errno == errno.ENOENT and "cannot open pinned map" in str(e.value)
+
+
+# ------------------------------------------------------------ the shared C
+
+def test_the_per_slot_step_is_written_once_and_compiles_as_plain_c(tmp_path):
+    """xdp/swml_slot.h is the step of both data planes; the XDP switch and the
+    user-space baseline include it, and the baseline builds warning-free."""
+    import shutil
+
+    from switchml_xdp.cheaders import xdp_dir
+    from switchml_xdp.switch import userspace
+
+    for src in (xdp_dir() / "swml_switch.c", userspace.SOURCE):
+        assert '#include "swml_slot.h"' in src.read_text()
+    for src in (xdp_dir() / "swml_switch.c", xdp_dir() / "swml_redirect.c"):
+        assert '#include "swml_parse.h"' in src.read_text()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror",
+                    f"-I{xdp_dir()}", "-o", str(tmp_path / "dp.so"), str(userspace.SOURCE)],
+                   check=True)

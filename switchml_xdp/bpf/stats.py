@@ -1,11 +1,26 @@
 """Kernel run-time statistics of a loaded program (kernel.bpf_stats_enabled=1)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import os
+from pathlib import Path
 
 from . import libbpf
 from .errors import BpfError
+
+_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+@contextlib.contextmanager
+def stats_enabled():
+    """kernel.bpf_stats_enabled=1 for the duration (it costs a little per run)."""
+    old = _SYSCTL.read_text().strip()
+    _SYSCTL.write_text("1")
+    try:
+        yield
+    finally:
+        _SYSCTL.write_text(old)
 
 
 def prog_stats(prog_id: int) -> dict:

@@ -10,7 +10,7 @@ Two ways to attach, for two lifetimes:
   fd is open, so a worker that dies (even SIGKILL) never leaves its program.
 
 Mode None means native XDP, falling back to generic with one line on stderr;
-that fallback lives here only (`_modes_to_try`). `netns` moves the calling
+that fallback lives here only (`_with_fallback`). `netns` moves the calling
 thread (only it) into that namespace for the call: libbpf's netlink socket and
 the interface lookup then happen there.
 """
@@ -35,14 +35,22 @@ class Attachment:
     prog_id: int
 
 
-def _ifindex(iface: str, netns: str | None) -> int:
+def _inside(netns: str | None):
+    """net.in_netns, with a missing namespace as an XdpError."""
+    if netns is not None and not (net.NETNS_DIR / netns).exists():
+        raise XdpError(f"no network namespace named {netns!r}")
+    return net.in_netns(netns)
+
+
+def _ifindex(iface: str) -> int:
+    """The index of `iface` in the calling thread's namespace."""
     try:
-        return net.link_index(iface, netns)
+        return net.link_index(iface)
     except net.NetError as e:
         raise XdpError(str(e)) from None
 
 
-def _modes_to_try(iface: str, mode: str | None) -> list[str]:
+def _modes_to_try(mode: str | None) -> list[str]:
     if mode is None:
         return ["native", "generic"]
     if mode not in MODE_FLAGS:
@@ -52,7 +60,7 @@ def _modes_to_try(iface: str, mode: str | None) -> list[str]:
 
 def _with_fallback(iface: str, mode: str | None, attach_one, quiet: bool) -> str:
     """Run attach_one(mode) for the requested mode, or native then generic."""
-    modes = _modes_to_try(iface, mode)
+    modes = _modes_to_try(mode)
     for i, m in enumerate(modes):
         try:
             attach_one(m)
@@ -75,8 +83,8 @@ def attach(iface: str, prog_fd: int, mode: str | None = None, *, replace: bool =
     keep = 0 if replace else libbpf.XDP_FLAGS_UPDATE_IF_NOEXIST
 
     def attach_one(m: str) -> None:
-        with net.in_netns(netns):
-            index = _ifindex(iface, None)
+        with _inside(netns):
+            index = _ifindex(iface)
             libbpf.check(lib.bpf_xdp_attach(index, prog_fd, MODE_FLAGS[m] | keep, None))
 
     return _with_fallback(iface, mode, attach_one, quiet)
@@ -107,8 +115,8 @@ def attach_link(iface: str, prog_fd: int, mode: str | None = None, *,
     fds = []
 
     def attach_one(m: str) -> None:
-        with net.in_netns(netns):
-            index = _ifindex(iface, None)
+        with _inside(netns):
+            index = _ifindex(iface)
             o = libbpf.opts(libbpf.LinkCreateOpts, flags=MODE_FLAGS[m])
             fds.append(libbpf.check(lib.bpf_link_create(prog_fd, index, libbpf.BPF_XDP,
                                                         ct.byref(o))))
@@ -120,8 +128,8 @@ def attach_link(iface: str, prog_fd: int, mode: str | None = None, *,
 def attachment(iface: str, *, netns: str | None = None) -> Attachment:
     """What is attached to `iface` now."""
     q = libbpf.opts(libbpf.XdpQueryOpts)
-    with net.in_netns(netns):
-        index = _ifindex(iface, None)
+    with _inside(netns):
+        index = _ifindex(iface)
         err = libbpf.lib().bpf_xdp_query(index, 0, ct.byref(q))
     if err < 0:
         raise XdpError(f"cannot query XDP on {iface}: {os.strerror(-err)}")
@@ -133,7 +141,7 @@ def detach(iface: str, *, netns: str | None = None, prog_id: int | None = None) 
     if that is the program attached (checked atomically by the kernel).
     Returns whether a program was detached."""
     lib = libbpf.lib()
-    with net.in_netns(netns):
+    with _inside(netns):
         att = attachment(iface)
         if att.mode is None or (prog_id is not None and att.prog_id != prog_id):
             return False
@@ -145,7 +153,7 @@ def detach(iface: str, *, netns: str | None = None, prog_id: int | None = None) 
                 return False
         try:
             o = libbpf.opts(libbpf.XdpAttachOpts, old_prog_fd=max(old_fd, 0))
-            err = lib.bpf_xdp_detach(_ifindex(iface, None), flags, ct.byref(o))
+            err = lib.bpf_xdp_detach(_ifindex(iface), flags, ct.byref(o))
         finally:
             if old_fd >= 0:
                 os.close(old_fd)

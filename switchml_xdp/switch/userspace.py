@@ -63,8 +63,8 @@ def _cache_dir() -> Path:
 
 def build_datapath() -> Path:
     """Compile userspace_dp.c (once per source version) and return the .so path."""
-    wire_h = xdp_dir() / "swml_wire.h"
-    digest = hashlib.sha256(SOURCE.read_bytes() + wire_h.read_bytes()).hexdigest()[:16]
+    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")]  # what it includes
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers])).hexdigest()[:16]
     out = _cache_dir() / f"swml_userspace_dp-{digest}.so"
     if out.exists():
         return out
