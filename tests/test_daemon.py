@@ -135,6 +135,10 @@ def test_userspace_dataplane_life_cycle(lab1):
     assert next(s for s in status["switches"] if s["iface"] == iface)["alive"]
     human = subprocess.run(SWITCH_CLI + ["status"], capture_output=True, text=True, check=True).stdout
     assert f"switch {iface}: user-space process, k=256" in human
+    # Where the control port is reachable, the counters come from the daemon.
+    inside = lab1.run(lab1.switch, SWITCH_CLI + ["status", "--json"], capture_output=True, text=True)
+    mine = next(s for s in json.loads(inside.stdout)["switches"] if s["iface"] == iface)
+    assert set(mine["counters"]) == set(wire.COUNTER_NAMES) and mine["active_job_ids"] == []
     r = subprocess.run(SWITCH_CLI + ["down", iface], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "stopped daemon" in r.stdout, r.stdout + r.stderr
     assert sw.proc.wait(5) == 0 and not os.path.exists(state_path(iface))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 
 import click
@@ -61,18 +62,36 @@ def down(iface):
         raise click.ClickException(str(e)) from None
 
 
+def _daemon_status(st: dict) -> dict | None:
+    """The daemon's own `status` reply through its control port; None where
+    this shell cannot reach it (another network namespace, a firewall)."""
+    try:
+        with socket.create_connection((st["ip"], st["control_port"]), timeout=1.0) as conn, \
+                conn.makefile("rb") as f:
+            conn.sendall(b'{"op": "status"}\n')
+            reply = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    return reply if reply.get("ok") else None
+
+
 def collect_status() -> list[dict]:
-    """Every switch on this machine, from its state file and pinned maps."""
+    """Every switch on this machine, from its state file, and its counters
+    from the pinned maps (XDP) or else from its daemon (user-space: the tables
+    are in the daemon's memory)."""
     out = []
     for st in daemon.all_states():
         st = dict(st, alive=daemon.pid_alive(st.get("pid", -1)))
-        if st.get("dataplane") == "xdp" and SwitchMaps.exist(st["iface"]):
+        if st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
             maps = SwitchMaps(st["iface"])
             try:
                 st["counters"] = maps.read_counters()
                 st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
             finally:
                 maps.close()
+        elif st["alive"] and (reply := _daemon_status(st)) is not None:
+            st["counters"] = reply["counters"]
+            st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
         out.append(st)
     return out
 
