@@ -18,7 +18,7 @@ warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
 pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libbpf-dev
       bpftool clang llvm iproute2 util-linux python3-venv python3-dev python3-numpy
       python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping
-      python3-sklearn python3-matplotlib
+      python3-sklearn python3-matplotlib python3-psutil
       ruby shellcheck)  # ruby, shellcheck: the tests check vagrant/ (ruby -c, shellcheck)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -147,13 +147,13 @@ def test_userspace_switch_reduces_exactly_and_answers_retransmissions(shaped_lab
     """The user-space switch speaks the protocol: int32 sums exact, a
     retransmission to a completed slot gets a unicast shadow reply."""
     from switchml_xdp import Worker
-    from switchml_xdp.bench.lab_bench import _userspace_switch
+    from switchml_xdp.bench.lab_bench import userspace_switch
 
     lab = shaped_lab
     rng = np.random.default_rng(5)
     inputs = [rng.integers(-2**31, 2**31, size=3 * 256 + 5, dtype=np.int64).astype(np.int32)
               for _ in lab.workers]
-    with _userspace_switch(lab, ["--elements", "256", "--lease", "2"]) as sw:
+    with userspace_switch(lab, ["--elements", "256", "--lease", "2"]) as sw:
         assert "user-space process" in sw.ready_line
 
         def body(rank, host):

@@ -36,25 +36,13 @@ from pathlib import Path
 
 from ..switch import daemon
 from .allreduce_bench import parse_size
+from .cpu import cpu_delta, cpu_shares, machine_cpu_times
 
 
 def _bin(name: str) -> str:
     """The console script next to this interpreter (the venv's), else on PATH."""
     cand = Path(sys.executable).parent / name
     return str(cand) if cand.exists() else name
-
-
-def _cpu_times() -> list[int]:
-    """Aggregate jiffies from /proc/stat: user nice system idle iowait irq softirq steal."""
-    with open("/proc/stat") as f:
-        return [int(v) for v in f.readline().split()[1:9]]
-
-
-def _cpu_split(before: list[int], after: list[int]) -> dict:
-    d = [a - b for a, b in zip(after, before)]
-    total = sum(d) or 1
-    names = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
-    return {n: round(100.0 * v / total, 1) for n, v in zip(names, d)}
 
 
 def _prog_stats(ids: set[int]) -> dict[int, tuple[int, int]]:
@@ -222,12 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"afxdp_vs_udp: {backend} x{world}, {args.size / 2**20:.0f} MiB, "
                           f"{args.warmup}+{iters} iterations ...", file=sys.stderr, flush=True)
                     sampler = ProgSampler(lab, switch_prog) if args.profile else None
-                    cpu_before = _cpu_times()
+                    cpu_before = machine_cpu_times()
                     rows = run_job(lab, world, backend, args.size, iters, args.warmup, job,
                                    args.timeout)
                     res = summarize(rows)
                     if sampler:
-                        res["profile"] = {"cpu": _cpu_split(cpu_before, _cpu_times()),
+                        res["profile"] = {"cpu": cpu_shares(cpu_delta(cpu_before, machine_cpu_times())),
                                           **sampler.finish()}
                     results.append(res)
     if args.json:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .lab_bench import LABELS, SYSTEMS, _find, bound_mbps, gloo_bound_mbps, swml_bound_mbps
+from .constants import LABELS, SYSTEMS, bound_mbps, gloo_bound_mbps, swml_bound_mbps
+from .report import find_row
 
 STYLE = {
     "swml-afxdp": dict(color="tab:blue", marker="o"),
@@ -44,7 +45,7 @@ def plot_tat_vs_workers(doc: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4.2), squeeze=False, sharey=True)
     for ax, k in zip(axes[0], ks):
         for s in _systems(meta):
-            pts = [(n, _find(res, s, n, k, 0.0)) for n in ws]
+            pts = [(n, find_row(res, s, n, k, 0.0)) for n in ws]
             pts = [(n, r["tat_median_s"] * 1e3) for n, r in pts if r]
             if pts:
                 ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
@@ -75,7 +76,7 @@ def plot_goodput_vs_bound(doc: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4.2), squeeze=False, sharey=True)
     for ax, k in zip(axes[0], ks):
         for s in _systems(meta):
-            pts = [(n, _find(res, s, n, k, 0.0)) for n in ws]
+            pts = [(n, find_row(res, s, n, k, 0.0)) for n in ws]
             pts = [(n, r["goodput_mbps"]) for n, r in pts if r]
             if pts:
                 ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
@@ -107,7 +108,7 @@ def plot_tat_vs_loss(doc: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(ws), figsize=(4.3 * len(ws), 4.0), squeeze=False, sharey=True)
     for ax, n in zip(axes[0], ws):
         for s in _systems(meta):
-            pts = [(x, _find(res, s, n, k, p)) for x, p in zip(xs, losses)]
+            pts = [(x, find_row(res, s, n, k, p)) for x, p in zip(xs, losses)]
             pts = [(x, r["tat_median_s"] * 1e3) for x, r in pts if r]
             if pts:
                 ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])

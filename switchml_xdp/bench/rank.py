@@ -1,0 +1,186 @@
+"""One rank of `swml-lab bench`: a process in its worker's namespace that
+joins a switchml-xdp job (or a Gloo process group), says it is ready, then
+runs what the orchestrator (rank_group.RankGroup) asks on stdin, one JSON
+line each, and answers each on stdout: the times of its timed allreduces,
+the machine's CPU times over them (rank 0), its own CPU time, counters.
+
+    python -m switchml_xdp.bench.rank --system swml --rank R --world N ...
+
+(an internal program of the bench, not a user command)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from .constants import GLOO_PORT
+from .cpu import CPU_FIELDS, machine_cpu_times, self_cpu_s
+
+
+class _SwmlRank:
+    def __init__(self, a):
+        import numpy as np
+
+        from ..worker.api import Worker
+
+        self.np = np
+        self.w = Worker(a.switch, a.job, a.rank, a.world, backend=a.backend, verbose=False,
+                        join_timeout=120)
+        self._one = np.zeros(1, np.int32)
+        self.name = self.w.backend_name
+
+    def barrier(self) -> None:
+        self._one[0] = 1
+        self.w.allreduce(self._one)
+
+    def allreduce(self, a) -> None:
+        self.w.allreduce(a)
+
+    GAUGES = ("srtt_us", "rto_us")          # afxdp engine state, not counts
+
+    def counters(self) -> dict:
+        s = self.w.stats()
+        skip = {"rank", "world", "k", "slots", "job_id", "tensors", "elements", "seconds", *self.GAUGES}
+        return {k: v for k, v in s.items() if isinstance(v, int) and k not in skip}
+
+    def gauges(self) -> dict:
+        s = self.w.stats()
+        return {k: s[k] for k in self.GAUGES if k in s}
+
+    def close(self) -> None:
+        self.w.close()
+
+
+class _GlooRank:
+    def __init__(self, a):
+        import datetime
+
+        os.environ.update(MASTER_ADDR=a.master, MASTER_PORT=str(a.master_port),
+                          GLOO_SOCKET_IFNAME=a.iface)
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)     # N ranks share the machine's cores
+        self.torch, self.dist = torch, dist
+        dist.init_process_group("gloo", rank=a.rank, world_size=a.world,
+                                timeout=datetime.timedelta(seconds=300))
+        self.name = f"gloo (torch {torch.__version__})"
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def allreduce(self, a) -> None:
+        self.dist.all_reduce(self.torch.from_numpy(a))
+
+    def counters(self) -> dict:
+        return {}
+
+    def gauges(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.dist.destroy_process_group()
+
+
+def _check_error(a, result, it: int) -> float:
+    """max |result - exact sum| / max |exact sum| (exact in float64)."""
+    import numpy as np
+
+    from .allreduce_bench import make_input
+
+    exact = np.zeros(result.size, np.float64)
+    for r in range(a.world):
+        exact += make_input("float32", result.size, r, it)
+    scale = float(np.max(np.abs(exact))) or 1.0
+    return float(np.max(np.abs(result.astype(np.float64) - exact))) / scale
+
+
+def _run_iterations(a, impl, cmd: dict) -> dict:
+    import numpy as np
+
+    from .allreduce_bench import make_input
+
+    n = a.size // 4
+    iterations, warmup = int(cmd["iterations"]), int(cmd["warmup"])
+    ticks = [0.0] * len(CPU_FIELDS)
+    times, cpu_self = [], 0.0
+    err = None
+    before = impl.counters()
+    src = [make_input("float32", n, a.rank, it) for it in range(min(iterations + warmup, 2))]
+    buf = np.empty(n, np.float32)
+    for it in range(warmup + iterations):
+        np.copyto(buf, src[it % len(src)])        # the same tensors for every system
+        impl.barrier()
+        s0, c0 = machine_cpu_times() if a.cpu else None, self_cpu_s()
+        t0 = time.perf_counter()
+        impl.allreduce(buf)
+        dt = time.perf_counter() - t0
+        c1, s1 = self_cpu_s(), machine_cpu_times() if a.cpu else None
+        if it >= warmup:
+            times.append(dt)
+            cpu_self += c1 - c0
+            if a.cpu:
+                ticks = [t + (y - x) for t, x, y in zip(ticks, s0, s1)]
+        if it == warmup and a.check:
+            err = _check_error(a, buf, it % len(src))
+    after = impl.counters()
+    return {"rank": a.rank, "times": times, "cpu_times": ticks if a.cpu else None,
+            "self_cpu_s": cpu_self, "rel_err": err,
+            "counters": {k: after[k] - before.get(k, 0) for k in after}, "gauges": impl.gauges()}
+
+
+def rank_main(argv: Sequence[str] | None = None) -> None:
+    """One rank: set up, say ready, then run what stdin asks, one JSON line each."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m switchml_xdp.bench.rank")
+    p.add_argument("--system", choices=("swml", "gloo"), required=True)
+    p.add_argument("--backend", default="udp")
+    p.add_argument("--switch", default=None)
+    p.add_argument("--job", default="bench")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--size", type=int, required=True)
+    p.add_argument("--k", type=int, default=0)
+    p.add_argument("--master", default=None)
+    p.add_argument("--master-port", type=int, default=GLOO_PORT)
+    p.add_argument("--iface", default=None)
+    p.add_argument("--cpu", action="store_true", help="sample the machine's CPU times (rank 0)")
+    p.add_argument("--check", action="store_true", help="check the first timed result")
+    a = p.parse_args(argv)
+
+    def say(obj: dict) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    try:
+        impl = _SwmlRank(a) if a.system == "swml" else _GlooRank(a)
+    except Exception as e:  # noqa: BLE001 - reported to the orchestrator, one line
+        say({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        sys.exit(1)
+    say({"ready": True, "impl": impl.name})
+    try:
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd.get("op") == "quit":
+                break
+            try:
+                say(_run_iterations(a, impl, cmd))
+            except Exception as e:  # noqa: BLE001
+                try:
+                    state = {"counters": impl.counters(), "gauges": impl.gauges()}
+                except Exception:  # noqa: BLE001
+                    state = {}
+                say({"error": f"{type(e).__name__}: {e}".splitlines()[0], **state})
+                sys.exit(1)
+    finally:
+        impl.close()
+
+
+if __name__ == "__main__":
+    rank_main(sys.argv[1:])

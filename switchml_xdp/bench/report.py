@@ -1,0 +1,148 @@
+"""The report of a `swml-lab bench` run: the issue's figures of merit
+(summary), the Markdown table, and the line printed for each result; the
+PNG plots are lab_plots.py."""
+from __future__ import annotations
+
+from .constants import FOREIGN_WARN_PCT, LABELS, SYSTEMS, swml_bound_mbps
+
+
+def disturbed(r: dict) -> bool:
+    return (r.get("foreign_cpu_pct") or 0) >= FOREIGN_WARN_PCT or bool(r.get("other_netns"))
+
+
+def row_line(r: dict) -> str:
+    """One result as the bench prints it while it runs."""
+    where = f"N={r['workers']} k={r['k'] or '-':>3} loss={r['loss'] * 100:g}%"
+    if r["status"] != "ok":
+        return f"  {LABELS[r['system']]:<22} {where:<24} {r['status']}"
+    cpu = r["cpu"]
+    cpu_s = (f"CPU {cpu['busy_pct']:5.1f}% (softirq {cpu['softirq_pct']:.0f}%, "
+             f"workers {r['workers_cpu_pct']:.0f}%)") if cpu else "CPU ?"
+    retx = r["counters"].get("retransmissions")
+    if disturbed(r):
+        cpu_s += (f"  [disturbed: other processes {r.get('foreign_cpu_pct', 0):.0f}%"
+                  + (f", {len(r['other_netns'])} other namespaces" if r.get("other_netns") else "")
+                  + "]")
+    return (f"  {LABELS[r['system']]:<22} {where:<24} TAT {r['tat_median_s'] * 1e3:8.1f} ms "
+            f"[{r['tat_min_s'] * 1e3:.0f}-{r['tat_max_s'] * 1e3:.0f}]  "
+            f"{r['goodput_mbps']:7.1f} Mbit/s = {r['bound_fraction'] * 100:5.1f}% of bound  "
+            f"{cpu_s}" + (f"  retx {retx}" if retx is not None else ""))
+
+
+def find_row(results, system, workers, k, loss):
+    for r in results:
+        if (r["system"] == system and r["workers"] == workers and r["loss"] == loss
+                and (system == "gloo" or r["k"] == k) and r["status"] == "ok"):
+            return r
+    return None
+
+
+def best_swml(results, workers, k, loss):
+    """The swml row the comparison uses: afxdp when it ran, else udp."""
+    return (find_row(results, "swml-afxdp", workers, k, loss)
+            or find_row(results, "swml-udp", workers, k, loss))
+
+
+def summary(doc: dict) -> dict:
+    """The issue's figures of merit, per k: swml/gloo TAT ratio per N, goodput as a
+    fraction of the bound, TAT(max N)/TAT(min N), loss inflation."""
+    res, meta = doc["results"], doc["meta"]
+    ws, losses = sorted(meta["workers"]), sorted(meta["losses"])
+    out = {}
+    for k in meta["ks"]:
+        s: dict = {"ratio_swml_gloo": {}, "swml_bound_fraction": {}, "swml_system": {},
+                   "loss_inflation": {"swml": {}, "gloo": {}}}
+        for n in ws:
+            sw, gl = best_swml(res, n, k, 0.0), find_row(res, "gloo", n, None, 0.0)
+            if sw:
+                s["swml_system"][n] = sw["system"]
+                s["swml_bound_fraction"][n] = sw["bound_fraction"]
+            if sw and gl:
+                s["ratio_swml_gloo"][n] = round(sw["tat_median_s"] / gl["tat_median_s"], 3)
+            for name, row0 in (("swml", sw), ("gloo", gl)):
+                for p in losses[1:]:
+                    row = best_swml(res, n, k, p) if name == "swml" else find_row(res, "gloo", n, None, p)
+                    if row and row0:
+                        s["loss_inflation"][name].setdefault(n, {})[p] = round(
+                            row["tat_median_s"] / row0["tat_median_s"], 3)
+        lo, hi = ws[0], ws[-1]
+        for name in ("swml", "gloo"):
+            a = best_swml(res, lo, k, 0.0) if name == "swml" else find_row(res, "gloo", lo, None, 0.0)
+            b = best_swml(res, hi, k, 0.0) if name == "swml" else find_row(res, "gloo", hi, None, 0.0)
+            if a and b and lo != hi:
+                s[f"scaling_{name}"] = {"from": lo, "to": hi,
+                                        "ratio": round(b["tat_median_s"] / a["tat_median_s"], 3)}
+        out[k] = s
+    return out
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "–"
+    if r["status"] != "ok":
+        return r["status"].split(":")[0]
+    cpu = r["cpu"]["busy_pct"] if r.get("cpu") else None
+    mark = " †" if disturbed(r) else ""
+    return (f"{r['tat_median_s'] * 1e3:.0f} ms · {r['bound_fraction'] * 100:.0f}% · "
+            f"CPU {cpu:.0f}%" if cpu is not None else f"{r['tat_median_s'] * 1e3:.0f} ms") + mark
+
+
+def markdown(doc: dict) -> str:
+    meta, res = doc["meta"], doc["results"]
+    systems = [s for s in SYSTEMS if s in meta["systems"]]
+    lines = [
+        "# Lab benchmark: allreduce on shaped links",
+        "",
+        f"`{meta['command']}` ({meta['started']}, {meta['duration_s']:.0f} s): "
+        f"{meta['size_bytes'] / 2**20:g} MiB float32, every worker link {meta['rate_mbit']:g} Mbit/s "
+        f"each way, {meta['warmup']} warm-up + {meta['iterations']} timed iterations, medians; "
+        f"{meta['machine']['cores']} cores, kernel {meta['machine']['kernel']}; "
+        f"machine before the run: load {meta['machine']['quiet_before']['loadavg']}.",
+        "",
+        "Each cell: median tensor aggregation time · goodput as a share of the system's "
+        "header-adjusted link bound · machine CPU busy during the timed allreduces "
+        "(100% = both cores). † = disturbed: meanwhile other processes used more than "
+        f"{FOREIGN_WARN_PCT:g}% of the machine, or another lab's namespaces were up.",
+        "",
+    ]
+    for name, why in meta.get("unavailable", {}).items():
+        lines.append(f"- {LABELS[name]}: unavailable: {why}")
+    if meta.get("unavailable"):
+        lines.append("")
+    for k in meta["ks"]:
+        lines += [f"## k = {k} ({4 * k} B payload a packet; swml bound "
+                  f"{swml_bound_mbps(meta['rate_mbit'], k):.1f} Mbit/s)", "",
+                  "| N | loss | " + " | ".join(LABELS[s] for s in systems) + " | swml/gloo |",
+                  "|---|---|" + "---|" * len(systems) + "---|"]
+        for n in meta["workers"]:
+            for p in meta["losses"]:
+                rows = {s: find_row(res, s, n, k, p) or next(
+                    (r for r in res if r["system"] == s and r["workers"] == n and r["loss"] == p
+                     and (s == "gloo" or r["k"] == k)), None) for s in systems}
+                sw, gl = best_swml(res, n, k, p), find_row(res, "gloo", n, None, p)
+                ratio = f"{sw['tat_median_s'] / gl['tat_median_s']:.2f}" if sw and gl else "–"
+                lines.append(f"| {n} | {p * 100:g}% | " + " | ".join(_cell(rows[s]) for s in systems)
+                             + f" | {ratio} |")
+        lines.append("")
+    lines += ["## Figures of merit", ""]
+    for k, s in summary(doc).items():
+        lines.append(f"k = {k}:")
+        if s["ratio_swml_gloo"]:
+            lines.append("- TAT swml/gloo: " + ", ".join(f"N={n}: {v:.2f}" for n, v in s["ratio_swml_gloo"].items()))
+        if s["swml_bound_fraction"]:
+            lines.append("- swml goodput / bound: " + ", ".join(
+                f"N={n}: {v * 100:.1f}% ({s['swml_system'][n]})" for n, v in s["swml_bound_fraction"].items()))
+        for name in ("swml", "gloo"):
+            sc = s.get(f"scaling_{name}")
+            if sc:
+                lines.append(f"- {name} TAT({sc['to']})/TAT({sc['from']}): {sc['ratio']:.2f}")
+        for name in ("swml", "gloo"):
+            infl = s["loss_inflation"][name]
+            if infl:
+                lines.append(f"- {name} TAT at loss / loss-free: " + "; ".join(
+                    f"N={n}: " + ", ".join(f"{p * 100:g}% x{v:.2f}" for p, v in d.items())
+                    for n, d in infl.items()))
+        lines.append("")
+    lines += ["## Definitions", ""] + [f"- **{k}**: {v}" for k, v in meta["definitions"].items()]
+    lines.append("")
+    return "\n".join(lines)
