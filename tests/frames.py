@@ -109,7 +109,7 @@ class UdpFrame:
     ip_length: int
     udp_length: int
     udp_checksum: int
-    payload: bytes
+    payload: bytes  # the UDP payload, as long as the UDP header says
 
 
 def parse_udp_frame(frame: bytes) -> UdpFrame:
@@ -122,4 +122,5 @@ def parse_udp_frame(frame: bytes) -> UdpFrame:
     return UdpFrame(dst=Endpoint(mac_text(frame[0:6]), str(ipaddress.IPv4Address(daddr)), dport),
                     src=Endpoint(mac_text(frame[6:12]), str(ipaddress.IPv4Address(saddr)), sport),
                     ttl=ttl, ip_checksum_ok=ipv4_checksum(ip) == 0, ip_length=ip_length,
-                    udp_length=udp_length, udp_checksum=udp_checksum, payload=frame[42:])
+                    udp_length=udp_length, udp_checksum=udp_checksum,
+                    payload=frame[42:34 + udp_length])  # not the Ethernet padding

@@ -86,7 +86,7 @@ class SwitchTester(XdpTester):
     """xdp/swml_switch.c specialised for k elements, `slots` slots and `port`,
     with its maps in a pin directory of its own."""
 
-    SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.77.0.1"
+    SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.255.0.1"
 
     def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT):
         self.k, self.slots, self.port = k, slots, port
@@ -137,8 +137,8 @@ class SwitchTester(XdpTester):
     @staticmethod
     def member(job: Job, rank: int) -> Endpoint:
         """The address rank `rank` of `job` is registered with (and sends from by default)."""
-        return Endpoint(f"02:00:00:{job.id >> 8:02x}:{job.id & 0xFF:02x}:{rank:02x}",
-                        f"10.77.{job.id}.{10 + rank}", 41000 + rank)
+        hi, lo, r = job.id >> 8, job.id & 0xFF, rank % 240  # ranks past any world: some address
+        return Endpoint(f"02:00:00:{hi:02x}:{lo:02x}:{r:02x}", f"10.{hi}.{lo}.{10 + r}", 41000 + r)
 
     # --- frames ------------------------------------------------------------------
     def data(self, job: Job, rank: int, slot: int = 0, values=None, *, ver: int = 0,
