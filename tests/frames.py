@@ -15,6 +15,7 @@ ETH_P_IP, ETH_P_ARP, ETH_P_IPV6 = 0x0800, 0x0806, 0x86DD
 IPPROTO_TCP, IPPROTO_UDP = 6, 17
 IP_DF, IP_MF = 0x4000, 0x2000  # frag_off flags (the rest is the offset in 8-byte units)
 BROADCAST = "ff:ff:ff:ff:ff:ff"
+IP_OPTIONS_NOP = bytes([1, 1, 1, 0])  # NOP NOP NOP END: one 32-bit word of IPv4 options
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
-from frames import (ETH_P_IP, IP_DF, IP_MF, Endpoint, arp_request, ethernet, ipv6_udp_frame,
-                    tcp_frame, udp_frame)
+from frames import (ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request, ethernet,
+                    ipv6_udp_frame, tcp_frame, udp_frame)
 from switchml_xdp import wire
 from xdp_tester import Action, SwitchTester
 
@@ -23,7 +23,6 @@ K = 8       # elements a packet: small frames, readable values
 SLOTS = 16
 OUTCOMES = ("aggregated", "completed", "shadow_reply", "dup_dropped")
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
-IP_OPTIONS = bytes([1, 1, 1, 0])  # NOP NOP NOP END: one 32-bit word of options
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +69,8 @@ def wrapped_sum(contributions) -> np.ndarray:
 # ------------------------------------------------------------ not ours: passed untouched
 
 STRANGER = Endpoint("02:00:00:00:00:99", "10.255.9.9", 5555)
-SWML = wire.datagram(wire.TYPE_DATA, 1, 0, 0, 0, np.ones(K, np.int32))  # valid, sent where it does not belong
+# A valid swml datagram, sent where it does not belong.
+SWML = wire.datagram(wire.TYPE_DATA, 1, 0, 0, 0, np.ones(K, np.int32))
 FOREIGN = {  # name -> the frame, given the switch's address
     "arp request": lambda sw: arp_request(STRANGER, sw.switch.ip),
     "ipv6 udp to the port": lambda sw: ipv6_udp_frame(STRANGER.mac, sw.switch.mac, STRANGER.port,
@@ -79,7 +79,7 @@ FOREIGN = {  # name -> the frame, given the switch's address
     "udp to another port": lambda sw: udp_frame(STRANGER, replace(sw.switch, port=sw.port + 1),
                                                 SWML),
     "ip options, udp to another port": lambda sw: udp_frame(
-        STRANGER, replace(sw.switch, port=sw.port + 1), SWML, ip_options=IP_OPTIONS),
+        STRANGER, replace(sw.switch, port=sw.port + 1), SWML, ip_options=IP_OPTIONS_NOP),
     "vlan tagged": lambda sw: ethernet(sw.switch.mac, STRANGER.mac, 0x8100,  # 802.1Q, VLAN 1
                                        bytes([0, 1]) + ETH_P_IP.to_bytes(2, "big")
                                        + udp_frame(STRANGER, sw.switch, SWML)[14:]),
@@ -100,7 +100,7 @@ def test_foreign_traffic_is_passed_untouched_and_counted(sw, name):
     assert sw.counters() == only(passed=1)
 
 
-# ------------------------------------------------------------ ours but malformed or foreign: dropped
+# ------------------------------------------------------------ ours, malformed or foreign: dropped
 
 HEADERS = wire.ETH_LEN + wire.IP_LEN + wire.UDP_LEN  # where the swml header starts
 DROPS = {  # name -> (counter, rank 1's contribution to slot 0 of a job of 2, broken one way)
@@ -110,7 +110,7 @@ DROPS = {  # name -> (counter, rank 1's contribution to slot 0 of a job of 2, br
                                      lambda sw, job: sw.data(job, 1)[:wire.HEADERS_LEN - 1]),
     "no payload": ("truncated", lambda sw, job: sw.data(job, 1)[:wire.HEADERS_LEN]),
     "cut in the payload": ("truncated", lambda sw, job: sw.data(job, 1)[:-1]),
-    "ip options": ("bad_ip", lambda sw, job: sw.data(job, 1, ip_options=IP_OPTIONS)),
+    "ip options": ("bad_ip", lambda sw, job: sw.data(job, 1, ip_options=IP_OPTIONS_NOP)),
     "first fragment": ("bad_ip", lambda sw, job: sw.data(job, 1, frag_off=IP_MF)),
     "later fragment": ("bad_ip", lambda sw, job: sw.data(job, 1, frag_off=IP_DF | 1)),
     "last fragment": ("bad_ip", lambda sw, job: sw.data(job, 1, frag_off=185)),
@@ -323,24 +323,26 @@ def test_versions_alternate_over_the_rounds_of_a_slot(sw):
     forgets it in round r-1's version, so the old result stays answerable to
     the ranks that have not moved on."""
     job = sw.add_job(world=2)
+    previous = None
     for r in range(6):
         ver, a, b = r % 2, vec(r, 100 * r), vec(1000 * r, -r)
-        assert sw.run(sw.data(job, 0, 7 % job.slot_count, a, ver=ver)).action == Action.DROP
-        if r:  # rank 1 has not sent round r yet: round r-1's result is still there for it
-            shadow = sw.result(sw.run(sw.data(job, 1, 3, vec(), ver=ver ^ 1)))
+        assert sw.run(sw.data(job, 0, 3, a, ver=ver)).action == Action.DROP
+        if previous is not None:  # rank 1 is still in round r-1: its result is there for it
+            shadow = sw.result(sw.run(sw.data(job, 1, 3, ver=ver ^ 1, flags=wire.FLAG_RETRANS)))
             assert shadow.header["flags"] == (ver ^ 1) | wire.FLAG_SHADOW
-            assert list(shadow.values) == list(vec(r - 1 + 1000 * (r - 1), 100 * (r - 1) - (r - 1)))
+            assert list(shadow.values) == previous
         res = sw.result(sw.run(sw.data(job, 1, 3, b, ver=ver)))
         assert res.header["flags"] == ver
         assert list(res.values) == list(a + b)
+        previous = list(a + b)
     assert sw.counters() == only(rx=17, aggregated=6, completed=6, shadow_reply=5)
 
 
 def test_counters_account_for_every_packet_of_a_mixed_stream(sw):
     job = sw.add_job(world=2)
-    frames = [sw.data(job, 0), sw.data(job, 0), sw.data(job, 1), sw.data(job, 1),  # agg dup done shadow
-              sw.data(job, 5), sw.data(job, 0, count=1), sw.data(job, 0)[:50],       # drops
-              FOREIGN["arp request"](sw), FOREIGN["tcp to the port"](sw)]            # not ours
+    frames = [sw.data(job, 0), sw.data(job, 0), sw.data(job, 1), sw.data(job, 1),  # +dup, +shadow
+              sw.data(job, 5), sw.data(job, 0, count=1), sw.data(job, 0)[:50],  # drops
+              FOREIGN["arp request"](sw), FOREIGN["tcp to the port"](sw)]       # not ours
     assert [sw.run(f).action for f in frames] == [Action.DROP, Action.DROP, Action.TX, Action.TX,
                                                   Action.DROP, Action.DROP, Action.DROP,
                                                   Action.PASS, Action.PASS]

@@ -25,6 +25,8 @@ import numpy as np
 from frames import Endpoint, UdpFrame, parse_udp_frame, udp_frame
 from switchml_xdp import bpf, wire
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
+from switchml_xdp.worker.afxdp_backend import compile_redirect
+from switchml_xdp.worker.control import JobInfo
 
 
 class Action(IntEnum):
@@ -70,7 +72,7 @@ class Job:
 class Result:
     """A swml datagram taken out of a frame the switch sent."""
     frame: UdpFrame
-    header: np.void  # wire.unpack_header's record: ver_type, flags, job, rank, slot, seq, exp, count
+    header: np.void  # wire.unpack_header's record (fields as in struct swml_hdr)
     values: np.ndarray  # int32
 
     @property
@@ -123,7 +125,8 @@ class SwitchTester(XdpTester):
     # --- the control plane's side -----------------------------------------------
     def add_job(self, job_id: int = 1, world: int = 2, slot_base: int = 0,
                 slot_count: int = 4, result_port: int = 40000) -> Job:
-        """A job with every rank registered at member(job, rank), written as the daemon writes it."""
+        """A job with every rank registered at member(job, rank), written as
+        the daemon writes it (SwitchMaps)."""
         group_ip, group_mac = wire.group_of_job(job_id)
         job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port))
         self.maps.write_job(job_id, JobEntry(world, slot_base, slot_count, group_ip, group_mac,
@@ -188,3 +191,34 @@ class SwitchTester(XdpTester):
     def slot_bytes(self) -> list[bytes]:
         """Every slot's raw contents (the spin lock reads as 0)."""
         return [bytes(self.maps.slots.lookup(i)) for i in range(self.slots)]
+
+
+class RedirectTester(XdpTester):
+    """xdp/swml_redirect.c as a worker at `local` compiles it for a job whose
+    RESULTs come from `switch` to `group` (and unicast to `local`).
+
+    Its XSKMAP stays empty (a socket needs a bound AF_XDP ring): there
+    bpf_redirect_map returns its fallback, XDP_PASS, so the program's decision
+    shows in its counters, not in the verdict."""
+
+    COUNTERS = ("redirected", "passed")  # rows SWML_RX_* of xdp/swml_redirect.c
+
+    def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint):
+        self.local, self.group, self.switch = local, group, switch
+        info = JobInfo(name="xdptest", job_id=1, world=2, rank=0, k=8, slots=4,
+                       switch_ip=switch.ip, switch_mac=switch.mac, switch_port=switch.port,
+                       group_ip=group.ip, group_mac=group.mac, port=local.port, heartbeat_s=1.0)
+        super().__init__(compile_redirect(info, local.ip))
+        self._baseline = self._read_counters()
+
+    def _read_counters(self) -> dict[str, int]:
+        table = self.prog.table("rx_counters")
+        return {name: sum(table[table.Key(row)]) for row, name in enumerate(self.COUNTERS)}
+
+    def reset(self) -> None:
+        self._baseline = self._read_counters()
+
+    def counters(self) -> dict[str, int]:
+        """Frames by decision since the last reset()."""
+        now = self._read_counters()
+        return {name: now[name] - self._baseline[name] for name in self.COUNTERS}
