@@ -13,11 +13,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import NO_LAB
 from frames import (IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request, ipv6_udp_frame, tcp_frame,
                     udp_frame)
 from switchml_xdp import wire
-from xdp_tester import Action, RedirectTester
+from xdp_tester import Action, RedirectTester, require_bpf
 
 SWITCH = Endpoint("02:5e:00:00:00:01", "10.1.0.1", wire.DEFAULT_PORT)
 LOCAL = Endpoint("02:00:00:00:01:02", "10.1.0.2", 41000)      # this worker
@@ -31,11 +30,9 @@ def swml(kind: int = wire.TYPE_RESULT, flags: int = 0) -> bytes:
 
 @pytest.fixture(scope="module")
 def redirect_prog():
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    prog = RedirectTester(LOCAL, GROUP, SWITCH)
-    yield prog
-    prog.close()
+    require_bpf()
+    with RedirectTester(LOCAL, GROUP, SWITCH) as prog:
+        yield prog
 
 
 @pytest.fixture

@@ -13,11 +13,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import NO_LAB
 from frames import (ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request, ethernet,
                     ipv6_udp_frame, tcp_frame, udp_frame)
 from switchml_xdp import wire
-from xdp_tester import Action, SwitchTester
+from xdp_tester import Action, SwitchTester, require_bpf
 
 K = 8       # elements a packet: small frames, readable values
 SLOTS = 16
@@ -27,11 +26,9 @@ INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 @pytest.fixture(scope="module")
 def switch_prog():
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    sw = SwitchTester(k=K, slots=SLOTS)
-    yield sw
-    sw.close()
+    require_bpf()
+    with SwitchTester(k=K, slots=SLOTS) as sw:
+        yield sw
 
 
 @pytest.fixture
@@ -354,14 +351,10 @@ def test_counters_account_for_every_packet_of_a_mixed_stream(sw):
 
 def test_the_largest_k_that_fits_the_mtu():
     """k = SWML_MAX_K: a 1514-byte frame, the program's longest loops."""
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    sw = SwitchTester(k=wire.MAX_K, slots=2)
-    try:
+    require_bpf()
+    with SwitchTester(k=wire.MAX_K, slots=2) as sw:
         job = sw.add_job(world=2, slot_count=2)
         a = np.arange(wire.MAX_K, dtype=np.int32)
         run = sw.round(job, 1, [a, -3 * a])
         assert len(run.frame) == 14 + 1500
         np.testing.assert_array_equal(sw.result(run).values, -2 * a)
-    finally:
-        sw.close()

@@ -2,6 +2,7 @@
 handed one frame at a time through BPF_PROG_TEST_RUN (switchml_xdp.bpf.test_run)
 and the test looks at its verdict, the frame it wrote and its counters.
 
+    require_bpf()                                # skips without root, bcc or BTF
     sw = SwitchTester(k=8)                       # compiles xdp/swml_switch.c once
     job = sw.add_job(world=2)                    # through SwitchMaps, as the daemon does
     assert sw.run(sw.data(job, rank=0, values=v0)).action == Action.DROP
@@ -21,7 +22,9 @@ from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
+import pytest
 
+from conftest import NO_LAB
 from frames import Endpoint, UdpFrame, parse_udp_frame, udp_frame
 from switchml_xdp import bpf, wire
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
@@ -44,8 +47,14 @@ class Run(NamedTuple):
     frame: bytes
 
 
+def require_bpf() -> None:
+    """Skip the calling test (or fixture) where programs cannot be loaded: root, bcc, BTF."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+
+
 class XdpTester:
-    """A loaded XDP program, run on frames."""
+    """A loaded XDP program, run on frames; closed at the end of a `with`."""
 
     def __init__(self, prog: bpf.Program):
         self.prog = prog
@@ -56,6 +65,12 @@ class XdpTester:
 
     def close(self) -> None:
         self.prog.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
