@@ -20,7 +20,8 @@ from xdp_tester import Action, RedirectTester, require_bpf
 
 SWITCH = Endpoint("02:5e:00:00:00:01", "10.1.0.1", wire.DEFAULT_PORT)
 LOCAL = Endpoint("02:00:00:00:01:02", "10.1.0.2", 41000)      # this worker
-GROUP = Endpoint(*reversed(wire.group_of_job(1)), LOCAL.port)  # (mac, ip) of job 1's group
+GROUP_IP, GROUP_MAC = wire.group_of_job(1)
+GROUP = Endpoint(GROUP_MAC, GROUP_IP, LOCAL.port)              # job 1's RESULTs
 OTHER = Endpoint("02:00:00:00:01:03", "10.1.0.3", LOCAL.port)  # another worker
 
 

@@ -13,8 +13,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from frames import (ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request, ethernet,
-                    ipv6_udp_frame, tcp_frame, udp_frame)
+from frames import (BROADCAST, ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request,
+                    ethernet, ipv4_checksum, ipv6_udp_frame, parse_udp_frame, tcp_frame,
+                    udp_frame)
 from switchml_xdp import wire
 from xdp_tester import Action, SwitchTester, require_bpf
 
@@ -61,6 +62,17 @@ def vec(*values: int) -> np.ndarray:
 def wrapped_sum(contributions) -> np.ndarray:
     """What int32 hardware adds up: the exact sum modulo 2**32."""
     return np.sum(np.asarray(contributions, np.int64), axis=0).astype(np.int32)
+
+
+# ------------------------------------------------------------ the fixtures themselves (no kernel)
+
+def test_frames_carry_valid_checksums_and_parse_back():
+    header = bytes.fromhex("450000730000400040110000c0a80001c0a800c7")  # RFC 1071-style example
+    assert ipv4_checksum(header) == 0xB861
+    src, dst = Endpoint("02:00:00:00:00:01", "10.0.0.2", 41000), Endpoint(BROADCAST, "10.0.0.1", 9)
+    frame = parse_udp_frame(udp_frame(src, dst, b"datagram") + bytes(4))
+    assert (frame.src, frame.dst, frame.ttl) == (src, dst, 64)
+    assert frame.ip_checksum_ok and frame.payload == b"datagram"  # not the Ethernet padding
 
 
 # ------------------------------------------------------------ not ours: passed untouched
