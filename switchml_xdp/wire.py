@@ -1,4 +1,5 @@
-"""The wire format v1, derived from xdp/swml_wire.h (never written down twice).
+"""The wire format v1, derived from xdp/swml_wire.h through the generated layout
+(switchml_xdp.layout; never written down twice).
 
 Exposes the header's constants as module attributes (DEFAULT_PORT, TYPE_DATA,
 FLAG_SLOT_VER, CNT_RX, ...), the counter names in row order, a numpy dtype for
@@ -7,12 +8,13 @@ the 16-byte swml header, and helpers to build and parse whole datagrams.
 from __future__ import annotations
 
 import ipaddress
+import struct
 
 import numpy as np
 
-from .cheaders import defines
+from . import layout
 
-_D = defines("swml_wire.h")
+_D = layout.defines("swml_wire.h")
 globals().update({name[len("SWML_"):]: value for name, value in _D.items()})
 
 #: Counter rows of the switch, in index order: ["rx", "aggregated", ...].
@@ -24,22 +26,22 @@ COUNTER_NAMES: list[str] = [
 #: Counters that are reasons to drop a malformed or foreign packet.
 DROP_REASONS = COUNTER_NAMES[COUNTER_NAMES.index("truncated"):]
 
-_NP_TYPES = {"__u8": "u1", "__s8": "i1", "__be16": ">u2", "__be32": ">u4"}
-
-
-def _header_dtype() -> np.dtype:
-    from .cheaders import xdp_dir
-    import re
-    text = (xdp_dir() / "swml_wire.h").read_text()
-    body = re.search(r"struct swml_hdr \{(.*?)\}", text, re.S).group(1)
-    fields = re.findall(r"^\s*(\w+)\s+(\w+);", body, re.M)
-    dt = np.dtype([(name, _NP_TYPES[ctype]) for ctype, name in fields])
-    assert dt.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
-    return dt
-
-
 #: numpy dtype of struct swml_hdr (big-endian fields, as on the wire).
-HDR_DTYPE = _header_dtype()
+HDR_DTYPE = layout.numpy_dtype("swml_hdr")
+assert HDR_DTYPE.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
+
+
+def _struct_format(fields: list[layout.Field]) -> str:
+    """A `struct` format ("!...") for a packed header of big-endian fields."""
+    codes = {"u1": "B", "i1": "b", ">u2": "H", ">u4": "I", ">u8": "Q"}
+    assert all(f.kind in codes and not f.shape for f in fields), "not a plain network-order header"
+    return "!" + "".join(codes[f.kind] for f in fields)
+
+
+#: struct swml_hdr as a `struct` format, for code that packs headers into a
+#: buffer of its own (the udp backend).
+HDR_FORMAT = _struct_format(layout.fields("swml_hdr"))
+assert struct.calcsize(HDR_FORMAT) == HDR_LEN  # noqa: F821 - no gaps between the fields
 
 
 def ver_type(kind: int) -> int:

@@ -6,9 +6,10 @@
  *   Ethernet | IPv4 (no options) | UDP | struct swml_hdr (16 B) | k x int32 (LE)
  *
  * Included by the switch program, the worker redirect program and the worker's
- * C engine. The Python package parses the SWML_* defines and the field list of
- * struct swml_hdr out of this file (switchml_xdp/wire.py), so keep every
- * constant a plain `#define NAME VALUE` line and the struct one field a line.
+ * C engine. Python takes every SWML_* define and the layout of struct swml_hdr
+ * from the C compiler at build time (switchml_xdp/layout/generate.py), so a
+ * define must be an integer constant expression and a struct field one plain
+ * declaration (no bitfields, one name a declaration).
  */
 #ifndef SWML_WIRE_H
 #define SWML_WIRE_H

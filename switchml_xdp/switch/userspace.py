@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import bpf, net, wire
-from ..cheaders import xdp_dir
+from .. import bpf, layout, net, wire
+from ..layout import xdp_dir
 from .dataplane import Dataplane, DataplaneError, SwitchParams
 from .maps import DataplaneMaps, JobEntry
 
@@ -47,11 +47,10 @@ RCVBUF = 32 << 20
 
 log = logging.getLogger("swml.userspace")
 
-# Layouts of struct us_job / us_member in userspace_dp.c (checked at load).
-JOB_DTYPE = np.dtype([("active", "<u4"), ("world", "<u4"), ("slot_base", "<u4"),
-                      ("slot_count", "<u4"), ("group_ip", "<u4"), ("result_port", "<u2"),
-                      ("pad", "<u2")])
-MEMBER_DTYPE = np.dtype([("ip", "<u4"), ("port", "<u2"), ("pad", "<u2")])
+# struct us_job / us_member of userspace_dp.h (network-order fields hold
+# wire.ip_to_be32/port_to_be16 values, as in the BPF maps).
+JOB_DTYPE = layout.numpy_dtype("us_job", raw_be=True)
+MEMBER_DTYPE = layout.numpy_dtype("us_member", raw_be=True)
 
 
 # ------------------------------------------------------------------ the C part
@@ -63,7 +62,8 @@ def _cache_dir() -> Path:
 
 def build_datapath() -> Path:
     """Compile userspace_dp.c (once per source version) and return the .so path."""
-    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")]  # what it includes
+    headers = [*(xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")),
+               SOURCE.with_name("userspace_dp.h")]  # what it includes
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers])).hexdigest()[:16]
     out = _cache_dir() / f"swml_userspace_dp-{digest}.so"
     if out.exists():

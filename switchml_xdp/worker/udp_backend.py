@@ -19,8 +19,7 @@ from .. import wire
 from .control import JobAborted, JobInfo
 from .plans import make_plan
 
-HDR = struct.Struct("!BBHHHIbBH")  # struct swml_hdr, checked against wire.HDR_DTYPE below
-assert HDR.size == wire.HDR_LEN and HDR.size == wire.HDR_DTYPE.itemsize
+HDR = struct.Struct(wire.HDR_FORMAT)  # struct swml_hdr, from the generated layout
 
 RTO_INITIAL_S = 0.05
 RTO_MAX_S = 1.0
