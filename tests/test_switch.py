@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
+from frames import IP_MF, IP_OPTIONS_NOP, Endpoint, udp_frame
 from switchml_xdp import wire
 from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 from switchml_xdp.switch.maps import SwitchMaps
@@ -276,26 +277,12 @@ def test_exponent_max_and_flags_or(on_switch, crafted_job_on):
     np.testing.assert_array_equal(vals, 6 * v)
 
 
-def _frame(lab, src_host, payload: bytes, ip_len=None, udp_len=None, ihl=5) -> bytes:
+def _frame(lab, src_host, payload: bytes, ip_len=None, udp_len=None, ihl=5, frag_off=0) -> bytes:
     """A whole Ethernet frame to the switch's data port (for raw sends)."""
-    import ipaddress
-    import struct
-
-    def mac(s):
-        return bytes(int(x, 16) for x in s.split(":"))
-
-    udp_len = udp_len if udp_len is not None else 8 + len(payload)
-    opts = b"\x01" * (4 * (ihl - 5))
-    ip_len = ip_len if ip_len is not None else 4 * ihl + udp_len
-    iph = struct.pack("!BBHHHBBH4s4s", 0x40 | ihl, 0, ip_len, 0, 0, 64, 17, 0,
-                      ipaddress.IPv4Address(src_host.ip).packed,
-                      ipaddress.IPv4Address(lab.switch.ip).packed) + opts
-    s = sum(struct.unpack(f"!{len(iph) // 2}H", iph))
-    s = (s & 0xFFFF) + (s >> 16)
-    s = (s & 0xFFFF) + (s >> 16)
-    iph = iph[:10] + struct.pack("!H", ~s & 0xFFFF) + iph[12:]
-    udph = struct.pack("!HHHH", 48900, wire.DEFAULT_PORT, udp_len, 0)
-    return mac(lab.switch.mac) + mac(src_host.mac) + b"\x08\x00" + iph + udph + payload
+    return udp_frame(Endpoint(src_host.mac, src_host.ip, 48900),
+                     Endpoint(lab.switch.mac, lab.switch.ip, wire.DEFAULT_PORT), payload,
+                     ip_options=IP_OPTIONS_NOP * (ihl - 5), frag_off=frag_off, ip_length=ip_len,
+                     udp_length=udp_len)
 
 
 def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, crafted_job):
@@ -333,9 +320,7 @@ def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, c
     frames = [_frame(lab8, lab8.workers[0], good, ihl=6),
               _frame(lab8, lab8.workers[0], good, ip_len=20 + 8 + len(good) + 4),
               *[_frame(lab8, lab8.workers[0], good)[:n] for n in (42, 50, 57, 58, 59, 300)]]
-    frag = bytearray(_frame(lab8, lab8.workers[0], good))
-    frag[20] |= 0x20  # More Fragments
-    frames.append(bytes(frag))
+    frames.append(_frame(lab8, lab8.workers[0], good, frag_off=IP_MF))  # More Fragments
     with lab8.enter(lab8.workers[0]):
         raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
         raw.bind((lab8.workers[0].iface, 0))
