@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import layout_gen
+
 _HERE = Path(__file__).resolve().parent
 
 
@@ -34,6 +36,8 @@ def xdp_dir() -> Path:
 def _is_stale(gen) -> bool:
     """Whether a checkout's sources differ from what `gen` was made from (an
     installed package without its sources is taken as it is)."""
+    if layout_gen.GENERATOR not in gen.SOURCES:
+        return True  # made by a generator that did not record itself
     for rel, digest in gen.SOURCES.items():
         path = _HERE.parent / rel
         if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() != digest:
@@ -48,8 +52,6 @@ def _load():
             return gen
     except ImportError:
         pass
-    from . import layout_gen  # a checkout: regenerate from the headers
-
     layout_gen.write(_HERE.parent, _HERE / "_layout.py")
     importlib.invalidate_caches()
     return importlib.reload(importlib.import_module("switchml_xdp._layout"))
