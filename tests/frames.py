@@ -32,11 +32,17 @@ def data(job: int, rank: int, slot: int, values, *, seq: int = 0, flags: int = 0
     return wire.datagram(kind, job, rank, slot, seq, np.asarray(values), flags=flags, exp=exp)
 
 
-def udp_frame(src: Host, dst: Host, payload: bytes, **ip_fields) -> bytes:
-    """Ethernet | IPv4 | UDP src -> dst carrying `payload`; `ip_fields` set IP
-    header fields (options=, frag=, flags=, len=, ...) as scapy names them."""
+def udp_frame(src, dst, payload: bytes, *, sport: int | None = None, dport: int | None = None,
+              udp_len: int | None = None, **ip_fields) -> bytes:
+    """Ethernet | IPv4 | UDP src -> dst carrying `payload` (UDP checksum 0).
+    src/dst: a Host or a lab host (anything with .mac and .ip; ports default to
+    their .port). `ip_fields` set IPv4 header fields as scapy names them
+    (options=, frag=, flags="DF", len=, ...); lengths and the IP checksum are
+    computed unless given."""
+    sport = src.port if sport is None else sport
+    dport = dst.port if dport is None else dport
     return bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.ip, dst=dst.ip, **ip_fields)
-                 / UDP(sport=src.port, dport=dst.port, chksum=0) / Raw(payload))
+                 / UDP(sport=sport, dport=dport, len=udp_len, chksum=0) / Raw(payload))
 
 
 def parse(frame: bytes) -> Ether:
