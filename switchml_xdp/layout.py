@@ -11,9 +11,11 @@ linear in k: pass `k` to get it for a given k.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
+import types
 from functools import lru_cache
 from pathlib import Path
 
@@ -52,9 +54,14 @@ def _load():
             return gen
     except ImportError:
         pass
-    layout_gen.write(_HERE.parent, _HERE / "_layout.py")
-    importlib.invalidate_caches()
-    return importlib.reload(importlib.import_module("switchml_xdp._layout"))
+    # A checkout whose layout is missing or stale: regenerate, and keep the file
+    # for the next import where the checkout is writable (not for every user).
+    text = layout_gen.generate(_HERE.parent)
+    with contextlib.suppress(OSError):
+        layout_gen.save(text, _HERE / "_layout.py")
+    gen = types.ModuleType("switchml_xdp._layout")
+    exec(compile(text, str(_HERE / "_layout.py"), "exec"), gen.__dict__)  # noqa: S102 - our own output
+    return gen
 
 
 _GEN = _load()

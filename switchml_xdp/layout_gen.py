@@ -195,8 +195,12 @@ def _check_linear(layout: dict, run, k: int) -> None:
 
 
 def write(top: Path, out: Path) -> None:
-    """Generate and replace `out` atomically (concurrent importers agree)."""
-    text = generate(top)
+    """Generate `out` from the checkout (or sdist) rooted at `top`."""
+    save(generate(top), out)
+
+
+def save(text: str, out: Path) -> None:
+    """Replace `out` atomically (concurrent importers agree)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="._layout", suffix=".py", dir=out.parent)
     with os.fdopen(fd, "w") as f:
