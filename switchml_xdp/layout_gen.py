@@ -97,8 +97,7 @@ def _c_program(paths: dict[str, Path], defines: dict[str, list[str]], structs: d
             sizes = " ".join(["%zu"] * (ndims + 1))
             args = ", ".join(f"sizeof({ref}{'[0]' * i})" for i in range(ndims + 1))
             elem = f"{ref}{'[0]' * ndims}"
-            scalar = "0" if ctype.startswith("struct ") else f"SIGNED({elem})"
-            signed = f"({scalar} ? 1 : 0)" if scalar != "0" else "0"
+            signed = "0" if ctype.startswith("struct ") else f"(SIGNED({elem}) ? 1 : 0)"
             lines.append(f'printf("F {s} {name} %zu %d {sizes}\\n", offsetof(struct {s}, {name}), '
                          f"{signed}, {args});")
     lines += ["return 0;", "}"]

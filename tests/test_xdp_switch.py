@@ -79,11 +79,9 @@ def _bad(reason: str) -> bytes:
     """One frame dropped for `reason`, for every SWML_CNT_* drop reason of
     swml_wire.h: a new reason fails here (KeyError) until it has its frame."""
     good = contribution(0, vals(0))
-    if reason == "truncated":  # the payload cut short (headers intact, lengths as sent)
-        return good[:-4]
-    if reason == "bad_ip":  # a fragment
-        return udp_frame(WORKERS[0], SWITCH, data(JOB, 0, 0, vals(0)), flags="MF")
     return {
+        "truncated": lambda: good[:-4],  # the payload cut short, lengths as sent
+        "bad_ip": lambda: udp_frame(WORKERS[0], SWITCH, data(JOB, 0, 0, vals(0)), flags="MF"),
         "bad_version": lambda: _with_hdr(good, ver_type=((wire.VERSION + 1) << 4) | wire.TYPE_DATA),
         "bad_type": lambda: _with_hdr(good, ver_type=wire.ver_type(wire.TYPE_RESULT)),
         "unknown_job": lambda: contribution(0, vals(0), job=JOB + 1),
