@@ -320,7 +320,7 @@ def test_the_per_slot_step_is_written_once_and_compiles_as_plain_c(tmp_path):
     user-space baseline include it, and the baseline builds warning-free."""
     import shutil
 
-    from switchml_xdp.cheaders import xdp_dir
+    from switchml_xdp.layout import xdp_dir
     from switchml_xdp.switch import userspace
 
     for src in (xdp_dir() / "swml_switch.c", userspace.SOURCE):

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ..cheaders import xdp_dir
+from ..layout import xdp_dir
 from .errors import BpfError
 
 # -I: sources include the shared headers by name. The -Wno-* silence what bcc's

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import bpf, net, wire
-from ..cheaders import xdp_dir
+from ..layout import dtype, xdp_dir
 from .dataplane import Dataplane, DataplaneError, SwitchParams
 from .maps import DataplaneMaps, JobEntry
 
@@ -47,11 +47,9 @@ RCVBUF = 32 << 20
 
 log = logging.getLogger("swml.userspace")
 
-# Layouts of struct us_job / us_member in userspace_dp.c (checked at load).
-JOB_DTYPE = np.dtype([("active", "<u4"), ("world", "<u4"), ("slot_base", "<u4"),
-                      ("slot_count", "<u4"), ("group_ip", "<u4"), ("result_port", "<u2"),
-                      ("pad", "<u2")])
-MEMBER_DTYPE = np.dtype([("ip", "<u4"), ("port", "<u2"), ("pad", "<u2")])
+# Layouts of struct us_job / us_member of userspace_dp.c, as the compiler lays them out.
+JOB_DTYPE = dtype("us_job")
+MEMBER_DTYPE = dtype("us_member")
 
 
 # ------------------------------------------------------------------ the C part

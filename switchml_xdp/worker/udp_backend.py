@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import select
 import socket
-import struct
 import time
 
 import numpy as np
@@ -19,8 +18,7 @@ from .. import wire
 from .control import JobAborted, JobInfo
 from .plans import make_plan
 
-HDR = struct.Struct("!BBHHHIbBH")  # struct swml_hdr, checked against wire.HDR_DTYPE below
-assert HDR.size == wire.HDR_LEN and HDR.size == wire.HDR_DTYPE.itemsize
+HDR = wire.HDR_STRUCT  # struct swml_hdr, field by field
 
 RTO_INITIAL_S = 0.05
 RTO_MAX_S = 1.0

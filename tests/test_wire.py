@@ -1,0 +1,64 @@
+"""The Python layout (switchml_xdp.layout, generated from the C headers) is what
+the C compiler says, for several k; the wire helpers agree with it."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from switchml_xdp import layout, layout_gen, wire
+
+TOP = Path(layout_gen.__file__).resolve().parent.parent
+
+
+def test_generated_layout_is_fresh():
+    assert not layout._is_stale(layout._GEN), "switchml_xdp/_layout.py is older than its headers"
+
+
+@pytest.mark.parametrize("k", [1, 3, wire.DEFAULT_K, wire.MAX_K])
+def test_layout_is_the_compilers(k):
+    defines, sizes, fields = layout_gen.compiler_view(TOP, k)
+    assert defines == layout.DEFINES
+    assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_slot", "us_job", "us_member",
+                          "swml_loss_cfg", "swml_loss_counters"}
+    for struct, size in sizes.items():
+        dt, ct = layout.dtype(struct, k), layout.ctype(struct, k)
+        assert dt.itemsize == ctypes.sizeof(ct) == size, struct
+        for name, offset, _signed, nested in fields[struct]:
+            assert dt.fields[name][1] == getattr(ct, name).offset == offset, (struct, name)
+            assert dt.fields[name][0].itemsize == getattr(ct, name).size == nested[0], (struct, name)
+
+
+def test_k_dependent_struct_needs_k():
+    with pytest.raises(ValueError, match="SWML_K"):
+        layout.dtype("swml_slot")
+
+
+def test_header_dtype_and_struct_agree():
+    packed = wire.pack_header(wire.TYPE_DATA, job=513, rank=7, slot=300, seq=2**32 - 2, count=256,
+                              flags=wire.FLAG_RETRANS, exp=-3)
+    assert len(packed) == wire.HDR_LEN == wire.HDR_STRUCT.size
+    assert wire.HDR_STRUCT.unpack(packed) == (wire.ver_type(wire.TYPE_DATA), wire.FLAG_RETRANS,
+                                              513, 7, 300, 2**32 - 2, -3, 0, 256)
+    h = wire.unpack_header(packed)
+    assert (h["job"], h["seq"], h["exp"]) == (513, 2**32 - 2, -3)
+    assert packed[2:4] == (513).to_bytes(2, "big")  # network byte order on the wire
+
+
+def test_counter_names_follow_the_header():
+    assert wire.COUNTER_NAMES[wire.CNT_RX] == "rx"
+    assert len(wire.COUNTER_NAMES) == wire.CNT_NUM
+    assert wire.DROP_REASONS[0] == "truncated" and wire.DROP_REASONS[-1] == "bad_count"
+
+
+def test_datagram_payload_is_little_endian_int32():
+    d = wire.datagram(wire.TYPE_DATA, 1, 0, 0, 0, np.array([1, -1], np.int32))
+    assert d[wire.HDR_LEN:] == b"\x01\x00\x00\x00\xff\xff\xff\xff"
+
+
+def test_a_changed_header_makes_the_layout_stale():
+    class Old:
+        SOURCES = {**layout._GEN.SOURCES, "xdp/swml_wire.h": "0" * 64}
+    assert layout._is_stale(Old)
