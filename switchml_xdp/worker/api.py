@@ -16,11 +16,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .. import wire
-from .control import ControlClient, ControlError, JobAborted, JobInfo
+from .backend import Backend, LocalEnd
+from .control import ControlClient, ControlError, JobInfo
+from .retransmit import RetransmitPolicy
 
 BACKENDS = ("auto", "afxdp", "udp")
 
 
+# Link lookups by name: route_to and iface_mac are the only ones in worker/.
 def route_to(switch: str, port: int) -> tuple[str, str]:
     """(local IPv4, interface) the kernel would use to reach the switch."""
     from pyroute2 import IPRoute
@@ -72,13 +75,14 @@ class Worker:
         local_ip, route_iface = route_to(switch, control_port)
         self.iface = iface or route_iface
         self.local_ip = local_ip
+        self.local = LocalEnd(local_ip, self.iface, iface_mac(self.iface))
         self.backend_name = self._choose_backend(backend, verbose)
         self._requested_backend, self._verbose = backend, verbose
         self._control = ControlClient(switch, control_port)
         try:
             self.info: JobInfo = self._control.join(job, world, rank, local_ip, port,
-                                                    iface_mac(self.iface), join_timeout)
-            self._backend = self._make_backend(stall_timeout)
+                                                    self.local.mac, join_timeout)
+            self._backend: Backend = self._make_backend(stall_timeout)
         except BaseException:
             self._control.close()
             raise
@@ -101,13 +105,12 @@ class Worker:
             print(f"switchml-xdp: backend auto -> {chosen}{why}", file=sys.stderr)
         return chosen
 
-    def _make_backend(self, stall_timeout: float):
-        abort = lambda: self._control.abort_reason  # noqa: E731 - read between packets
+    def _make_backend(self, stall_timeout: float) -> Backend:
+        args = (self.info, self.local, self._control.abort, RetransmitPolicy(), stall_timeout)
         if self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
             try:
-                return AfxdpBackend(self.info, self.local_ip, self.iface, self._control,
-                                    stall_timeout, verbose=self._verbose)
+                return AfxdpBackend(*args, verbose=self._verbose)
             except (RuntimeError, OSError) as e:
                 if self._requested_backend != "auto":
                     raise
@@ -117,7 +120,7 @@ class Worker:
                           "backend auto -> udp", file=sys.stderr)
                 self.backend_name = "udp"
         from .udp_backend import UdpBackend
-        return UdpBackend(self.info, self.local_ip, abort, stall_timeout)
+        return UdpBackend(*args, verbose=self._verbose)
 
     # --- the API -------------------------------------------------------------
     def allreduce(self, array: np.ndarray) -> np.ndarray:
@@ -141,8 +144,7 @@ class Worker:
 
     def _reduce(self, array: np.ndarray) -> np.ndarray:
         with self._lock:
-            if self._control.abort_reason:
-                raise JobAborted(f"job {self.info.name!r} aborted: {self._control.abort_reason}")
+            self._control.abort.raise_if_set(self.info.name)
             t0 = time.perf_counter()
             if array.size:
                 self._backend.allreduce(array.reshape(-1))
@@ -155,7 +157,7 @@ class Worker:
         """Counters of this worker: tensors, elements, packets, retransmissions."""
         return {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
                 "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
-                "slots": self.info.slots, **self._stats, **self._backend.stats}
+                "slots": self.info.slots, **self._stats, **self._backend.stats()}
 
     def close(self) -> None:
         if self._closed:

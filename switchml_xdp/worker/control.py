@@ -11,14 +11,13 @@ import time
 from dataclasses import dataclass
 
 from .. import wire
+from .abort import AbortSignal, JobAborted
+
+__all__ = ["ControlClient", "ControlError", "JobAborted", "JobInfo"]
 
 
 class ControlError(RuntimeError):
     """The switch refused a request, or could not be reached; says why."""
-
-
-class JobAborted(RuntimeError):
-    """The job ended under this worker: another rank failed, or the switch went down."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,7 @@ class ControlClient:
         self._send_lock = threading.Lock()
         self._replies: list[dict] = []
         self._reply_ready = threading.Condition()
-        self.abort_reason: str | None = None
-        self._abort_listeners: list = []
+        self.abort = AbortSignal()  # what the Worker and its backend read
         self.resume_window_s = 30.0  # how long to try to reconnect after losing the switch
         self.resumed = 0
         self._resume_msg: dict = {}
@@ -63,16 +61,13 @@ class ControlClient:
         self._heartbeat: threading.Thread | None = None
 
     # --- plumbing ------------------------------------------------------------
-    def on_abort(self, fn) -> None:
-        """Call fn(reason) once if the job is aborted (datapaths raise a flag
-        their packet loop reads, so no Python runs per packet)."""
-        self._abort_listeners.append(fn)
+    @property
+    def abort_reason(self) -> str | None:
+        """Why the job was aborted under this client, or None."""
+        return self.abort.reason
 
     def _set_abort(self, reason: str) -> None:
-        if self.abort_reason is None:
-            self.abort_reason = reason
-            for fn in self._abort_listeners:
-                fn(reason)
+        self.abort.set(reason)
 
     def _send(self, obj: dict) -> None:
         data = (json.dumps(obj) + "\n").encode()
