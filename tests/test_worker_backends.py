@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from switchml_xdp.worker.abort import AbortSignal, JobAborted
-from switchml_xdp.worker.retransmit import RetransmitPolicy, RetransmitTimers, RtoEstimator
+from switchml_xdp.worker.retransmit import (ENGINE_POLICY, PYTHON_POLICY, RetransmitPolicy,
+                                            RetransmitTimers, RtoEstimator)
 
 # --------------------------------------------------------- the abort signal
 
@@ -50,14 +51,14 @@ class FakeClock:
 
 def test_policy_bounds_are_checked_and_env_overrides_apply(monkeypatch):
     with pytest.raises(ValueError, match="min"):
-        RetransmitPolicy(initial_s=0.001, min_s=0.002)
+        RetransmitPolicy(initial_s=0.001, min_s=0.002, max_s=0.5)
     with pytest.raises(ValueError, match="max"):
-        RetransmitPolicy(max_s=0.001)
+        RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.001)
     monkeypatch.setenv("SWML_AFXDP_RTO_MIN", "0.004")
     monkeypatch.setenv("SWML_AFXDP_RTO_INITIAL", "0.01")
-    p = RetransmitPolicy().with_env("SWML_AFXDP_")
-    assert (p.initial_s, p.min_s, p.max_s) == (0.01, 0.004, 0.5)
-    assert RetransmitPolicy().with_env("SWML_NOTSET_") == RetransmitPolicy()
+    p = ENGINE_POLICY.with_env("SWML_AFXDP_")
+    assert (p.initial_s, p.min_s, p.max_s, p.adaptive) == (0.01, 0.004, 0.5, True)
+    assert ENGINE_POLICY.with_env("SWML_NOTSET_") == ENGINE_POLICY
 
 
 def test_estimator_is_rfc6298_within_the_policy_bounds():
@@ -81,7 +82,8 @@ def test_estimator_is_rfc6298_within_the_policy_bounds():
 
 def test_timers_double_on_expiry_keep_the_backoff_and_follow_karn():
     clock = FakeClock()
-    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.05), clock)
+    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.05,
+                                               adaptive=True), clock)
     timers.sent(0)
     timers.sent(1)
     assert timers.next_deadline() == pytest.approx(100.005)
@@ -109,6 +111,24 @@ def test_timers_double_on_expiry_keep_the_backoff_and_follow_karn():
     assert timers.estimator.samples == 1
     assert timers.estimator.rto == pytest.approx(0.003)
     assert timers.pending() == [] and timers.next_deadline() is None
+
+
+def test_a_fixed_policy_doubles_per_packet_and_starts_every_packet_at_initial():
+    """The udp backend's policy: today's fixed 50 ms first timeout, doubling to 1 s."""
+    assert not PYTHON_POLICY.adaptive
+    assert (PYTHON_POLICY.initial_s, PYTHON_POLICY.max_s) == (0.05, 1.0)
+    clock = FakeClock()
+    timers = RetransmitTimers(PYTHON_POLICY, clock)
+    timers.sent(0)
+    for expected in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0):
+        clock.t += 2.0
+        assert list(timers.expired()) == [0]
+        assert timers.next_deadline() == pytest.approx(clock.t + expected)
+    timers.sent(1)  # no carry-over of the backed-off timeout
+    assert timers._timers[1][1] == 0.05
+    clock.t += 0.001
+    timers.answered(1)  # no samples either
+    assert timers.estimator.samples == 0 and timers.estimator.rto == 0.05
 
 
 # ------------------------------------------- both backends, one abort contract
@@ -150,8 +170,9 @@ def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, 
             assert isinstance(w._backend, Backend) and w._backend.name == backend
             stats = w.stats()
             assert set(STAT_KEYS) <= set(stats)
-            # The same policy in both: no round trip measured yet, so the initial RTO.
-            assert stats["rto_us"] == RetransmitPolicy().initial_s * 1e6
+            # Each backend runs its policy (the engine's in C): no round trip
+            # measured yet, so the initial RTO.
+            assert stats["rto_us"] == round(type(w._backend).default_policy.initial_s * 1e6)
             fut = w.allreduce_async(np.ones(1 << 16, np.float32))
             time.sleep(0.5)
             assert not fut.done()  # rank 1 sends nothing: rank 0 waits in its backend
@@ -165,3 +186,27 @@ def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, 
     finally:
         idle.kill()
         idle.wait()
+
+
+@pytest.mark.parametrize("policy", [ENGINE_POLICY, PYTHON_POLICY], ids=["adaptive", "fixed"])
+def test_the_engine_follows_the_policy_it_is_given(lab8, switch, policy, monkeypatch):
+    """The C engine implements both kinds of policy (worker/stream.c)."""
+    from switchml_xdp import Worker
+    from switchml_xdp.worker.afxdp_backend import AfxdpBackend
+
+    reason = _backend_unavailable("afxdp")
+    if reason:
+        pytest.skip(f"afxdp: {reason}")
+    monkeypatch.setattr(AfxdpBackend, "default_policy", policy)
+    with lab8.enter(lab8.workers[0]):
+        w = Worker(lab8.switch.ip, f"policy-{policy.adaptive}", 0, 1, backend="afxdp",
+                   verbose=False)
+    with w:
+        a = np.arange(1 << 16, dtype=np.int32)
+        w.allreduce(a)
+        assert a[-1] == (1 << 16) - 1
+        stats = w.stats()
+    if policy.adaptive:
+        assert stats["srtt_us"] > 0 and stats["rto_us"] >= policy.min_s * 1e6
+    else:
+        assert stats["srtt_us"] == 0 and stats["rto_us"] == round(policy.initial_s * 1e6)

@@ -29,7 +29,7 @@ from ..cheaders import xdp_dir
 from .abort import AbortSignal
 from .backend import Backend, LocalEnd
 from .control import JobInfo
-from .retransmit import RetransmitPolicy
+from .retransmit import ENGINE_POLICY, RetransmitPolicy
 
 PROG_NAME = "swml_redirect"
 SOURCE = "swml_redirect.c"
@@ -97,10 +97,11 @@ def compile_redirect(info: JobInfo, local_ip: str):
 
 
 class AfxdpBackend(Backend):
+    default_policy = ENGINE_POLICY
     name = "afxdp"
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
-                 policy: RetransmitPolicy, stall_timeout: float = 30.0, *,
+                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
                  mode: str | None = None, spin: int | None = None, verbose: bool = True):
         from ..bpf import xdp_attach
 
@@ -118,7 +119,7 @@ class AfxdpBackend(Backend):
         self._closed = False
         # The abort flag the C loop reads: a 4-byte aligned, writable buffer.
         self._abort = np.zeros(1, dtype=np.uint32)
-        self.policy = policy.with_env(ENV_PREFIX)
+        self.policy = (policy or self.default_policy).with_env(ENV_PREFIX)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
             self._bpf, fn = compile_redirect(info, local.ip)
@@ -131,7 +132,7 @@ class AfxdpBackend(Backend):
                 src_ip=socket.inet_aton(local.ip), dst_ip=socket.inet_aton(info.switch_ip),
                 src_port=info.port, dst_port=info.switch_port, queue=QUEUE,
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
-                rto_max=self.policy.max_s,
+                rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
                 stall_timeout=stall_timeout, spin=spin)
         except BaseException:
             self.close()

@@ -18,7 +18,6 @@ import numpy as np
 from .. import wire
 from .backend import Backend, LocalEnd
 from .control import ControlClient, ControlError, JobInfo
-from .retransmit import RetransmitPolicy
 
 BACKENDS = ("auto", "afxdp", "udp")
 
@@ -106,11 +105,11 @@ class Worker:
         return chosen
 
     def _make_backend(self, stall_timeout: float) -> Backend:
-        args = (self.info, self.local, self._control.abort, RetransmitPolicy(), stall_timeout)
+        args = (self.info, self.local, self._control.abort)
         if self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
             try:
-                return AfxdpBackend(*args, verbose=self._verbose)
+                return AfxdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
             except (RuntimeError, OSError) as e:
                 if self._requested_backend != "auto":
                     raise
@@ -120,7 +119,7 @@ class Worker:
                           "backend auto -> udp", file=sys.stderr)
                 self.backend_name = "udp"
         from .udp_backend import UdpBackend
-        return UdpBackend(*args, verbose=self._verbose)
+        return UdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
 
     # --- the API -------------------------------------------------------------
     def allreduce(self, array: np.ndarray) -> np.ndarray:

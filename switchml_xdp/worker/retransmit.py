@@ -1,13 +1,16 @@
 """The one retransmission policy of the worker's backends.
 
-Every in-flight packet has a timer. Its timeout starts at the backend's current
-RTO: `initial_s` until a round trip has been measured, then srtt + 4 rttvar
-(RFC 6298 2.2/2.3) kept within [min_s, max_s]. Round trips are sampled from
-packets sent once only (Karn's rule). Each expiry resends the packet and
-doubles its timeout, up to max_s; the backed-off timeout also becomes the RTO
-for packets sent afterwards until a fresh sample (RFC 6298 5.5/5.7): behind a
-deep queue (a shaped link holds the whole window) the estimator would
-otherwise only ever sample the fast packets and resend everything else.
+Every in-flight packet has a timer; each expiry resends the packet and
+doubles its timeout, up to max_s. The timeout a packet starts with is the
+backend's current RTO:
+- adaptive: `initial_s` until a round trip has been measured, then srtt +
+  4 rttvar (RFC 6298 2.2/2.3) kept within [min_s, max_s]. Round trips are
+  sampled from packets sent once only (Karn's rule). A backed-off timeout also
+  becomes the RTO for packets sent afterwards until a fresh sample (RFC 6298
+  5.5/5.7): behind a deep queue (a shaped link holds the whole window) the
+  estimator would otherwise only ever sample the fast packets and resend
+  everything else.
+- not adaptive: always `initial_s` (min_s is not used).
 
 `RtoEstimator` and `RetransmitTimers` are these rules in Python (the udp
 backend); worker/stream.c (rtt_sample, check_timers) implements the same
@@ -23,13 +26,11 @@ from typing import Callable, Iterator
 
 @dataclass(frozen=True)
 class RetransmitPolicy:
-    """Retransmission timeouts, in seconds. The defaults suit the lab and a
-    LAN: a window's round trip there is ~1 ms, and the floor keeps a peer that
-    is descheduled for a moment (4 workers sharing 2 cores) from costing whole
-    windows of spurious resends (a fixed 5 ms timer resent ~7 % of packets)."""
-    initial_s: float = 0.005
-    min_s: float = 0.002
-    max_s: float = 0.5
+    """Retransmission timeouts, in seconds (the rules are this module's)."""
+    initial_s: float
+    min_s: float
+    max_s: float
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if not (0 < self.min_s <= self.initial_s <= self.max_s):
@@ -59,6 +60,8 @@ class RtoEstimator:
 
     def sample(self, rtt: float) -> None:
         """A round trip of a packet that was sent once."""
+        if not self.policy.adaptive:
+            return
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
@@ -68,10 +71,11 @@ class RtoEstimator:
         self.rto = min(max(self.srtt + 4 * self.rttvar, self.policy.min_s), self.policy.max_s)
 
     def backoff(self, rto: float) -> float:
-        """A timer of `rto` expired: its doubled timeout, which also holds for
-        packets sent from now on if it is longer than the current RTO."""
+        """A timer of `rto` expired: its doubled timeout, which (adaptive) also
+        holds for packets sent from now on if it is longer than the current RTO."""
         doubled = min(rto * 2, self.policy.max_s)
-        self.rto = max(self.rto, doubled)
+        if self.policy.adaptive:
+            self.rto = max(self.rto, doubled)
         return doubled
 
 
@@ -117,3 +121,21 @@ class RetransmitTimers:
     def pending(self) -> list[int]:
         """Packets still waiting for a result."""
         return list(self._timers)
+
+
+# What each backend uses by default (docs/design-decisions.md, "One
+# retransmission policy", has the measurements).
+#
+# The C engine (afxdp) turns a packet around in about a microsecond; a window's
+# round trip in the lab is ~1 ms. Measured round trips let it retransmit within
+# a few ms; the floor keeps a peer that is descheduled for a moment (4 workers
+# sharing 2 cores) from costing whole windows of spurious resends (a fixed 5 ms
+# timer resent ~7 % of packets).
+ENGINE_POLICY = RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5)
+# The udp loop runs Python per packet (tens of microseconds, on the cores its
+# peers need) and reads its timers only when the socket is idle. A slot's
+# round trip is the slowest worker's, so its samples measure the peers' Python
+# and their own timeouts more than the network: adaptive, with the engine's
+# numbers or with a 20 ms floor, it resent hundreds of packets per loss-free
+# test job and took 2-5x as long at 5 % loss as a fixed 50 ms first timeout.
+PYTHON_POLICY = RetransmitPolicy(initial_s=0.05, min_s=0.05, max_s=1.0, adaptive=False)

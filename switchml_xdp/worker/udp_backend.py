@@ -20,7 +20,7 @@ from .abort import AbortSignal
 from .backend import Backend, LocalEnd
 from .control import JobInfo
 from .plans import make_plan
-from .retransmit import RetransmitPolicy, RetransmitTimers
+from .retransmit import PYTHON_POLICY, RetransmitPolicy, RetransmitTimers
 
 HDR = struct.Struct("!BBHHHIbBH")  # struct swml_hdr, checked against wire.HDR_DTYPE below
 assert HDR.size == wire.HDR_LEN and HDR.size == wire.HDR_DTYPE.itemsize
@@ -29,16 +29,17 @@ POLL_MAX_S = 0.05  # the longest wait between two reads of the abort signal
 
 
 class UdpBackend(Backend):
+    default_policy = PYTHON_POLICY
     name = "udp"
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
-                 policy: RetransmitPolicy, stall_timeout: float = 30.0, *,
+                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
                  verbose: bool = True):
         self.info = info
         self.abort_signal = abort
         self.stall_timeout = stall_timeout
         # One estimator per worker: RTT samples carry over from tensor to tensor.
-        self.timers = RetransmitTimers(policy)
+        self.timers = RetransmitTimers(policy or self.default_policy)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
