@@ -32,8 +32,10 @@ class BuildPyWithBpfSources(build_py):
         super().run()
         dest = Path(self.build_lib) / "switchml_xdp" / "_xdp"
         dest.mkdir(parents=True, exist_ok=True)
-        for src in sorted((TOP / "xdp").glob("*.[ch]")):
-            shutil.copy2(src, dest / src.name)
+        for src in sorted((TOP / "xdp").rglob("*.[ch]")):  # xdp/lab/ too
+            target = dest / src.relative_to(TOP / "xdp")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
 
 
 def missing_engine_deps() -> list[str]:

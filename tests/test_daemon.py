@@ -1,7 +1,9 @@
 """The daemon's life cycle: clean detach on SIGTERM, `down` from another shell,
-clear one-line refusals of bad arguments."""
+clear one-line refusals of bad arguments; both data planes behind one interface."""
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import signal
 import subprocess
@@ -9,8 +11,12 @@ import sys
 
 import pytest
 
-from switchml_xdp.switch.daemon import read_state, state_path
-from switchml_xdp.switch.maps import pin_dir
+from switchml_xdp import wire
+from switchml_xdp.switch.daemon import DATAPLANES, SwitchError, make_dataplane, read_state, state_path
+from switchml_xdp.switch.dataplane import Dataplane, SwitchParams
+from switchml_xdp.switch.jobs import JobTable
+from switchml_xdp.switch.maps import DataplaneMaps, SwitchMaps, pin_dir
+from switchml_xdp.switch.userspace import MemoryMaps
 
 SWITCH_CLI = [sys.executable, "-m", "switchml_xdp.cli.switch"]
 
@@ -75,3 +81,86 @@ def test_unknown_interface_is_refused(lab1):
     r = lab1.run(lab1.switch, SWITCH_CLI + ["up", "nosuch0"], check=False, capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip() == "Error: no interface named 'nosuch0' in this network namespace"
+
+
+# --- one interface, two data planes ---------------------------------------------
+
+@pytest.mark.parametrize("name", list(DATAPLANES))
+def test_each_dataplane_implements_the_interface(name):
+    cls = DATAPLANES[name]
+    assert issubclass(cls, Dataplane) and not inspect.isabstract(cls) and cls.name == name
+    dp = make_dataplane(name, "lo", SwitchParams())
+    assert dp.maps is None and dp.state()["dataplane"] == name
+    for maps_cls in (SwitchMaps, MemoryMaps):
+        assert issubclass(maps_cls, DataplaneMaps) and not inspect.isabstract(maps_cls)
+
+
+def test_mode_is_for_xdp_only():
+    with pytest.raises(SwitchError, match="--mode is the XDP data plane's"):
+        make_dataplane("userspace", "lo", SwitchParams(), "native")
+    r = subprocess.run(SWITCH_CLI + ["up", "lo", "--dataplane", "userspace", "--mode", "generic"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and r.stderr.startswith("Error: --mode is the XDP data plane's")
+
+
+def test_job_table_drives_the_in_memory_maps():
+    """What the daemon writes through DataplaneMaps lands where the C loop reads it."""
+    maps = MemoryMaps(k=8, slots=64)
+    table = JobTable(maps, 8, 64, 16)
+    maps.vals[:] = 7  # an earlier job's leftovers
+    job = table.join({"job": "j", "world": 2, "rank": 0, "port": 47000, "ip": "10.0.0.11"}, None)
+    assert not maps.job_active(job.id) and not maps.vals[job.slot_base:job.slot_base + 16].any()
+    table.join({"job": "j", "world": 2, "rank": 1, "port": 47000, "ip": "10.0.0.12"}, None)
+    row = maps.jobs[job.id]
+    assert maps.job_active(job.id) and row["world"] == 2 and row["slot_count"] == 16
+    assert maps.members[job.id * wire.MAX_WORLD + 1]["ip"] == wire.ip_to_be32("10.0.0.12")
+    table.leave(job, 0)
+    table.leave(job, 1)
+    assert not maps.job_active(job.id) and not maps.members[job.id * wire.MAX_WORLD + 1]["ip"]
+    assert set(maps.read_counters()) == set(wire.COUNTER_NAMES)
+
+
+def test_userspace_dataplane_life_cycle(lab1):
+    """Same daemon, same state file and `down`; nothing pinned, nothing attached."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    sw = SwitchProcess(lab1, ["--dataplane", "userspace"])
+    iface = sw.iface
+    assert "(user-space process, k=256" in sw.ready_line
+    st = read_state(iface)
+    assert st["pid"] == sw.proc.pid and st["dataplane"] == "userspace" and st["mode"] == "user-space"
+    assert not xdp_attached(lab1, iface) and not os.path.exists(pin_dir(iface))
+    status = json.loads(subprocess.run(SWITCH_CLI + ["status", "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert next(s for s in status["switches"] if s["iface"] == iface)["alive"]
+    human = subprocess.run(SWITCH_CLI + ["status"], capture_output=True, text=True, check=True).stdout
+    assert f"switch {iface}: user-space process, k=256" in human
+    # Where the control port is reachable, the counters come from the daemon.
+    inside = lab1.run(lab1.switch, SWITCH_CLI + ["status", "--json"], capture_output=True, text=True)
+    mine = next(s for s in json.loads(inside.stdout)["switches"] if s["iface"] == iface)
+    assert set(mine["counters"]) == set(wire.COUNTER_NAMES) and mine["active_job_ids"] == []
+    r = subprocess.run(SWITCH_CLI + ["down", iface], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "stopped daemon" in r.stdout, r.stdout + r.stderr
+    assert sw.proc.wait(5) == 0 and not os.path.exists(state_path(iface))
+    # Killed: only its state file is left (its tables died with it), and `down` removes it.
+    sw = SwitchProcess(lab1, ["--dataplane", "userspace"])
+    sw.proc.kill()
+    sw.proc.wait()
+    r = lab1.run(lab1.switch, SWITCH_CLI + ["down", iface], check=False, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith(": removed the state file"), r.stdout
+
+
+def test_userspace_refuses_an_interface_with_an_xdp_program(lab1):
+    """A crashed XDP switch's program would take the packets first: refused, then down."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    sw = SwitchProcess(lab1)
+    sw.proc.kill()
+    sw.proc.wait()
+    r = lab1.run(lab1.switch, SWITCH_CLI + ["up", sw.iface, "--dataplane", "userspace"],
+                 check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "has an XDP program attached" in r.stderr, r.stderr
+    r = lab1.run(lab1.switch, SWITCH_CLI + ["down", sw.iface], check=False, capture_output=True, text=True)
+    assert "detached XDP" in r.stdout and not xdp_attached(lab1, sw.iface)
+    with SwitchProcess(lab1, ["--dataplane", "userspace"]) as us:
+        assert "user-space process" in us.ready_line

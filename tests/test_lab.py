@@ -6,6 +6,7 @@ running concurrently in other sessions keep theirs.
 """
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import signal
@@ -29,7 +30,8 @@ from click.testing import CliRunner
 
 from switchml_xdp.cli.lab import main as lab_cli
 from switchml_xdp.lab import Lab, LabError, cleanup_leftovers
-from switchml_xdp.lab.topology import lab_namespaces, new_prefix, state_path
+from switchml_xdp.lab.addressing import new_prefix
+from switchml_xdp.lab.lifecycle import lab_namespaces, state_path
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, PORT = "239.77.0.1", 48864
@@ -111,6 +113,29 @@ def test_hosts_addresses_and_quiet_namespaces(lab2):
         link = lab2.run(h, ["ip", "-o", "addr", "show", "dev", h.iface]).stdout
         assert f"inet {h.ip}/24" in link and "inet6" not in link
         assert lab2.run(h, ["cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"]).stdout.strip() == "1"
+
+
+def test_bridge_port_macs(lab2):
+    """Bridge-side ends are 02:5d:00:01:<group>:<index>: group 0 the switch, 1 the workers."""
+    want = {lab2.switch.peer: "02:5d:00:01:00:01", lab2.workers[1].peer: "02:5d:00:01:01:01"}
+    for peer, mac in want.items():
+        out = subprocess.run(["ip", "-n", lab2.bridge_ns, "link", "show", "dev", peer],
+                             capture_output=True, text=True, check=True).stdout
+        assert f"link/ether {mac} " in out, out
+
+
+def test_the_lab_reaches_the_kernel_only_through_the_door():
+    """No lab module imports bcc (compiling, attaching and pinning go through
+    switchml_xdp.bpf), and importing the lab and its CLI loads no bcc, so
+    `swml-lab down` works without it."""
+    for path in sorted((REPO / "switchml_xdp" / "lab").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "bcc" for n in names), path.name
+    code = "import sys, switchml_xdp.lab, switchml_xdp.cli.lab; print('bcc' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_multicast_crosses_the_bridge(lab2):

@@ -1,4 +1,4 @@
-"""The lab's loss and duplication injector (xdp/swml_loss.c, switchml_xdp/lab/loss.py).
+"""The lab's loss and duplication injector (xdp/lab/swml_loss.c, switchml_xdp/lab/loss.py).
 
 Real traffic between real namespaces: UDP datagrams from one worker to another
 cross w0's link up (XDP and tc ingress on its bridge-side end) and w1's link
@@ -28,7 +28,8 @@ from switchml_xdp.cli.lab import main as lab_cli
 from switchml_xdp.lab import Lab, LabError, cleanup_leftovers
 from switchml_xdp.lab.cluster import run_ranks
 from switchml_xdp.lab.loss import COUNTERS, LossInjector
-from switchml_xdp.lab.topology import lab_namespaces, new_prefix, state_path
+from switchml_xdp.lab.addressing import new_prefix
+from switchml_xdp.lab.lifecycle import lab_namespaces, state_path
 
 PORT = wire.DEFAULT_PORT
 OTHER_PORT = 5000
@@ -181,28 +182,21 @@ def test_frames_that_bypass_the_qdisc_are_subject_too(lab):
 def test_down_loss_with_an_xdp_program_on_the_worker_interface(lab):
     """The AF_XDP backend attaches its redirect program to the worker's own
     interface; down loss sits on the bridge side and is unaffected by it."""
-    from bcc import BPF
-
-    from switchml_xdp.bpf import xdp_attach
-    from switchml_xdp.cheaders import xdp_dir
+    from switchml_xdp import bpf
 
     w0, w1 = lab.workers
-    bpf = BPF(src_file=str(xdp_dir() / "swml_pass.c").encode())
-    try:
-        fn = bpf.load_func(b"swml_pass", BPF.XDP)
-        with lab.enter(w1):
-            xdp_attach.attach(w1.iface, fn.fd, "native")
-        lab.set_loss(0.5, hosts=[w1], direction="down")
-        before = counters(lab)
-        with Flow(lab, w0, w1) as flow:
-            got = flow.send()
-        c = delta(before, counters(lab))["w1"]["down"]
-        assert c["seen"] == N and accounted(c) and within_binomial(c["dropped"], N, 0.5), c
-        assert got == c["passed"]
-    finally:
-        with lab.enter(w1):
-            xdp_attach.detach(w1.iface)
-        bpf.cleanup()
+    with bpf.compile_program("lab/swml_pass.c", "swml_pass") as prog:
+        bpf.attach(w1.iface, prog.fd, "native", netns=w1.ns)
+        try:
+            lab.set_loss(0.5, hosts=[w1], direction="down")
+            before = counters(lab)
+            with Flow(lab, w0, w1) as flow:
+                got = flow.send()
+            c = delta(before, counters(lab))["w1"]["down"]
+            assert c["seen"] == N and accounted(c) and within_binomial(c["dropped"], N, 0.5), c
+            assert got == c["passed"]
+        finally:
+            bpf.detach(w1.iface, netns=w1.ns)
 
 
 def test_loss_zero_at_run_time_restores_full_delivery(lab):

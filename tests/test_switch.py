@@ -2,6 +2,8 @@
 
 Every test uses its own job name on one shared switch (see conftest.py), and
 checks counters as deltas so tests do not depend on each other's traffic.
+Tests of the protocol itself (`on_switch`) run on both data planes: the XDP
+switch, and the same daemon with --dataplane userspace in a lab of its own.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import time
 import numpy as np
 import pytest
 
+from conftest import NO_LAB
 from switchml_xdp import wire
-from switchml_xdp.lab.cluster import run_ranks
+from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 from switchml_xdp.switch.maps import SwitchMaps
 
 K = wire.DEFAULT_K
@@ -28,7 +31,36 @@ def job_name(tag: str) -> str:
     return f"{tag}-{next(_names)}"
 
 
+@pytest.fixture(scope="module")
+def userspace_switch():
+    """The daemon with the user-space data plane, in a 4-worker lab of its own
+    (one `up` an interface: the session's XDP switch holds lab8's)."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=4) as lab:
+        with SwitchProcess(lab, ["--dataplane", "userspace", "--lease", "2"]) as sw:
+            yield lab, sw
+        assert sw.proc.returncode == 0, "\n".join(sw.output[-20:])
+
+
+@pytest.fixture(params=["xdp", "userspace"])
+def on_switch(request):
+    """(lab, switch process) of each data plane."""
+    if request.param == "xdp":
+        return request.getfixturevalue("lab8"), request.getfixturevalue("switch")
+    return request.getfixturevalue("userspace_switch")
+
+
 def counters(sw) -> dict:
+    """From the XDP switch's pinned maps; else through the control protocol."""
+    if not SwitchMaps.exist(sw.iface):
+        with sw.lab.enter(sw.lab.switch):
+            conn = socket.create_connection((sw.lab.switch.ip, wire.DEFAULT_CONTROL_PORT), timeout=5)
+        with conn, conn.makefile() as f:
+            conn.sendall(b'{"op": "status"}\n')
+            return json.loads(f.readline())["counters"]
     maps = SwitchMaps(sw.iface)
     try:
         return maps.read_counters()
@@ -68,13 +100,16 @@ def random_int32(rng, n, world):
     return [rng.integers(-2**31, 2**31, size=n, dtype=np.int64).astype(np.int32) for _ in range(world)]
 
 
-@pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_int32_exact_for_lengths_not_multiple_of_k(lab8, switch, world):
+@pytest.mark.parametrize("on_switch, world", [("xdp", 1), ("xdp", 2), ("xdp", 4), ("xdp", 8),
+                                               ("userspace", 1), ("userspace", 4)],
+                         indirect=["on_switch"])
+def test_int32_exact_for_lengths_not_multiple_of_k(on_switch, world):
+    lab, switch = on_switch
     rng = np.random.default_rng(world)
     lengths = [1, K - 1, K + 1, 3 * K + 17, 40 * K + 3]
     calls = [random_int32(rng, n, world) for n in lengths]
     before = counters(switch)
-    outs = reduce_on_lab(lab8, switch, world, calls, job_name("exact"))
+    outs = reduce_on_lab(lab, switch, world, calls, job_name("exact"))
     for c, call in enumerate(calls):
         expect = wrap_sum(call)
         for rank in range(world):
@@ -85,13 +120,14 @@ def test_int32_exact_for_lengths_not_multiple_of_k(lab8, switch, world):
     assert not any(d.get(r) for r in wire.DROP_REASONS), d
 
 
-def test_twenty_calls_alternate_versions(lab8, switch):
+def test_twenty_calls_alternate_versions(on_switch):
     """20 calls on one job: packet indices run on across calls, so slots are
     reused with alternating versions at every offset of the window."""
+    lab, switch = on_switch
     world, rng = 3, np.random.default_rng(7)
     sizes = [int(rng.integers(1, 70 * K)) for _ in range(20)]
     calls = [random_int32(rng, n, world) for n in sizes]
-    outs = reduce_on_lab(lab8, switch, world, calls, job_name("twenty"))
+    outs = reduce_on_lab(lab, switch, world, calls, job_name("twenty"))
     for c, call in enumerate(calls):
         for rank in range(world):
             np.testing.assert_array_equal(outs[rank][c], wrap_sum(call))
@@ -164,13 +200,12 @@ def join_controls(lab, hosts, job, world, port):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-@pytest.fixture
-def crafted_job(lab8, switch):
+def _crafted_job(lab):
     """A world-2 job on workers 0 and 1 whose packets the test writes itself."""
     port = 48900
-    hosts = lab8.workers[:2]
-    peers = [Peer(lab8, h, port) for h in hosts]
-    clients, infos = join_controls(lab8, hosts, job_name("crafted"), 2, port)
+    hosts = lab.workers[:2]
+    peers = [Peer(lab, h, port) for h in hosts]
+    clients, infos = join_controls(lab, hosts, job_name("crafted"), 2, port)
     for p in peers:
         p.join_group(infos[0].group_ip)
     yield peers, infos[0]
@@ -181,8 +216,21 @@ def crafted_job(lab8, switch):
         p.close()
 
 
-def test_duplicate_is_not_added_twice_and_retransmission_gets_shadow(switch, crafted_job):
-    peers, info = crafted_job
+@pytest.fixture
+def crafted_job(lab8, switch):
+    """A crafted job on the XDP switch."""
+    yield from _crafted_job(lab8)
+
+
+@pytest.fixture
+def crafted_job_on(on_switch):
+    """A crafted job on each data plane's switch."""
+    yield from _crafted_job(on_switch[0])
+
+
+def test_duplicate_is_not_added_twice_and_retransmission_gets_shadow(on_switch, crafted_job_on):
+    switch = on_switch[1]
+    peers, info = crafted_job_on
     a = np.arange(K, dtype=np.int32)
     b = np.full(K, 1000, dtype=np.int32)
     before = counters(switch)
@@ -207,8 +255,8 @@ def test_duplicate_is_not_added_twice_and_retransmission_gets_shadow(switch, cra
     assert d == {"rx": 4, "aggregated": 1, "dup_dropped": 1, "completed": 1, "shadow_reply": 1}, d
 
 
-def test_exponent_max_and_flags_or(switch, crafted_job):
-    peers, info = crafted_job
+def test_exponent_max_and_flags_or(on_switch, crafted_job_on):
+    peers, info = crafted_job_on
     v = np.ones(K, dtype=np.int32)
     peers[0].send(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 9, 77, v, exp=-3,
                                 flags=wire.FLAG_NONFINITE))
@@ -376,9 +424,10 @@ def test_status_from_another_shell_shows_jobs_and_counters(lab8, switch, crafted
     assert switch.iface in human and info.name in human
 
 
-def test_second_up_on_a_busy_interface_refuses(lab8, switch):
-    r = lab8.run(lab8.switch, [sys.executable, "-m", "switchml_xdp.cli.switch", "up",
-                               switch.iface], check=False, capture_output=True, text=True, timeout=60)
+def test_second_up_on_a_busy_interface_refuses(on_switch):
+    lab, switch = on_switch
+    r = lab.run(lab.switch, [sys.executable, "-m", "switchml_xdp.cli.switch", "up",
+                             switch.iface], check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "already up" in r.stderr and str(switch.proc.pid) in r.stderr
     assert switch.proc.poll() is None, "the running switch must be unharmed"

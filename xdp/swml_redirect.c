@@ -29,6 +29,7 @@
 #include <uapi/linux/udp.h>
 
 #include "swml_wire.h"
+#include "swml_parse.h"
 
 #ifndef SWML_PORT
 #error "SWML_PORT must be defined"
@@ -62,21 +63,14 @@ int swml_redirect(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip;
-	struct udphdr *udp;
+	struct iphdr *ip = 0;
+	struct udphdr *udp = 0;
 	struct swml_hdr *h;
 
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		goto pass;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->ihl != 5 ||
-	    ip->protocol != IPPROTO_UDP || (ip->frag_off & bpf_htons(0x3fff)))
+	if (swml_parse_udp(data, data_end, bpf_htons(SWML_PORT), &ip, &udp) != SWML_PARSE_OURS ||
+	    (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT)))
 		goto pass;
 	if (ip->daddr != (__be32)SWML_LOCAL_IP && ip->daddr != (__be32)SWML_GROUP_IP)
-		goto pass;
-	udp = (void *)(ip + 1);
-	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(SWML_PORT))
 		goto pass;
 	h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end ||

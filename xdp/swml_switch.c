@@ -14,6 +14,9 @@
  *   rank new to seen[ver]             -> aggregate; the last one is rewritten into a
  *                                        multicast RESULT and sent with XDP_TX
  *   rank already in seen[ver]         -> shadow reply if complete, else drop
+ * The parse prologue is swml_parse.h (shared with the redirect program); the
+ * step on the slot is swml_slot.h (shared with the user-space baseline,
+ * switchml_xdp/switch/userspace_dp.c).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -23,6 +26,18 @@
 
 #include "swml_wire.h"
 #include "swml_maps.h"
+#include "swml_parse.h"
+
+/* The per-slot step (swml_slot.h) on a map value, under its spin lock. */
+#define SWML_SLOT_T struct swml_slot *
+#define SWML_SEEN(s, v) ((s)->seen[v])
+#define SWML_COUNT(s, v) ((s)->count[v])
+#define SWML_EXP(s, v) ((s)->exp[v])
+#define SWML_FLAGS(s, v) ((s)->flags[v])
+#define SWML_VALS(s, v) ((s)->vals[v])
+#define SWML_SLOT_LOCK(s) bpf_spin_lock(&(s)->lock)
+#define SWML_SLOT_UNLOCK(s) bpf_spin_unlock(&(s)->lock)
+#include "swml_slot.h"
 
 #ifndef SWML_K
 #error "SWML_K must be defined"
@@ -81,7 +96,7 @@ static __always_inline __u16 swml_ipv4_csum(struct iphdr *ip)
 static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *ip,
 					     struct udphdr *udp, struct swml_hdr *h,
 					     const struct swml_job *job, int unicast,
-					     __u8 flags, __s8 exp)
+					     const struct swml_slot_result *res)
 {
 	__u8 mac[ETH_ALEN];
 	__be32 switch_ip = ip->daddr;
@@ -103,10 +118,7 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	udp->source = bpf_htons(SWML_PORT);
 	udp->check = 0; /* optional for UDP over IPv4; the payload was rewritten */
 
-	h->ver_type = (SWML_VERSION << 4) | SWML_TYPE_RESULT;
-	h->flags = flags | (unicast ? SWML_FLAG_SHADOW : 0);
-	h->exp = exp;
-	h->reserved = 0;
+	swml_result_hdr(h, res, unicast);
 }
 
 int swml_switch(struct xdp_md *ctx)
@@ -114,35 +126,23 @@ int swml_switch(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct iphdr *ip;
-	struct udphdr *udp;
+	struct iphdr *ip = 0;
+	struct udphdr *udp = 0;
 	struct swml_hdr *h;
 	__s32 *payload;
 
 	/* 1. Is it ours? Anything we cannot attribute to our port goes to the stack. */
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	switch (swml_parse_udp(data, data_end, bpf_htons(SWML_PORT), &ip, &udp)) {
+	case SWML_PARSE_NOT_OURS:
 		goto pass;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->protocol != IPPROTO_UDP ||
-	    ip->ihl < 5)
-		goto pass;
-	if (ip->ihl != 5) {
-		/* IP options: ours only if the UDP header behind them says so. Kept
-		 * apart so that the fast path below uses constant packet offsets. */
-		struct udphdr *u = (void *)ip + (ip->ihl & 0xf) * 4;
-
-		if ((void *)(u + 1) > data_end || u->dest != bpf_htons(SWML_PORT))
-			goto pass;
+	case SWML_PARSE_IP_OPTIONS:
 		swml_count(SWML_CNT_RX);
 		return swml_drop(SWML_CNT_BAD_IP);
 	}
-	udp = (void *)(ip + 1);
-	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(SWML_PORT))
-		goto pass;
 
 	/* 2. Ours from here on: every outcome below is counted. */
 	swml_count(SWML_CNT_RX);
-	if (ip->frag_off & bpf_htons(0x3fff)) /* a fragment: MF or an offset */
+	if (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT))
 		return swml_drop(SWML_CNT_BAD_IP);
 	h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end)
@@ -181,53 +181,14 @@ int swml_switch(struct xdp_md *ctx)
 
 	/* 3./4. The slot, under its lock. */
 	u32 ver = h->flags & SWML_FLAG_SLOT_VER;
-	u64 bit = 1ULL << rank;
-	u32 world = job->world;
-	int outcome;
-	__u8 res_flags = 0;
-	__s8 res_exp = 0;
-
-	bpf_spin_lock(&s->lock);
-	if (!(s->seen[ver] & bit)) {
-		u32 c = s->count[ver];
-
-		s->seen[ver] |= bit;
-		s->seen[ver ^ 1] &= ~bit;
-		if (c == 0) { /* first contribution of the round overwrites */
-			for (int i = 0; i < SWML_K; i++)
-				s->vals[ver][i] = payload[i];
-			s->exp[ver] = h->exp;
-			s->flags[ver] = h->flags & SWML_FLAG_NONFINITE;
-		} else {
-			for (int i = 0; i < SWML_K; i++)
-				s->vals[ver][i] += payload[i];
-			if (h->exp > s->exp[ver])
-				s->exp[ver] = h->exp;
-			s->flags[ver] |= h->flags & SWML_FLAG_NONFINITE;
-		}
-		c += 1;
-		if (c >= world)
-			c = 0;
-		s->count[ver] = c;
-		outcome = c == 0 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
-	} else {
-		outcome = s->count[ver] == 0 ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
-	}
-	if (outcome == SWML_CNT_COMPLETED || outcome == SWML_CNT_SHADOW_REPLY) {
-		/* Copied under the lock: a late first contribution of the next round
-		 * of this version cannot exist yet, but the read must not tear. */
-		for (int i = 0; i < SWML_K; i++)
-			payload[i] = s->vals[ver][i];
-		res_flags = ver | s->flags[ver];
-		res_exp = s->exp[ver];
-	}
-	bpf_spin_unlock(&s->lock);
+	struct swml_slot_result res = {};
+	int outcome = swml_slot_step(s, ver, 1ULL << rank, job->world, h->exp, h->flags,
+				     payload, payload, SWML_K, &res);
 
 	swml_count(outcome);
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
-	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, res_flags,
-			 res_exp);
+	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);
 	return XDP_TX;
 
 pass:

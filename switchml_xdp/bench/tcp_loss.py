@@ -21,34 +21,31 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 
-from ..cheaders import xdp_dir
-from ..lab import netns
+from .. import bpf, net
+from ..lab import LabError, netns
 from ..lab.loss import TC_EGRESS_PARENT, TC_INGRESS_PARENT, threshold
-from ..lab.topology import LabError, _index
 
-SOURCE = "swml_tcp_loss.c"
+SOURCE = "lab/swml_tcp_loss.c"
 PRIO = 1          # before the loss injector's filters (kernel-chosen, 49152 and down)
 DIRECTIONS = ("up", "down")
+HOOKS = {"swml_tcp_loss_up": TC_INGRESS_PARENT, "swml_tcp_loss_down": TC_EGRESS_PARENT}
 
 
 class TcpLoss:
     def __init__(self, lab):
-        from bcc import BPF
-
         self.lab = lab
-        self._bpf = BPF(src_file=str(xdp_dir() / SOURCE).encode())
-        up = self._bpf.load_func(b"swml_tcp_loss_up", BPF.SCHED_CLS)
-        down = self._bpf.load_func(b"swml_tcp_loss_down", BPF.SCHED_CLS)
+        self._prog = bpf.compile_program(SOURCE, None, maps_only=True)
+        fds = {name: self._prog.load(name, "sched_cls") for name in HOOKS}
         self._attached: list[tuple[int, str]] = []
         with contextlib.closing(netns.iproute_in(lab.bridge_ns)) as br:
             for w in lab.workers:
-                idx = _index(br, w.peer)
+                idx = net.link_index(w.peer, lab.bridge_ns)
                 qdiscs = [q.get_attr("TCA_KIND") for q in br.get_qdiscs(index=idx)]
                 if "clsact" not in qdiscs:
                     raise LabError(f"{w.peer} has no clsact: attach the lab's loss injector "
                                    "first (lab.set_loss(0))")
-                for fn, parent in ((up, TC_INGRESS_PARENT), (down, TC_EGRESS_PARENT)):
-                    br.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name,
+                for name, parent in HOOKS.items():
+                    br.tc("add-filter", "bpf", idx, ":1", fd=fds[name], name=name,
                           parent=parent, prio=PRIO, classid=1, direct_action=True)
                     self._attached.append((idx, parent))
         self.set(0.0)
@@ -57,17 +54,17 @@ class TcpLoss:
         """Drop TCP with probability `loss` in both directions of every worker link."""
         t = ct.c_uint32(threshold(loss))
         for d in range(len(DIRECTIONS)):
-            self._bpf[b"cfg"][ct.c_int(d)] = t
+            self._prog.table("cfg")[ct.c_int(d)] = t
 
     def counters(self) -> dict[str, dict[str, int]]:
-        c = self._bpf[b"counters"]
+        c = self._prog.table("counters")
         vals = [sum(c[ct.c_int(i)]) for i in range(4)]
         return {d: {"seen": vals[2 * i], "dropped": vals[2 * i + 1]}
                 for i, d in enumerate(DIRECTIONS)}
 
     def close(self) -> None:
         """Remove the filters (if the lab is still there) and the programs."""
-        if self._bpf is None:
+        if self._prog is None:
             return
         with contextlib.suppress(Exception):
             with contextlib.closing(netns.iproute_in(self.lab.bridge_ns)) as br:
@@ -75,8 +72,8 @@ class TcpLoss:
                     with contextlib.suppress(Exception):
                         br.tc("del-filter", "bpf", idx, ":1", parent=parent, prio=PRIO)
         with contextlib.suppress(Exception):
-            self._bpf.cleanup()
-        self._bpf = None
+            self._prog.close()
+        self._prog = None
 
     def __enter__(self) -> "TcpLoss":
         return self

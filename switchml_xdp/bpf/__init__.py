@@ -1,0 +1,23 @@
+"""The one door to the kernel: compiling and loading BPF (bcc), attaching XDP,
+pins in bpffs, program statistics. Nothing else in switchml_xdp imports bcc or
+touches bpffs or XDP attachment.
+
+Importing this package needs neither bcc nor pyroute2; calls that need them
+import them.
+
+    prog = compile_program("swml_switch.c", "swml_switch", {"SWML_K": 256, ...})
+    mode = attach("eth1", prog.fd)                    # native, else generic
+    attachment("eth1")                                # Attachment(mode, prog_id)
+    detach("eth1", prog_id=...)
+"""
+from .compile import Program, c_string, compile_program
+from .errors import BpfError, PinnedMapError, XdpError
+from .pinned import PinnedMap
+from .pins import PIN_ROOT, ensure_bpffs, pin_dir, remove_pins
+from .stats import prog_stats, stats_enabled
+from .xdp import Attachment, XdpLink, attach, attach_link, attachment, detach
+
+__all__ = ["Attachment", "BpfError", "PIN_ROOT", "PinnedMap", "PinnedMapError", "Program",
+           "XdpError", "XdpLink", "attach", "attach_link", "attachment", "c_string",
+           "compile_program", "detach", "ensure_bpffs", "pin_dir", "prog_stats",
+           "remove_pins", "stats_enabled"]

@@ -1,26 +1,30 @@
 """Open BPF maps pinned in bpffs and read/write them, from any process.
 
-The switch pins its maps so that `swml-switch status`, `down` and a restarted
-daemon find them without the program that created them. Values are ctypes
-structures derived from xdp/swml_maps.h (switchml_xdp.cheaders).
+Values are ctypes structures (the layout of xdp/swml_maps.h). No bcc needed:
+the calls are libbpf's.
 """
 from __future__ import annotations
 
 import ctypes as ct
+import functools
 import os
 
-from bcc.libbcc import lib
-from bcc.utils import get_possible_cpus
-
-lib.bpf_obj_get.restype = ct.c_int
-lib.bpf_obj_get.argtypes = [ct.c_char_p]
+from . import libbpf
+from .errors import PinnedMapError
 
 BPF_ANY = 0
-_NCPUS = len(get_possible_cpus())
 
 
-class PinnedMapError(OSError):
-    pass
+@functools.cache
+def possible_cpus() -> int:
+    """How many CPUs the kernel may bring up: the row count of a per-CPU map value."""
+    with open("/sys/devices/system/cpu/possible") as f:
+        text = f.read().strip()
+    count = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
 
 
 class PinnedMap:
@@ -33,15 +37,14 @@ class PinnedMap:
         self.path = path
         self.value_type = value_type
         self.percpu = percpu
-        fd = lib.bpf_obj_get(path.encode())
+        self._lib = libbpf.lib()
+        fd = self._lib.bpf_obj_get(path.encode())
         if fd < 0:
-            err = ct.get_errno()
-            raise PinnedMapError(err, f"cannot open pinned map {path}: {os.strerror(err)}")
+            raise PinnedMapError(-fd, f"cannot open pinned map {path}: {os.strerror(-fd)}")
         self.fd = fd
         if percpu:
-            stride = (ct.sizeof(value_type) + 7) // 8 * 8
-            self._buf_type = ct.c_uint8 * (stride * _NCPUS)
-            self._stride = stride
+            self._stride = (ct.sizeof(value_type) + 7) // 8 * 8
+            self._buf_type = ct.c_uint8 * (self._stride * possible_cpus())
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -57,17 +60,19 @@ class PinnedMap:
     def lookup(self, key: int):
         k = ct.c_uint32(key)
         buf = self._buf_type() if self.percpu else self.value_type()
-        if lib.bpf_lookup_elem(self.fd, ct.byref(k), ct.byref(buf)) < 0:
-            err = ct.get_errno()
-            raise PinnedMapError(err, f"lookup {key} in {self.path}: {os.strerror(err)}")
+        err = self._lib.bpf_map_lookup_elem(self.fd, ct.byref(k), ct.byref(buf))
+        if err < 0:
+            raise PinnedMapError(-err, f"lookup {key} in {self.path}: {os.strerror(-err)}")
         if not self.percpu:
             return buf
-        return [self.value_type.from_buffer_copy(bytes(buf), i * self._stride) for i in range(_NCPUS)]
+        raw = bytes(buf)
+        return [self.value_type.from_buffer_copy(raw, i * self._stride)
+                for i in range(possible_cpus())]
 
     def update(self, key: int, value) -> None:
         if self.percpu:
             raise PinnedMapError(0, "per-CPU maps are written by the data plane only")
         k = ct.c_uint32(key)
-        if lib.bpf_update_elem(self.fd, ct.byref(k), ct.byref(value), BPF_ANY) < 0:
-            err = ct.get_errno()
-            raise PinnedMapError(err, f"update {key} in {self.path}: {os.strerror(err)}")
+        err = self._lib.bpf_map_update_elem(self.fd, ct.byref(k), ct.byref(value), BPF_ANY)
+        if err < 0:
+            raise PinnedMapError(-err, f"update {key} in {self.path}: {os.strerror(-err)}")

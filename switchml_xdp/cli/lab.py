@@ -17,10 +17,13 @@ from collections.abc import Iterator
 
 import click
 
+from switchml_xdp.net import NetError
+from switchml_xdp.lab import Host, Lab, LabError, cleanup_leftovers
+from switchml_xdp.lab.addressing import MAX_WORKERS
+from switchml_xdp.lab.lifecycle import state_path
+from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.netns import nsenter_argv
-from switchml_xdp.lab.topology import (
-    MAX_RATE_MBIT, MAX_WORKERS, Host, Lab, LabError, cleanup_leftovers, state_path,
-)
+from switchml_xdp.lab.shaping import MAX_RATE_MBIT
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,7 +48,6 @@ class Probability(click.ParamType):
     name = "P"
 
     def convert(self, value, param, ctx):
-        from switchml_xdp.lab.loss import LossError, probability
         if isinstance(value, float):
             return value
         try:
@@ -73,7 +75,7 @@ def lab_errors() -> Iterator[None]:
     """Turn the lab's failures into one-line click errors (exit status 1)."""
     try:
         yield
-    except LabError as e:
+    except (LabError, NetError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
         where = f": {e.filename}" if e.filename else ""
@@ -209,7 +211,6 @@ def _list_of(kind, what: str):
         items = [v for v in str(value).replace(" ", "").split(",") if v]
         try:
             if kind is float:
-                from switchml_xdp.lab.loss import probability
                 return tuple(probability(v, what) for v in items)
             return tuple(kind(v) for v in items)
         except (ValueError, LabError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 
 import click
@@ -16,7 +17,7 @@ from ..switch.maps import SwitchMaps
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """switchml-xdp aggregation switch (XDP data plane + control daemon)."""
+    """switchml-xdp aggregation switch (XDP or user-space data plane + control daemon)."""
 
 
 @main.command()
@@ -31,17 +32,22 @@ def main() -> None:
               show_default=True, help="UDP port of the data plane")
 @click.option("--control-port", type=click.IntRange(1, 65535), default=wire.DEFAULT_CONTROL_PORT,
               show_default=True, help="TCP port of the control protocol")
+@click.option("--dataplane", type=click.Choice(list(daemon.DATAPLANES)), default="xdp",
+              show_default=True,
+              help="what handles the packets: xdp (the XDP program on IFACE) or userspace "
+                   "(a thread of the daemon on a UDP socket, no XDP: a baseline, or a fallback)")
 @click.option("--mode", type=click.Choice(["native", "generic"]), default=None,
-              help="XDP mode [default: native, falling back to generic]")
+              help="XDP mode, for --dataplane xdp only [default: native, falling back to generic]")
 @click.option("--lease", type=click.FloatRange(0.2, 600), default=daemon.DEFAULT_LEASE_S,
               show_default=True, help="seconds without a heartbeat before a job is aborted")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
-def up(iface, elements, slots, job_slots, port, control_port, mode, lease, verbose):
+def up(iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="swml-switch: %(message)s")
     try:
-        daemon.run(iface, SwitchParams(elements, slots, port), control_port, mode, job_slots, lease)
+        dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode)
+        daemon.run(dp, control_port, job_slots, lease)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 
@@ -49,25 +55,43 @@ def up(iface, elements, slots, job_slots, port, control_port, mode, lease, verbo
 @main.command()
 @click.argument("iface")
 def down(iface):
-    """Stop the switch on IFACE: daemon, XDP program, pinned maps."""
+    """Stop the switch on IFACE: daemon, XDP program, pinned maps, state file."""
     try:
         click.echo(f"swml-switch: {iface}: {daemon.down(iface)}")
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 
 
+def _daemon_status(st: dict) -> dict | None:
+    """The daemon's own `status` reply through its control port; None where
+    this shell cannot reach it (another network namespace, a firewall)."""
+    try:
+        with socket.create_connection((st["ip"], st["control_port"]), timeout=1.0) as conn, \
+                conn.makefile("rb") as f:
+            conn.sendall(b'{"op": "status"}\n')
+            reply = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    return reply if reply.get("ok") else None
+
+
 def collect_status() -> list[dict]:
-    """Every switch on this machine, from its state file and pinned maps."""
+    """Every switch on this machine, from its state file, and its counters
+    from the pinned maps (XDP) or else from its daemon (user-space: the tables
+    are in the daemon's memory)."""
     out = []
     for st in daemon.all_states():
         st = dict(st, alive=daemon.pid_alive(st.get("pid", -1)))
-        if SwitchMaps.exist(st["iface"]):
+        if st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
             maps = SwitchMaps(st["iface"])
             try:
                 st["counters"] = maps.read_counters()
-                st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.read_job(j).active]
+                st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
             finally:
                 maps.close()
+        elif st["alive"] and (reply := _daemon_status(st)) is not None:
+            st["counters"] = reply["counters"]
+            st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
         out.append(st)
     return out
 
@@ -75,7 +99,7 @@ def collect_status() -> list[dict]:
 def _format(st: dict) -> str:
     p = st["params"]
     used = sum(j["slots"] for j in st["jobs"])
-    lines = [f"switch {st['iface']}: {st['mode']} XDP, k={p['k']}, slots {used}/{p['slots']} in use, "
+    lines = [f"switch {st['iface']}: {st['label']}, k={p['k']}, slots {used}/{p['slots']} in use, "
              f"data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
              f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
              f"up {time.time() - st['started']:.0f} s"]

@@ -5,7 +5,21 @@
         lab.run(lab.workers[0], ["ping", "-c1", lab.switch.ip])
         with lab.enter(lab.workers[1]):   # this thread only
             ...
+
+Modules, each on top of the ones before it:
+    errors      LabError
+    addressing  names, addresses and MACs derived from a lab's prefix; Host
+    netns       named network namespaces: make, enter, run in, empty, remove
+    shaping     rate limits on links (tc TBF/HTB)
+    loss        the loss and duplication injector (XDP + tc, through switchml_xdp.bpf)
+    lifecycle   state files, closing live labs at exit/SIGTERM, removing leftovers
+    topology    Lab: builds, uses and removes one lab
+    cluster     the real switch daemon and workers run inside a Lab
+    demo        `swml-lab demo`
 """
-from switchml_xdp.lab.topology import Host, Lab, LabError, cleanup_leftovers
+from switchml_xdp.lab.addressing import Host
+from switchml_xdp.lab.errors import LabError
+from switchml_xdp.lab.lifecycle import cleanup_leftovers
+from switchml_xdp.lab.topology import Lab
 
 __all__ = ["Host", "Lab", "LabError", "cleanup_leftovers"]

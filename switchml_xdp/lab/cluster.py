@@ -16,7 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from .topology import Host, Lab
+from .addressing import Host
+from .topology import Lab
 
 
 class SwitchProcess:
@@ -69,11 +70,12 @@ class SwitchProcess:
     def _remove_leftovers(self) -> None:
         """A daemon that was killed leaves its pins and state file (on purpose:
         a restarted daemon re-adopts them). Once the lab is done with it, they go."""
-        from ..switch import dataplane, daemon
+        from .. import bpf
+        from ..switch import daemon
 
         st = daemon.read_state(self.iface)
         if st is None or not daemon.pid_alive(st.get("pid", -1)):
-            dataplane.remove_pins(self.iface)
+            bpf.remove_pins(bpf.pin_dir(self.iface))
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(daemon.state_path(self.iface))
 

@@ -1,4 +1,4 @@
-"""Packet loss and duplication on the lab's links (xdp/swml_loss.c; no netem here).
+"""Packet loss and duplication on the lab's links (xdp/lab/swml_loss.c; no netem here).
 
 Per link (one per host: the switch and every worker) and per direction:
 
@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
-import os
-import shutil
+import errno
 from collections.abc import Iterable, Sequence
 
 from pyroute2 import IPRoute
 
-from ..cheaders import defines, structs, xdp_dir
+from .. import bpf, net, wire
+from ..cheaders import defines, structs
+from .errors import LabError
 
-SOURCE = "swml_loss.c"
+SOURCE = "lab/swml_loss.c"
 XDP_PROG, INGRESS_PROG, EGRESS_PROG = "swml_loss_xdp", "swml_loss_ingress", "swml_loss_egress"
 DIRECTIONS = ("up", "down")
 COUNTERS = ("seen", "dropped", "duplicated", "passed")
@@ -61,8 +62,7 @@ class LossError(ValueError):
 
 
 def _lab_pin_dir(prefix: str) -> str:
-    from ..switch.maps import PIN_ROOT   # late: that module needs bcc, `swml-lab down` does not
-    return f"{PIN_ROOT}/lab-{prefix}"
+    return bpf.pin_dir(f"lab-{prefix}")
 
 
 def pin_dir(prefix: str) -> str:
@@ -72,11 +72,7 @@ def pin_dir(prefix: str) -> str:
 
 def remove_pins(prefix: str) -> None:
     """Unpin lab `prefix`'s maps (the maps go when no program holds them either)."""
-    try:
-        path = _lab_pin_dir(prefix)
-    except ImportError:                    # no bcc: no loss injector can have pinned anything
-        return
-    shutil.rmtree(path, ignore_errors=True)
+    bpf.remove_pins(_lab_pin_dir(prefix))
 
 
 def probability(value: float | str | None, what: str = "probability") -> float:
@@ -124,67 +120,72 @@ class LossInjector:
     """The loss maps of one lab (and, in the process that attached them, the
     compiled programs). Link i is lab.hosts[i]: 0 the switch, 1+r worker r."""
 
-    def __init__(self, lab, bpf=None):
-        from ..bpf.pinned import PinnedMap
-
+    def __init__(self, lab, program: bpf.Program | None = None):
         self.lab = lab
         self.dir = pin_dir(lab.prefix)
         types = structs(SOURCE)
         self.Cfg, self.Counters = types["swml_loss_cfg"], types["swml_loss_counters"]
-        self._bpf = bpf
-        self.cfg = PinnedMap(f"{self.dir}/cfg", self.Cfg)
-        self.port_map = PinnedMap(f"{self.dir}/port", ct.c_uint32)
-        self.counter_map = PinnedMap(f"{self.dir}/counters", self.Counters, percpu=True)
+        self._program = program
+        self.cfg = bpf.PinnedMap(f"{self.dir}/cfg", self.Cfg)
+        self.port_map = bpf.PinnedMap(f"{self.dir}/port", ct.c_uint32)
+        self.counter_map = bpf.PinnedMap(f"{self.dir}/counters", self.Counters, percpu=True)
 
     # -- making and finding one -------------------------------------------------
 
     @staticmethod
     def exists(prefix: str) -> bool:
-        return os.path.exists(f"{pin_dir(prefix)}/cfg")
+        """Whether lab `prefix` has a loss injector (its maps are pinned)."""
+        try:
+            bpf.PinnedMap(f"{pin_dir(prefix)}/cfg", ct.c_uint8).close()
+        except bpf.PinnedMapError:
+            return False
+        return True
 
     @classmethod
     def open(cls, lab) -> "LossInjector | None":
         """The injector of a lab that already has one (maybe attached by another
         process), or None."""
-        return cls(lab) if cls.exists(lab.prefix) else None
+        try:
+            return cls(lab)
+        except bpf.PinnedMapError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
 
     @classmethod
     def attach(cls, lab, bridge_ipr: IPRoute) -> "LossInjector":
-        """Compile xdp/swml_loss.c once and put it on every bridge-side end:
+        """Compile xdp/lab/swml_loss.c once and put it on every bridge-side end:
         XDP (replacing the pass program), tc ingress and tc egress. Loss starts
-        at 0 and the port at the switch's default data port."""
-        from bcc import BPF
-
-        from .. import wire
-        from ..switch.dataplane import ensure_bpffs
-        from .topology import LabError, _index, attach_xdp
-
+        at 0 and the port at the switch's default data port. `bridge_ipr`: a
+        netlink socket in the lab's bridge namespace, for tc."""
         if len(lab.hosts) > MAX_LINKS:
             raise LabError(f"the loss injector handles at most {MAX_LINKS} hosts")
-        ensure_bpffs()
-        os.makedirs(pin_dir(lab.prefix), exist_ok=True)
-        cflags = [f"-I{xdp_dir()}", f'-DSWML_LOSS_PIN_DIR="{pin_dir(lab.prefix)}"']
         try:
-            bpf = BPF(src_file=str(xdp_dir() / SOURCE).encode(), cflags=cflags)
-            xdp = bpf.load_func(XDP_PROG.encode(), BPF.XDP)
-            ingress = bpf.load_func(INGRESS_PROG.encode(), BPF.SCHED_CLS)
-            egress = bpf.load_func(EGRESS_PROG.encode(), BPF.SCHED_CLS)
-        except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+            bpf.ensure_bpffs(pin_dir(lab.prefix))
+            program = bpf.compile_program(SOURCE, XDP_PROG,
+                                          {"SWML_LOSS_PIN_DIR": bpf.c_string(pin_dir(lab.prefix))})
+        except bpf.BpfError as e:
             remove_pins(lab.prefix)
-            raise LabError(f"cannot load the loss injector ({SOURCE}): {e}") from e
-        self = cls(lab, bpf)
+            raise LabError(f"cannot load the loss injector: {e}") from e
+        self = cls(lab, program)
         try:
+            tc_progs = [(program.load(name, "sched_cls"), name, parent) for name, parent in
+                        ((INGRESS_PROG, TC_INGRESS_PARENT), (EGRESS_PROG, TC_EGRESS_PARENT))]
             self.set_port(wire.DEFAULT_PORT)
+            links = program.table("links")
             for link, host in enumerate(lab.hosts):
-                idx = _index(bridge_ipr, host.peer)
-                bpf[b"links"][ct.c_uint32(idx)] = ct.c_uint32(link)
+                idx = net.link_index(host.peer, lab.bridge_ns)
+                links[ct.c_uint32(idx)] = ct.c_uint32(link)
                 with contextlib.suppress(Exception):   # a clsact left by an earlier attach
                     bridge_ipr.tc("del", "clsact", idx)
                 bridge_ipr.tc("add", "clsact", idx)
-                for fn, parent in ((ingress, TC_INGRESS_PARENT), (egress, TC_EGRESS_PARENT)):
-                    bridge_ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name,
+                for fd, name, parent in tc_progs:
+                    bridge_ipr.tc("add-filter", "bpf", idx, ":1", fd=fd, name=name,
                                   parent=parent, classid=1, direct_action=True)
-                attach_xdp(bridge_ipr, host.peer, xdp.fd)
+                bpf.attach(host.peer, program.fd, "native", replace=True, netns=lab.bridge_ns)
+        except bpf.BpfError as e:
+            self.close()
+            raise LabError(f"cannot attach the loss injector: {e}") from e
         except BaseException:
             self.close()
             raise
@@ -195,10 +196,10 @@ class LossInjector:
         close removes both)."""
         for m in (self.cfg, self.port_map, self.counter_map):
             m.close()
-        if self._bpf is not None:
+        if self._program is not None:
             with contextlib.suppress(Exception):
-                self._bpf.cleanup()
-            self._bpf = None
+                self._program.close()
+            self._program = None
 
     # -- settings ------------------------------------------------------------------
 

@@ -15,22 +15,18 @@ Two ways in, for two needs:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2 import netns as _pr_netns
 
-NETNS_DIR = Path("/run/netns")
-CLONE_NEWNET = 0x40000000
-
-_libc = ctypes.CDLL(None, use_errno=True)
+from ..net import NETNS_DIR, in_netns  # noqa: F401  (in_netns: part of this module's API)
 
 
 def ns_path(name: str) -> Path:
@@ -63,36 +59,6 @@ def remove_netns(name: str) -> bool:
         return False
     _pr_netns.remove(name)
     return True
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
-
-
-@contextlib.contextmanager
-def in_netns(name: str) -> Iterator[None]:
-    """Move the calling thread (only it) into namespace `name`; back on exit.
-
-    The way back is an fd on the thread's own namespace taken before leaving,
-    so nesting works and other threads are never affected.
-    """
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        target = os.open(ns_path(name), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        os.close(home)
-        raise FileNotFoundError(errno.ENOENT, "no such network namespace", name) from None
-    try:
-        _setns(target)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
 
 
 def iproute_in(name: str) -> IPRoute:

@@ -1,28 +1,34 @@
-"""The switch's data plane: compile xdp/swml_switch.c for one interface, load
-it, attach it, and pin its maps.
+"""The data plane behind the switch daemon: one interface, two implementations.
 
-Specialisation happens at load time through compiler defines (k, slot count,
-port, pin directory), so every bound in the program is a constant the verifier
-can see.
+- `XdpDataplane` (xdp_dataplane.py): xdp/swml_switch.c loaded and attached to
+  the interface, its maps pinned in bpffs. It outlives a crashed daemon, so a
+  new daemon can adopt it with its running jobs.
+- `UserspaceDataplane` (userspace.py): the same per-packet step in C, run by a
+  thread of the daemon on a kernel UDP socket, its tables in process memory.
+  It measures what XDP buys, and serves where XDP cannot be loaded.
+
+The daemon (daemon.py) drives either the same way:
+
+    dp.check_free(state)          # refuse an interface someone else holds
+    dp.can_adopt(state)           # a dead daemon's data plane still serving here?
+    maps = dp.open(ip, adopt)     # ready to take jobs; no packet handled yet
+    ... JobTable(maps, ...), re-adopted jobs written ...
+    dp.start(adopt)               # packets flow from here on
+    ... serve the control protocol ...
+    dp.close()                    # stop and release; what start() did is undone
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import abc
 from dataclasses import dataclass
+from typing import ClassVar
 
-from ..bpf import xdp_attach
-from ..cheaders import xdp_dir
 from .. import wire
-from .maps import PIN_ROOT, pin_dir
-
-PROG_NAME = "swml_switch"
+from .maps import DataplaneMaps
 
 
 class DataplaneError(RuntimeError):
-    pass
+    """Why a data plane cannot be opened or started, in one line."""
 
 
 @dataclass(frozen=True)
@@ -40,63 +46,69 @@ class SwitchParams:
             raise DataplaneError(f"--port must be in 1..65535, got {self.port}")
 
 
-def ensure_bpffs() -> None:
-    """Mount bpffs at /sys/fs/bpf if it is not (pins need it)."""
-    if not os.path.ismount("/sys/fs/bpf"):
-        os.makedirs("/sys/fs/bpf", exist_ok=True)
-        r = subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise DataplaneError(f"cannot mount bpffs at /sys/fs/bpf: {r.stderr.strip()}")
-    os.makedirs(PIN_ROOT, exist_ok=True)
+class Dataplane(abc.ABC):
+    """One data plane on one interface, for the daemon's whole life."""
 
+    name: ClassVar[str]           # what --dataplane calls it, and the state file records
+    needs_root: ClassVar[bool]    # whether `up` must run as root
 
-def compile_switch(iface: str, params: SwitchParams):
-    """Compile and load the switch program; its maps are created and pinned
-    under /sys/fs/bpf/swml/IFACE, or re-opened if already pinned there."""
-    from bcc import BPF  # imported late: `status` and tests of pure code need no bcc
+    def __init__(self, iface: str, params: SwitchParams):
+        params.validate()
+        self.iface, self.params = iface, params
+        self.maps: DataplaneMaps | None = None
 
-    params.validate()
-    ensure_bpffs()
-    os.makedirs(pin_dir(iface), exist_ok=True)
-    cflags = [f"-I{xdp_dir()}", f"-DSWML_K={params.k}", f"-DSWML_SLOTS={params.slots}",
-              f"-DSWML_PORT={params.port}", f'-DSWML_PIN_DIR="{pin_dir(iface)}"',
-              "-Wno-unused-value", "-Wno-pointer-sign", "-Wno-compare-distinct-pointer-types"]
-    try:
-        bpf = BPF(src_file=str(xdp_dir() / "swml_switch.c").encode(), cflags=cflags)
-        fn = bpf.load_func(PROG_NAME.encode(), BPF.XDP)
-    except Exception as e:  # bcc raises bare Exception with the verifier log on stderr
-        raise DataplaneError(f"cannot load the switch program: {e}") from e
-    return bpf, fn
+    @property
+    @abc.abstractmethod
+    def label(self) -> str:
+        """What serves, for people: the ready line and `status` ("native XDP")."""
 
+    @property
+    @abc.abstractmethod
+    def mode(self) -> str | None:
+        """The mode in use, once started: "native"/"generic" XDP, "user-space"."""
 
-def attach_switch(iface: str, prog_fd: int, mode: str | None, replace: bool = False) -> str:
-    """Attach; with mode None try native first and fall back to generic,
-    saying so on stderr. Returns the mode in use."""
-    if mode is not None:
-        xdp_attach.attach(iface, prog_fd, mode, replace)
-        return mode
-    try:
-        xdp_attach.attach(iface, prog_fd, "native", replace)
-        return "native"
-    except xdp_attach.XdpError as e:
-        print(f"swml-switch: native XDP unavailable on {iface} ({e}); using generic XDP", file=sys.stderr)
-        xdp_attach.attach(iface, prog_fd, "generic", replace)
-        return "generic"
+    @abc.abstractmethod
+    def check_free(self, state: dict | None) -> None:
+        """Raise DataplaneError if something other than this switch (or a dead
+        daemon's data plane it may take over, described by `state`, the
+        interface's state file) holds the interface."""
 
+    def can_adopt(self, state: dict) -> bool:
+        """Whether the data plane of the dead daemon that wrote `state` still
+        serves on the interface, with its tables, so that its jobs go on."""
+        return False
 
-def remove_pins(iface: str) -> None:
-    d = pin_dir(iface)
-    if os.path.isdir(d):
-        for name in os.listdir(d):
-            os.unlink(os.path.join(d, name))
-        os.rmdir(d)
+    @abc.abstractmethod
+    def open(self, ip: str, adopt: dict | None) -> DataplaneMaps:
+        """Make the data plane ready to serve `ip` (with the tables of the dead
+        daemon's data plane if `adopt` is its state); returns its maps. No
+        packet is handled before start()."""
 
+    @abc.abstractmethod
+    def start(self, adopt: dict | None) -> None:
+        """Handle packets from now on (taking over from the adopted data plane)."""
 
-def prog_stats(prog_id: int) -> dict:
-    """run_cnt and run_time_ns of a program (needs kernel.bpf_stats_enabled=1)."""
-    r = subprocess.run(["bpftool", "prog", "show", "id", str(prog_id), "--json"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise DataplaneError(f"bpftool prog show id {prog_id}: {r.stderr.strip()}")
-    info = json.loads(r.stdout)
-    return {"run_cnt": info.get("run_cnt", 0), "run_time_ns": info.get("run_time_ns", 0)}
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop handling packets and release everything. Safe after a failed
+        open() or start(): an adopted data plane that was not taken over yet
+        is left as it was."""
+
+    def state(self) -> dict:
+        """What the state file records about the data plane (other processes read it)."""
+        return {"dataplane": self.name, "mode": self.mode, "label": self.label, "prog_id": 0}
+
+    def status_extra(self) -> dict:
+        """Extra fields of the control protocol's `status` reply."""
+        return {}
+
+    @classmethod
+    def left_behind(cls, iface: str) -> bool:
+        """Whether a daemon that died without a state file left something on `iface`."""
+        return False
+
+    @classmethod
+    def remove_leftovers(cls, iface: str, state: dict | None) -> list[str]:
+        """Undo what a dead daemon's data plane left on `iface` (for `down`);
+        returns what was done, in words."""
+        return []

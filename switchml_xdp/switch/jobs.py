@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import wire
-from .maps import JobEntry, SwitchMaps
+from .maps import DataplaneMaps, JobEntry
 from .slots import SlotPool, SlotPoolExhausted
 
 
@@ -82,7 +82,7 @@ def _check_str(msg: dict, key: str, maxlen: int = 64) -> str:
 class JobTable:
     """Jobs by name, with the data plane kept in step through `maps`."""
 
-    def __init__(self, maps: SwitchMaps, k: int, total_slots: int, job_slots: int,
+    def __init__(self, maps: DataplaneMaps, k: int, total_slots: int, job_slots: int,
                  on_change: Callable[[], None] = lambda: None):
         self.maps = maps
         self.k = k

@@ -1,19 +1,21 @@
-"""Typed access to the switch's pinned maps (layout: xdp/swml_maps.h)."""
+"""What the control plane writes into a data plane and reads back: jobs,
+members, slot resets and counters. `DataplaneMaps` is that interface; the
+JobTable and the daemon use nothing else, whichever data plane runs.
+
+`SwitchMaps` implements it over the XDP switch's pinned BPF maps (layout:
+xdp/swml_maps.h), so any process can open them, not only the daemon; the
+user-space data plane has its own in-memory implementation (userspace.py).
+"""
 from __future__ import annotations
 
+import abc
 import ctypes as ct
 import os
 from dataclasses import dataclass
 
 from .. import wire
-from ..bpf.pinned import PinnedMap
+from ..bpf import PinnedMap, pin_dir
 from ..cheaders import structs
-
-PIN_ROOT = "/sys/fs/bpf/swml"
-
-
-def pin_dir(iface: str) -> str:
-    return f"{PIN_ROOT}/{iface}"
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,41 @@ def _mac_bytes(mac: str) -> bytes:
     return bytes(int(b, 16) for b in mac.split(":"))
 
 
-class SwitchMaps:
-    """The four maps of one switch interface: jobs, members, slots, counters."""
+class DataplaneMaps(abc.ABC):
+    """A data plane's tables as the control plane sees them. Addresses and
+    ports are given as text and ints; each implementation stores them as its
+    data plane reads them."""
+
+    @abc.abstractmethod
+    def write_job(self, job_id: int, e: JobEntry) -> None:
+        """Activate a job: its packets match from this call on."""
+
+    @abc.abstractmethod
+    def clear_job(self, job_id: int, world: int) -> None:
+        """Deactivate a job first (packets stop matching), then its members."""
+
+    @abc.abstractmethod
+    def write_member(self, job_id: int, rank: int, ip: str, port: int) -> None:
+        """The one address `rank` of the job may send from."""
+
+    @abc.abstractmethod
+    def job_active(self, job_id: int) -> bool:
+        """Whether the data plane takes packets of this job id."""
+
+    @abc.abstractmethod
+    def reset_slots(self, base: int, count: int) -> None:
+        """Zero a range of slots so a new job starts with empty bitmaps/counts."""
+
+    @abc.abstractmethod
+    def read_counters(self) -> dict[str, int]:
+        """Packets by outcome, one entry per name of wire.COUNTER_NAMES."""
+
+    def close(self) -> None:
+        """Release what the maps hold open (the data in them stays)."""
+
+
+class SwitchMaps(DataplaneMaps):
+    """The four pinned maps of one XDP switch interface: jobs, members, slots, counters."""
 
     def __init__(self, iface: str, k: int | None = None):
         self.dir = pin_dir(iface)
@@ -62,7 +97,6 @@ class SwitchMaps:
         self.jobs.update(job_id, v)
 
     def clear_job(self, job_id: int, world: int) -> None:
-        """Deactivate a job first (packets stop matching), then its members."""
         self.jobs.update(job_id, self.Job())
         for rank in range(min(world, wire.MAX_WORLD)):
             self.members.update(job_id * wire.MAX_WORLD + rank, self.Member())
@@ -72,17 +106,17 @@ class SwitchMaps:
                             self.Member(ip=wire.ip_to_be32(ip), port=wire.port_to_be16(port)))
 
     def read_job(self, job_id: int):
+        """The whole `jobs` row (a swml_job structure)."""
         return self.jobs.lookup(job_id)
+
+    def job_active(self, job_id: int) -> bool:
+        return bool(self.read_job(job_id).active)
 
     # --- slots -----------------------------------------------------------
     def reset_slots(self, base: int, count: int) -> None:
-        """Zero a range of slots so a new job starts with empty bitmaps/counts."""
         empty = self.Slot()
         for i in range(base, base + count):
             self.slots.update(i, empty)
-
-    def read_slot(self, index: int):
-        return self.slots.lookup(index)
 
     # --- counters --------------------------------------------------------
     def read_counters(self) -> dict[str, int]:

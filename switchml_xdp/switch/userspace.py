@@ -1,15 +1,16 @@
-"""A user-space aggregation switch: the same wire protocol and control protocol
-as `swml-switch up`, from a plain process on a kernel UDP socket, no XDP.
+"""The user-space data plane: the same wire protocol as the XDP switch, served
+by a thread of the daemon on a kernel UDP socket, no XDP
+(`swml-switch up IFACE --dataplane userspace`).
 
 It exists to measure what XDP buys (`swml-lab bench` runs it in the lab's
 switch namespace as the "user-space switch" system), and as a fallback where
-XDP cannot be loaded. What it is:
+XDP cannot be loaded. The control plane is the daemon's, unchanged; what
+differs from XDP:
 
-- control plane: the daemon's own JobTable (jobs.py) and ControlServer
-  (control.py), unchanged, over `MemoryMaps`, an in-memory implementation of
-  the SwitchMaps interface (maps.py): jobs, members, slots and counters are
-  numpy arrays instead of BPF maps;
-- data plane: userspace_dp.c, the switch program's per-packet logic in C,
+- tables: `MemoryMaps`, the DataplaneMaps interface (maps.py) over numpy
+  arrays (jobs, members, slots, counters) instead of pinned BPF maps; they die
+  with the process, so a restarted daemon has nothing to adopt;
+- packets: userspace_dp.c, the switch program's per-packet step in C,
   compiled at first use with the system compiler and called through ctypes on
   a thread of its own (the GIL is released for the whole loop). One thread,
   recvmmsg()/sendmmsg() in batches of up to 64 datagrams, RESULTs rewritten in
@@ -17,40 +18,31 @@ XDP cannot be loaded. What it is:
   receive path into the socket and its RESULT the send path back, which is
   the cost XDP avoids.
 
-Run it with `python -m switchml_xdp.switch.userspace up IFACE [--elements K]
-...` (the options of `swml-switch up`, less --mode). It prints the same
-"swml-switch: up on IFACE (...)" line when it serves, and stops on
-Ctrl-C/SIGTERM.
+`python -m switchml_xdp.switch.userspace up IFACE ...` is the older spelling
+of `swml-switch up IFACE --dataplane userspace ...` (see the end of the file).
 """
 from __future__ import annotations
 
-import asyncio
 import ctypes as ct
 import hashlib
 import logging
 import os
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from .. import wire
+from .. import bpf, net, wire
 from ..cheaders import xdp_dir
-from .dataplane import DataplaneError, SwitchParams
-from .jobs import JobTable
-from .maps import JobEntry
+from .dataplane import Dataplane, DataplaneError, SwitchParams
+from .maps import DataplaneMaps, JobEntry
 
 SOURCE = Path(__file__).with_name("userspace_dp.c")
-DEFAULT_JOB_SLOTS = 128
-DEFAULT_LEASE_S = 3.0
 RCVBUF = 32 << 20
 
 log = logging.getLogger("swml.userspace")
@@ -62,10 +54,6 @@ JOB_DTYPE = np.dtype([("active", "<u4"), ("world", "<u4"), ("slot_base", "<u4"),
 MEMBER_DTYPE = np.dtype([("ip", "<u4"), ("port", "<u2"), ("pad", "<u2")])
 
 
-class UserspaceError(RuntimeError):
-    """Why the user-space switch cannot run, in one line."""
-
-
 # ------------------------------------------------------------------ the C part
 
 def _cache_dir() -> Path:
@@ -75,8 +63,8 @@ def _cache_dir() -> Path:
 
 def build_datapath() -> Path:
     """Compile userspace_dp.c (once per source version) and return the .so path."""
-    wire_h = xdp_dir() / "swml_wire.h"
-    digest = hashlib.sha256(SOURCE.read_bytes() + wire_h.read_bytes()).hexdigest()[:16]
+    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")]  # what it includes
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers])).hexdigest()[:16]
     out = _cache_dir() / f"swml_userspace_dp-{digest}.so"
     if out.exists():
         return out
@@ -90,11 +78,11 @@ def build_datapath() -> Path:
         r = subprocess.run(argv, capture_output=True, text=True)
     except FileNotFoundError:
         os.unlink(tmp)
-        raise UserspaceError(f"no C compiler ({cc}) to build {SOURCE.name} "
+        raise DataplaneError(f"no C compiler ({cc}) to build {SOURCE.name} "
                              "(Debian package gcc)") from None
     if r.returncode != 0:
         os.unlink(tmp)
-        raise UserspaceError(f"cannot compile {SOURCE.name}: {r.stderr.strip()[-2000:]}")
+        raise DataplaneError(f"cannot compile {SOURCE.name}: {r.stderr.strip()[-2000:]}")
     os.replace(tmp, out)  # atomic: concurrent builders agree on the result
     return out
 
@@ -115,7 +103,7 @@ def load_datapath() -> ct.CDLL:
         fn = getattr(lib, name)
         fn.restype = ct.c_size_t
         if fn() != size:
-            raise UserspaceError(f"{SOURCE.name} and userspace.py disagree on a layout ({name})")
+            raise DataplaneError(f"{SOURCE.name} and userspace.py disagree on a layout ({name})")
     lib.swml_us_run.restype = ct.c_int
     lib.swml_us_run.argtypes = [ct.c_int, ct.POINTER(_State)]
     return lib
@@ -123,10 +111,10 @@ def load_datapath() -> ct.CDLL:
 
 # ------------------------------------------------------------------ the maps
 
-class MemoryMaps:
-    """The SwitchMaps interface (what JobTable and the daemon call) over numpy
-    arrays that the C loop reads and writes directly. Addresses and ports are
-    kept in network byte order, as in the BPF maps."""
+class MemoryMaps(DataplaneMaps):
+    """The DataplaneMaps interface over numpy arrays that the C loop reads and
+    writes directly. Addresses and ports are kept in network byte order, as in
+    the BPF maps."""
 
     def __init__(self, k: int, slots: int):
         self.k, self.nslots = k, slots
@@ -146,10 +134,7 @@ class MemoryMaps:
                       p(self.count), p(self.exp), p(self.flags), p(self.vals),
                       p(self.counters), p(self.stop), 0, 0)
 
-    def close(self) -> None:
-        pass
-
-    # --- jobs and members (same calls as maps.SwitchMaps) ---------------------
+    # --- jobs and members -------------------------------------------------------
     def write_job(self, job_id: int, e: JobEntry) -> None:
         row = self.jobs[job_id]
         row["world"], row["slot_base"], row["slot_count"] = e.world, e.slot_base, e.slot_count
@@ -167,8 +152,8 @@ class MemoryMaps:
         row = self.members[job_id * wire.MAX_WORLD + rank]
         row["ip"], row["port"] = wire.ip_to_be32(ip), wire.port_to_be16(port)
 
-    def read_job(self, job_id: int):
-        return self.jobs[job_id]
+    def job_active(self, job_id: int) -> bool:
+        return bool(self.jobs[job_id]["active"])
 
     # --- slots -----------------------------------------------------------------
     def reset_slots(self, base: int, count: int) -> None:
@@ -179,32 +164,13 @@ class MemoryMaps:
         self.flags[s] = 0
         self.vals[s] = 0
 
-    def read_slot(self, index: int) -> dict:
-        return {"seen": self.seen[index].tolist(), "count": self.count[index].tolist(),
-                "exp": self.exp[index].tolist(), "flags": self.flags[index].tolist(),
-                "vals": self.vals[index].copy()}
-
     # --- counters --------------------------------------------------------------
     def read_counters(self) -> dict[str, int]:
         return {name: int(self.counters[i]) for i, name in enumerate(wire.COUNTER_NAMES)}
 
 
-# ------------------------------------------------------------------ the switch
 
-def iface_address(iface: str) -> tuple[str, str, int]:
-    """(IPv4, MAC, ifindex) of an interface in this network namespace."""
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname=iface)
-        if not idx:
-            raise UserspaceError(f"no interface named {iface!r} in this network namespace")
-        link = ipr.get_links(idx[0])[0]
-        addrs = ipr.get_addr(index=idx[0], family=socket.AF_INET)
-    if not addrs:
-        raise UserspaceError(f"{iface} has no IPv4 address; the switch answers on its address")
-    return addrs[0].get_attr("IFA_ADDRESS"), link.get_attr("IFLA_ADDRESS"), idx[0]
-
+# ------------------------------------------------------------------ the data plane
 
 def data_socket(ip: str, port: int, ifindex: int) -> socket.socket:
     """The UDP socket of the data plane: bound to (ip, port), RESULTs to the
@@ -226,130 +192,70 @@ def data_socket(ip: str, port: int, ifindex: int) -> socket.socket:
         s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
     except OSError as e:
         s.close()
-        raise UserspaceError(f"cannot open the data socket on {ip}:{port}: {e.strerror}") from None
+        raise DataplaneError(f"cannot open the data socket on {ip}:{port}: {e.strerror}") from None
     return s
 
 
-class UserspaceSwitch:
-    """Data plane thread + job table + control server, on one interface."""
+class UserspaceDataplane(Dataplane):
+    """The C loop on a thread of the daemon, over MemoryMaps and one UDP socket."""
 
-    def __init__(self, iface: str, params: SwitchParams, control_port: int,
-                 job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S):
-        try:
-            params.validate()
-        except DataplaneError as e:
-            raise UserspaceError(str(e)) from None
-        self.iface, self.params, self.control_port = iface, params, control_port
-        self.job_slots, self.lease_s = job_slots, lease_s
-        self.ip, self.mac, self.ifindex = iface_address(iface)
-        self.lib = load_datapath()
-        self.maps = MemoryMaps(params.k, params.slots)
-        self.table = JobTable(self.maps, params.k, params.slots, job_slots)
-        self.sock = data_socket(self.ip, params.port, self.ifindex)
-        self._state = self.maps.c_state()
+    name = "userspace"
+    needs_root = False
+    label = "user-space process"
+    mode = "user-space"
+
+    def __init__(self, iface: str, params: SwitchParams):
+        super().__init__(iface, params)
+        self._lib: ct.CDLL | None = None
+        self._sock: socket.socket | None = None
+        self._state: _State | None = None
         self._thread: threading.Thread | None = None
-        self.error: int = 0
-        self.started = time.time()
+        self.error = 0
 
-    def switch_info(self) -> dict:
-        return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port}
+    def check_free(self, state: dict | None) -> None:
+        try:
+            att = bpf.attachment(self.iface)
+        except bpf.XdpError as e:
+            raise DataplaneError(str(e)) from None
+        if att.mode is not None:
+            raise DataplaneError(f"{self.iface} has an XDP program attached (id {att.prog_id}), which "
+                                 f"sees the switch's packets before this process would; "
+                                 f"`swml-switch down {self.iface}` or detach it first")
 
-    def status_extra(self) -> dict:
-        return {"counters": self.maps.read_counters(), "mode": "user-space",
-                "params": asdict(self.params),
-                "batches": self._state.batches, "datagrams": self._state.batched}
+    def open(self, ip: str, adopt: dict | None) -> MemoryMaps:
+        try:
+            ifindex = net.link_index(self.iface)
+        except net.NetError as e:
+            raise DataplaneError(str(e)) from None
+        self._lib = load_datapath()
+        self.maps = MemoryMaps(self.params.k, self.params.slots)
+        self._state = self.maps.c_state()
+        self._sock = data_socket(ip, self.params.port, ifindex)
+        return self.maps
 
-    def start_datapath(self) -> None:
+    def start(self, adopt: dict | None) -> None:
         def loop():
-            self.error = self.lib.swml_us_run(self.sock.fileno(), ct.byref(self._state))
+            self.error = self._lib.swml_us_run(self._sock.fileno(), ct.byref(self._state))
             if self.error:
                 log.error("data plane stopped: %s", os.strerror(-self.error))
         self._thread = threading.Thread(target=loop, name="swml-us-dp", daemon=True)
         self._thread.start()
 
-    def stop_datapath(self) -> None:
-        self.maps.stop[0] = 1
+    def close(self) -> None:
         if self._thread is not None:
+            self.maps.stop[0] = 1   # the loop looks at it between batches
             self._thread.join(timeout=5)
-        self.sock.close()
+        if self._sock is not None:
+            self._sock.close()
 
-    async def serve(self, ready_cb=None) -> None:
-        from .control import ControlServer
-
-        server = ControlServer(self.table, self.switch_info(), self.lease_s, self.status_extra)
-        try:
-            await server.start(self.ip, self.control_port)
-        except OSError as e:
-            raise UserspaceError(f"cannot listen on {self.ip}:{self.control_port}: {e.strerror}") from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if ready_cb:
-            ready_cb()
-        await stop.wait()
-        await server.stop("the switch is shutting down")
-        await asyncio.sleep(0.05)
-
-
-def run(iface: str, params: SwitchParams, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
-        lease_s: float = DEFAULT_LEASE_S) -> dict:
-    """Serve until SIGINT/SIGTERM; returns the final counters."""
-    t0 = time.monotonic()
-    sw = UserspaceSwitch(iface, params, control_port, job_slots, lease_s)
-    sw.start_datapath()
-
-    def ready():
-        print(f"swml-switch: up on {iface} (user-space process, k={params.k}, {params.slots} slots, "
-              f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}) "
-              f"in {time.monotonic() - t0:.2f} s", flush=True)
-
-    try:
-        asyncio.run(sw.serve(ready))
-    finally:
-        sw.stop_datapath()
-        counters = sw.maps.read_counters()
-        print(f"swml-switch: {iface} user-space switch stopped; counters "
-              f"{ {k: v for k, v in counters.items() if v} }", file=sys.stderr, flush=True)
-    return counters
-
-
-def main(argv: list[str] | None = None) -> None:
-    import click
-
-    from .daemon import DEFAULT_JOB_SLOTS as JS, DEFAULT_LEASE_S as LS
-
-    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-    def cli() -> None:
-        """switchml-xdp aggregation switch as a user-space process (no XDP)."""
-
-    @cli.command()
-    @click.argument("iface")
-    @click.option("--elements", "-k", type=click.IntRange(1, wire.MAX_K), default=wire.DEFAULT_K,
-                  show_default=True, help="int32 elements a packet (fixed for the switch)")
-    @click.option("--slots", type=click.IntRange(1, 65535), default=wire.DEFAULT_SLOTS,
-                  show_default=True, help="aggregation slots shared by all jobs")
-    @click.option("--job-slots", type=click.IntRange(1, 65535), default=JS, show_default=True,
-                  help="slots a job gets (its window), if that many are free")
-    @click.option("--port", type=click.IntRange(1, 65535), default=wire.DEFAULT_PORT,
-                  show_default=True, help="UDP port of the data plane")
-    @click.option("--control-port", type=click.IntRange(1, 65535),
-                  default=wire.DEFAULT_CONTROL_PORT, show_default=True,
-                  help="TCP port of the control protocol")
-    @click.option("--lease", type=click.FloatRange(0.2, 600), default=LS, show_default=True,
-                  help="seconds without a heartbeat before a job is aborted")
-    @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
-    def up(iface, elements, slots, job_slots, port, control_port, lease, verbose):
-        """Serve IFACE's address as a user-space switch until Ctrl-C."""
-        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                            format="swml-switch: %(message)s")
-        try:
-            run(iface, SwitchParams(elements, slots, port), control_port, job_slots, lease)
-        except UserspaceError as e:
-            raise click.ClickException(str(e)) from None
-
-    cli(argv)
+    def status_extra(self) -> dict:
+        return {"batches": self._state.batches, "datagrams": self._state.batched}
 
 
 if __name__ == "__main__":
-    main()
+    # The older entry point, kept for its callers: the same daemon as
+    # `swml-switch up IFACE --dataplane userspace ...` (the same options).
+    import runpy
+
+    sys.argv = [*sys.argv, "--dataplane", "userspace"]
+    runpy.run_module("switchml_xdp.cli.switch", run_name="__main__")

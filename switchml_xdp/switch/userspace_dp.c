@@ -4,11 +4,12 @@
  * (switchml_xdp/switch/userspace.py): the switch program xdp/swml_switch.c,
  * re-done as a plain process on a kernel UDP socket.
  *
- * Same semantics, packet for packet: the checks and their counters, two slot
- * versions with seen bitmaps, count modulo world, the first contribution
- * overwrites, exp max, NONFINITE OR, a multicast RESULT to the job's group and
- * port when the count comes round, a unicast shadow reply to a retransmission
- * that finds its slot version complete. What differs is where it runs: every
+ * Same semantics, packet for packet: the checks and their counters, and the
+ * per-slot step itself, which is not re-written here but compiled from the
+ * switch's own xdp/swml_slot.h (two slot versions with seen bitmaps, count
+ * modulo world, the first contribution overwrites, exp max, NONFINITE OR, the
+ * result when the count comes round, the shadow reply to a retransmission
+ * that finds its slot version complete). What differs is where it runs: every
  * packet goes through the kernel's IP/UDP receive path into a socket, is read
  * by this loop, and its RESULT goes back down through the UDP send path; that
  * is what XDP saves.
@@ -19,7 +20,7 @@
  * BATCH datagrams, process them in order, sendmmsg() the RESULTs in place.
  *
  * Compiled at first use with the system C compiler (cc -O2 -shared), against
- * xdp/swml_wire.h, the one definition of the wire format.
+ * xdp/swml_wire.h, the one definition of the wire format, and xdp/swml_slot.h.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -68,6 +69,20 @@ struct us_state {
 	uint64_t batches;           /* recvmmsg calls that returned data */
 	uint64_t batched;           /* datagrams they returned */
 };
+
+/* A slot of the arrays above, for the per-slot step (xdp/swml_slot.h). */
+struct us_slot {
+	struct us_state *st;
+	uint32_t index;
+};
+
+#define SWML_SLOT_T struct us_slot
+#define SWML_SEEN(s, v) ((s).st->seen[(s).index * 2 + (v)])
+#define SWML_COUNT(s, v) ((s).st->count[(s).index * 2 + (v)])
+#define SWML_EXP(s, v) ((s).st->exp[(s).index * 2 + (v)])
+#define SWML_FLAGS(s, v) ((s).st->flags[(s).index * 2 + (v)])
+#define SWML_VALS(s, v) ((s).st->vals + ((size_t)(s).index * 2 + (v)) * (s).st->k)
+#include "swml_slot.h" /* one thread: no lock */
 
 size_t swml_us_state_size(void) { return sizeof(struct us_state); }
 size_t swml_us_job_size(void) { return sizeof(struct us_job); }
@@ -133,49 +148,19 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		return 0;
 	}
 	uint32_t ver = h->flags & SWML_FLAG_SLOT_VER;
-	uint32_t si = (job->slot_base + rel) * 2 + ver;
-	uint64_t bit = 1ULL << rank;
-	int32_t *vals = st->vals + (size_t)si * k;
+	struct us_slot slot = {st, job->slot_base + rel};
+	struct swml_slot_result res;
 	int32_t payload[SWML_MAX_K];
-	int outcome;
 
 	memcpy(payload, buf + SWML_HDR_LEN, payload_len); /* unaligned on the wire */
-	if (!(st->seen[si] & bit)) {
-		uint32_t c = st->count[si];
-
-		st->seen[si] |= bit;
-		st->seen[si ^ 1] &= ~bit;
-		if (c == 0) {
-			memcpy(vals, payload, payload_len);
-			st->exp[si] = h->exp;
-			st->flags[si] = h->flags & SWML_FLAG_NONFINITE;
-		} else {
-			/* int32 adds wrap, as in the kernel: do them unsigned. */
-			uint32_t *v = (uint32_t *)vals;
-			const uint32_t *p = (const uint32_t *)payload;
-			for (uint32_t i = 0; i < k; i++)
-				v[i] += p[i];
-			if (h->exp > st->exp[si])
-				st->exp[si] = h->exp;
-			st->flags[si] |= h->flags & SWML_FLAG_NONFINITE;
-		}
-		c += 1;
-		if (c >= world)
-			c = 0;
-		st->count[si] = c;
-		outcome = c == 0 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
-	} else {
-		outcome = st->count[si] == 0 ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
-	}
+	int outcome = swml_slot_step(slot, ver, 1ULL << rank, world, h->exp, h->flags, payload,
+				     payload, k, &res);
 	cnt[outcome]++;
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return 0;
 
-	memcpy(buf + SWML_HDR_LEN, vals, payload_len);
-	h->ver_type = (SWML_VERSION << 4) | SWML_TYPE_RESULT;
-	h->flags = ver | st->flags[si] | (outcome == SWML_CNT_SHADOW_REPLY ? SWML_FLAG_SHADOW : 0);
-	h->exp = st->exp[si];
-	h->reserved = 0;
+	memcpy(buf + SWML_HDR_LEN, payload, payload_len);
+	swml_result_hdr(h, &res, outcome == SWML_CNT_SHADOW_REPLY);
 	memset(to, 0, sizeof(*to));
 	to->sin_family = AF_INET;
 	if (outcome == SWML_CNT_SHADOW_REPLY) {

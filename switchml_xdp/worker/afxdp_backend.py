@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 
 import numpy as np
 
-from .. import wire
-from ..cheaders import xdp_dir
+from .. import bpf, wire
 from .abort import AbortSignal
 from .backend import Backend, LocalEnd
 from .control import JobInfo
@@ -51,10 +49,6 @@ def _tunable(name: str, default: float) -> float:
     return type(default)(value) if value else default
 
 
-# bcc (clang/LLVM underneath) is not thread-safe: two workers of one process (the
-# lab, tests) compiling at once crash it. One compile at a time per process.
-_BCC_LOCK = threading.Lock()
-
 def _engine_module():
     from .. import _engine
     return _engine
@@ -79,21 +73,14 @@ def _mac_bytes(mac: str) -> bytes:
     return bytes.fromhex(mac.replace(":", ""))
 
 
-def compile_redirect(info: JobInfo, local_ip: str):
+def compile_redirect(info: JobInfo, local_ip: str) -> bpf.Program:
     """Compile and load the redirect program for one job on one worker."""
-    from bcc import BPF
-
-    cflags = [f"-I{xdp_dir()}", f"-DSWML_PORT={info.port}",
-              f"-DSWML_LOCAL_IP={wire.ip_to_be32(local_ip):#x}u",
-              f"-DSWML_GROUP_IP={wire.ip_to_be32(info.group_ip):#x}u",
-              "-Wno-unused-value", "-Wno-pointer-sign", "-Wno-compare-distinct-pointer-types"]
+    defines = {"SWML_PORT": info.port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u",
+               "SWML_GROUP_IP": f"{wire.ip_to_be32(info.group_ip):#x}u"}
     try:
-        with _BCC_LOCK:
-            bpf = BPF(src_file=str(xdp_dir() / SOURCE).encode(), cflags=cflags)
-            fn = bpf.load_func(PROG_NAME.encode(), BPF.XDP)
-    except Exception as e:  # bcc raises bare Exception, the verifier log is on stderr
+        return bpf.compile_program(SOURCE, PROG_NAME, defines)
+    except bpf.BpfError as e:
         raise RuntimeError(f"cannot load the worker's XDP program ({SOURCE}): {e}") from e
-    return bpf, fn
 
 
 class AfxdpBackend(Backend):
@@ -103,30 +90,27 @@ class AfxdpBackend(Backend):
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
                  policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
                  mode: str | None = None, spin: int | None = None, verbose: bool = True):
-        from ..bpf import xdp_attach
-
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(f"afxdp backend unavailable: {reason}")
         self.info, self.iface, self.stall_timeout = info, local.iface, stall_timeout
         self.abort_signal = abort
-        self._xdp_attach = xdp_attach
         self._lock = threading.Lock()
         self._call_lock = threading.Lock()  # held by allreduce; close() waits for it
         self._engine = None
-        self._bpf = None
-        self._link_fd = -1
+        self._prog: bpf.Program | None = None
+        self._link: bpf.XdpLink | None = None
         self._closed = False
         # The abort flag the C loop reads: a 4-byte aligned, writable buffer.
         self._abort = np.zeros(1, dtype=np.uint32)
         self.policy = (policy or self.default_policy).with_env(ENV_PREFIX)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
-            self._bpf, fn = compile_redirect(info, local.ip)
-            self.mode = self._attach(fn.fd, mode, verbose)
+            self._prog = compile_redirect(info, local.ip)
+            self.mode = self._attach(self._prog.fd, mode, verbose)
             engine = _engine_module()
             self._engine = engine.Engine(
-                local.iface, self._bpf[b"xsks"].map_fd, self._abort,
+                local.iface, self._prog.map_fd("xsks"), self._abort,
                 job=info.job_id, rank=info.rank, world=info.world, k=info.k, slots=info.slots,
                 src_mac=_mac_bytes(local.mac), dst_mac=_mac_bytes(info.switch_mac),
                 src_ip=socket.inet_aton(local.ip), dst_ip=socket.inet_aton(info.switch_ip),
@@ -141,32 +125,20 @@ class AfxdpBackend(Backend):
 
     # --- set-up and tear-down --------------------------------------------------
     def _attach(self, prog_fd: int, mode: str | None, verbose: bool) -> str:
-        """Attach through a BPF link (see _engine.xdp_link_attach): it detaches when
-        its fd closes, in close() or when the process dies, whatever namespace the
-        closing thread is in."""
-        engine = _engine_module()
-        xa = self._xdp_attach
-        current = xa.attachment(self.iface)
-        if current.mode is not None:
-            raise RuntimeError(
-                f"{self.iface} already has an XDP program (id {current.prog_id}, {current.mode}): "
-                "another afxdp worker on this interface, or a leftover "
-                f"(`ip link set dev {self.iface} xdp off` removes it); use backend='udp' to share it")
-        flags = {"native": engine.XDP_FLAGS_DRV_MODE, "generic": engine.XDP_FLAGS_SKB_MODE}
-        ifindex = socket.if_nametoindex(self.iface)
-        modes = [mode] if mode else ["native", "generic"]
-        for i, m in enumerate(modes):
-            try:
-                self._link_fd = engine.xdp_link_attach(prog_fd, ifindex, flags[m])
-                return m
-            except OSError as e:
-                if i + 1 == len(modes):
-                    raise RuntimeError(f"cannot attach XDP ({m}) to {self.iface}: "
-                                       f"{e.strerror}") from None
-                if verbose:
-                    print(f"switchml-xdp: native XDP unavailable on {self.iface} ({e.strerror}); "
-                          "using generic XDP", file=sys.stderr)
-        raise AssertionError("unreachable")
+        """Attach through a BPF link: it detaches when its fd closes, in close()
+        or when the process dies, whatever namespace the closing thread is in."""
+        try:
+            current = bpf.attachment(self.iface)
+            if current.mode is not None:
+                raise RuntimeError(
+                    f"{self.iface} already has an XDP program (id {current.prog_id}, "
+                    f"{current.mode}): another afxdp worker on this interface, or a leftover "
+                    f"(`ip link set dev {self.iface} xdp off` removes it); use backend='udp' "
+                    "to share it")
+            self._link = bpf.attach_link(self.iface, prog_fd, mode, quiet=not verbose)
+        except bpf.XdpError as e:
+            raise RuntimeError(str(e)) from None
+        return self._link.mode
 
     def close(self) -> None:
         """Close the socket and free the UMEM, detach the program. Idempotent."""
@@ -180,13 +152,12 @@ class AfxdpBackend(Backend):
                 with self._call_lock:
                     self._engine.close()
         finally:
-            if self._link_fd >= 0:
-                os.close(self._link_fd)  # detaches the program
-                self._link_fd = -1
-            if self._bpf is not None:
-                with _BCC_LOCK:
-                    self._bpf.cleanup()
-                self._bpf = None
+            if self._link is not None:
+                self._link.close()  # detaches the program
+                self._link = None
+            if self._prog is not None:
+                self._prog.close()
+                self._prog = None
 
     def _on_abort(self, reason: str) -> None:
         self._abort[0] = 1
@@ -226,10 +197,10 @@ class AfxdpBackend(Backend):
             return {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
                     "shadow_replies": 0}
         out = self._engine.stats()
-        bpf = self._bpf
-        if bpf is not None:
+        prog = self._prog
+        if prog is not None:
             try:
-                rows = bpf[b"rx_counters"]
+                rows = prog.table("rx_counters")
                 out["xdp_redirected"] = int(sum(rows[rows.Key(0)]))
                 out["xdp_passed"] = int(sum(rows[rows.Key(1)]))
             except Exception:  # closed under us: the engine's counters are what matter
@@ -239,4 +210,3 @@ class AfxdpBackend(Backend):
     @property
     def next_index(self) -> int:
         return self._engine.next_index
-

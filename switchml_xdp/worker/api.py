@@ -7,7 +7,6 @@ returns a future. Every rank must make the same calls in the same order.
 """
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -15,39 +14,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from .. import wire
+from .. import net, wire
 from .backend import Backend, LocalEnd
 from .control import ControlClient, ControlError, JobInfo
 
 BACKENDS = ("auto", "afxdp", "udp")
 
 
-# Link lookups by name: route_to and iface_mac are the only ones in worker/.
-def route_to(switch: str, port: int) -> tuple[str, str]:
-    """(local IPv4, interface) the kernel would use to reach the switch."""
-    from pyroute2 import IPRoute
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((switch, port))
-        except OSError as e:
-            raise ControlError(f"no route to the switch {switch}: {e.strerror}") from None
-        local_ip = s.getsockname()[0]
-    with IPRoute() as ipr:
-        routes = ipr.route("get", dst=switch)
-        oif = routes[0].get_attr("RTA_OIF")
-        iface = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME")
-    return local_ip, iface
-
-
-def iface_mac(iface: str) -> str:
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname=iface)
-        if not idx:
-            raise ControlError(f"no interface named {iface!r}")
-        return ipr.get_links(idx[0])[0].get_attr("IFLA_ADDRESS")
+def local_end(switch: str, port: int, iface: str | None) -> LocalEnd:
+    """This worker's address, interface (the route's to the switch unless
+    given) and MAC: the worker's only link lookups (switchml_xdp.net)."""
+    try:
+        local_ip, route_iface = net.route_to(switch, port)
+        iface = iface or route_iface
+        return LocalEnd(local_ip, iface, net.link_mac(iface))
+    except net.NetError as e:
+        raise ControlError(f"cannot reach the switch {switch}: {e}") from None
 
 
 def _afxdp_unavailable_reason() -> str | None:
@@ -71,15 +53,13 @@ class Worker:
             raise ValueError(f"world must be a positive integer, not {world!r}")
         if not isinstance(rank, int) or not 0 <= rank < world:
             raise ValueError(f"rank must be in 0..{world - 1}, not {rank!r}")
-        local_ip, route_iface = route_to(switch, control_port)
-        self.iface = iface or route_iface
-        self.local_ip = local_ip
-        self.local = LocalEnd(local_ip, self.iface, iface_mac(self.iface))
+        self.local = local_end(switch, control_port, iface)
+        self.iface, self.local_ip = self.local.iface, self.local.ip
         self.backend_name = self._choose_backend(backend, verbose)
         self._requested_backend, self._verbose = backend, verbose
         self._control = ControlClient(switch, control_port)
         try:
-            self.info: JobInfo = self._control.join(job, world, rank, local_ip, port,
+            self.info: JobInfo = self._control.join(job, world, rank, self.local_ip, port,
                                                     self.local.mac, join_timeout)
             self._backend: Backend = self._make_backend(stall_timeout)
         except BaseException:

@@ -1,0 +1,42 @@
+"""Kernel run-time statistics of a loaded program (kernel.bpf_stats_enabled=1)."""
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import os
+from pathlib import Path
+
+from . import libbpf
+from .errors import BpfError
+
+_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+@contextlib.contextmanager
+def stats_enabled():
+    """kernel.bpf_stats_enabled=1 for the duration (it costs a little per run)."""
+    old = _SYSCTL.read_text().strip()
+    _SYSCTL.write_text("1")
+    try:
+        yield
+    finally:
+        _SYSCTL.write_text(old)
+
+
+def prog_stats(prog_id: int) -> dict:
+    """{"run_cnt", "run_time_ns"} of program `prog_id` (zeros while stats are off)."""
+    lib = libbpf.lib()
+    fd = lib.bpf_prog_get_fd_by_id(prog_id)
+    if fd < 0:
+        raise BpfError(f"no BPF program with id {prog_id}: {os.strerror(-fd)}")
+    try:
+        info = (ct.c_uint8 * libbpf.PROG_INFO_LEN)()
+        size = ct.c_uint32(libbpf.PROG_INFO_LEN)
+        err = lib.bpf_obj_get_info_by_fd(fd, info, ct.byref(size))
+        if err < 0:
+            raise BpfError(f"cannot read program {prog_id}'s info: {os.strerror(-err)}")
+    finally:
+        os.close(fd)
+    u64 = ct.c_uint64.from_buffer
+    return {"run_cnt": u64(info, libbpf.PROG_INFO_RUN_CNT).value,
+            "run_time_ns": u64(info, libbpf.PROG_INFO_RUN_TIME_NS).value}

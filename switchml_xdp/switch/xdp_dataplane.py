@@ -1,0 +1,115 @@
+"""The XDP data plane: xdp/swml_switch.c compiled for one interface, attached
+to it, its maps pinned under /sys/fs/bpf/swml/IFACE.
+
+Specialisation happens at load time through compiler defines (k, slot count,
+port, pin directory), so every bound in the program is a constant the verifier
+can see. Program and pins stay when the daemon dies: the data plane goes on
+serving its running jobs, `status` and `down` find it from any shell, and a
+restarted daemon adopts it (the new program reuses the pinned maps and
+replaces the old one in one netlink call: the data plane never stops).
+"""
+from __future__ import annotations
+
+import logging
+
+from .. import bpf
+from .dataplane import Dataplane, DataplaneError, SwitchParams
+from .maps import SwitchMaps
+
+PROG_NAME = "swml_switch"
+
+log = logging.getLogger("swml.switch")
+
+
+class XdpDataplane(Dataplane):
+    name = "xdp"
+    needs_root = True
+
+    def __init__(self, iface: str, params: SwitchParams, mode: str | None = None):
+        """mode: "native" or "generic"; None: native, falling back to generic
+        (or the adopted data plane's mode)."""
+        super().__init__(iface, params)
+        self.requested_mode = mode
+        self._mode: str | None = None
+        self.prog_id = 0
+        self._prog: bpf.Program | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self._mode} XDP"
+
+    @property
+    def mode(self) -> str | None:
+        return self._mode
+
+    def check_free(self, state: dict | None) -> None:
+        att = self._attachment()
+        if att.mode is not None and not (state and state.get("prog_id") == att.prog_id):
+            raise DataplaneError(f"{self.iface} already has an XDP program attached (id {att.prog_id}, "
+                                 f"{att.mode}) that is not this switch's; detach it first "
+                                 f"(`ip link set {self.iface} xdp off`)")
+
+    def can_adopt(self, state: dict) -> bool:
+        return SwitchMaps.exist(self.iface) and self._attachment().prog_id == state.get("prog_id")
+
+    def open(self, ip: str, adopt: dict | None) -> SwitchMaps:
+        pins = bpf.pin_dir(self.iface)
+        if adopt is None:
+            bpf.remove_pins(pins)  # stale: from another configuration or a clean stop
+        defines = {"SWML_K": self.params.k, "SWML_SLOTS": self.params.slots,
+                   "SWML_PORT": self.params.port, "SWML_PIN_DIR": bpf.c_string(pins)}
+        try:
+            bpf.ensure_bpffs(pins)
+            # The maps are created and pinned, or re-opened where pinned already.
+            self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
+        except bpf.BpfError as e:
+            raise DataplaneError(f"cannot load the switch program: {e}") from None
+        self.maps = SwitchMaps(self.iface, self.params.k)
+        return self.maps
+
+    def start(self, adopt: dict | None) -> None:
+        try:
+            self._mode = bpf.attach(self.iface, self._prog.fd,
+                                    self.requested_mode or (adopt or {}).get("mode"), replace=True)
+            self.prog_id = self._attachment().prog_id
+        except bpf.XdpError as e:
+            raise DataplaneError(str(e)) from None
+
+    def close(self) -> None:
+        if self.prog_id:  # ours was attached: undo it all
+            try:
+                bpf.detach(self.iface, prog_id=self.prog_id)
+            except bpf.XdpError as e:
+                log.warning("%s", e)
+        if self.maps is not None:
+            self.maps.close()
+        if self._prog is not None:
+            self._prog.close()
+        if self.prog_id:
+            bpf.remove_pins(bpf.pin_dir(self.iface))
+
+    def state(self) -> dict:
+        return {**super().state(), "prog_id": self.prog_id}
+
+    def _attachment(self) -> bpf.Attachment:
+        try:
+            return bpf.attachment(self.iface)
+        except bpf.XdpError as e:
+            raise DataplaneError(str(e)) from None
+
+    @classmethod
+    def left_behind(cls, iface: str) -> bool:
+        return SwitchMaps.exist(iface)
+
+    @classmethod
+    def remove_leftovers(cls, iface: str, state: dict | None) -> list[str]:
+        did = []
+        try:
+            # Without a state file, whatever program holds the interface is taken for ours.
+            if bpf.detach(iface, prog_id=state.get("prog_id") if state else None):
+                did.append("detached XDP")
+        except bpf.XdpError:
+            pass  # the interface is gone (e.g. a lab namespace was removed)
+        if bpf.remove_pins(bpf.pin_dir(iface)):
+            did.append("removed pinned maps")
+        return did

@@ -1,0 +1,307 @@
+"""The door to the kernel (switchml_xdp.bpf, switchml_xdp.net): compile errors,
+attach/detach/query with and without the native-to-generic fallback, inside a
+throwaway network namespace, BPF links, pins and program statistics.
+
+Fast: each test compiles at most one small program; the namespace holds one
+veth pair and its loopback, nothing else.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import NO_LAB, needs_lab
+from switchml_xdp import bpf, net
+from switchml_xdp.bpf import compile as bpf_compile
+
+
+PASS = "lab/swml_pass.c"  # kernel tests skip where the lab would (root, bcc, BTF)
+
+
+# ------------------------------------------------------------ pure helpers
+
+def test_importing_the_door_needs_no_bcc_and_no_pyroute2():
+    code = ("import sys, switchml_xdp.bpf, switchml_xdp.net; "
+            "print('bcc' in sys.modules, 'pyroute2' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_pin_paths():
+    assert bpf.pin_dir("eth1") == f"{bpf.PIN_ROOT}/eth1"
+    assert bpf.PIN_ROOT.startswith("/sys/fs/bpf/")
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/sys/fs/bpf", bpf.PIN_ROOT, f"{bpf.PIN_ROOT}/../x"])
+def test_remove_pins_refuses_anything_outside_the_pin_root(path):
+    with pytest.raises(bpf.BpfError, match="outside"):
+        bpf.remove_pins(path)
+
+
+def test_remove_pins_of_nothing_is_false():
+    assert bpf.remove_pins(f"{bpf.PIN_ROOT}/no-such-{secrets.token_hex(4)}") is False
+
+
+def test_cflags_and_defines():
+    flags = bpf_compile.cflags({"SWML_K": 64, "SWML_ON": True,
+                                "SWML_PIN_DIR": bpf.c_string('/a "b"')})
+    assert flags[0].startswith("-I") and flags[0].endswith("xdp")
+    assert "-Wno-compare-distinct-pointer-types" in flags
+    assert flags[-3:] == ["-DSWML_K=64", "-DSWML_ON=1", '-DSWML_PIN_DIR="/a \\"b\\""']
+    assert bpf_compile.resolve(PASS).is_file()
+
+
+def test_useful_line_of_a_clang_log():
+    log = ("/virtual/main.c:3:5: warning: unused\n"
+           "/work/xdp/swml_switch.c:12:3: error: use of undeclared identifier 'x'\n"
+           "1 error generated.\n")
+    assert bpf_compile._useful_line(log) == "swml_switch.c:12:3: error: use of undeclared identifier 'x'"
+
+
+def test_useful_line_of_a_verifier_log():
+    log = ("bpf: Failed to load program: Permission denied\n0: (b7) r0 = 0\n"
+           "invalid access to packet, off=0 size=4, R2(id=0,off=0,r=0)\n"
+           "processed 3 insns (limit 1000000) max_states_per_insn 0\n")
+    assert bpf_compile._useful_line(log).startswith("invalid access to packet")
+
+
+def test_bad_xdp_mode_is_refused_before_touching_anything():
+    with pytest.raises(bpf.XdpError, match="native' or 'generic"):
+        bpf.attach("lo", 0, "offload")
+
+
+def test_net_errors_are_one_line():
+    with pytest.raises(net.NetError, match="no interface named 'nope0'"):
+        net.link_index("nope0")
+    with pytest.raises(net.NetError, match="no network namespace"):
+        net.link_index("lo", netns=f"nope-{secrets.token_hex(4)}")
+    assert net.link_index("lo") == 1
+
+
+# ------------------------------------------------------------ kernel fixtures
+
+@pytest.fixture
+def netns_pair():
+    """A throwaway namespace holding veth pair (a, b), both up: 10.9.0.1/24, 10.9.1.1/24."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    ns = f"swmldoor{secrets.token_hex(3)}"
+    a, b = f"{ns}a"[-15:], f"{ns}b"[-15:]
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        def ip(*args):
+            subprocess.run(["ip", "-n", ns, *args], check=True, capture_output=True)
+        ip("link", "add", a, "type", "veth", "peer", "name", b)
+        for dev, addr in ((a, "10.9.0.1/24"), (b, "10.9.1.1/24")):
+            ip("addr", "add", addr, "dev", dev)
+            ip("link", "set", dev, "up")
+        ip("link", "set", "lo", "up")
+        yield ns, a, b
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+@pytest.fixture(scope="module")
+def pass_prog():
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    with bpf.compile_program(PASS, "swml_pass") as prog:
+        yield prog
+
+
+# ------------------------------------------------------------ compiling
+
+@needs_lab
+def test_compile_error_is_one_line_with_the_compiler_s_words(tmp_path):
+    src = tmp_path / "broken.c"
+    src.write_text("#include <uapi/linux/bpf.h>\nint p(struct xdp_md *ctx) { return nope; }\n")
+    with pytest.raises(bpf.BpfError) as e:
+        bpf.compile_program(src, "p")
+    msg = str(e.value)
+    assert "\n" not in msg and "broken.c" in msg and "undeclared identifier 'nope'" in msg
+    assert "error:" in e.value.log
+
+
+@needs_lab
+def test_verifier_rejection_is_one_line_with_the_verifier_s_words(tmp_path):
+    src = tmp_path / "unsafe.c"
+    src.write_text("#include <uapi/linux/bpf.h>\n"
+                   "int p(struct xdp_md *ctx) { return *(int *)(long)ctx->data; }\n")
+    with pytest.raises(bpf.BpfError) as e:
+        bpf.compile_program(src, "p")
+    msg = str(e.value)
+    assert "\n" not in msg and "cannot load p" in msg and "outside of the packet" in msg
+
+
+@needs_lab
+def test_missing_source_and_missing_function():
+    with pytest.raises(bpf.BpfError, match="no BPF source"):
+        bpf.compile_program("nope.c", "p")
+    with pytest.raises(bpf.BpfError, match="cannot load nope"):
+        bpf.compile_program(PASS, "nope")
+
+
+@needs_lab
+def test_maps_only_loads_nothing_and_several_threads_may_compile():
+    progs, errors = [], []
+
+    def build():
+        try:
+            progs.append(bpf.compile_program(PASS, "swml_pass", maps_only=True))
+        except BaseException as e:  # noqa: BLE001  reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(progs) == 2
+    with pytest.raises(bpf.BpfError, match="maps_only"):
+        progs[0].fd
+    assert progs[0].load("swml_pass") > 0
+    for p in progs:
+        p.close()
+
+
+# ------------------------------------------------------------ attaching
+
+@needs_lab
+def test_attach_query_detach_in_a_named_namespace(netns_pair, pass_prog):
+    ns, a, _ = netns_pair
+    assert bpf.attachment(a, netns=ns) == bpf.Attachment(None, 0)
+    assert bpf.attach(a, pass_prog.fd, netns=ns) == "native"     # veth has native XDP
+    att = bpf.attachment(a, netns=ns)
+    assert att.mode == "native" and att.prog_id > 0
+    with pytest.raises(bpf.XdpError):  # nobody's program is displaced by accident
+        bpf.attach(a, pass_prog.fd, "native", netns=ns)
+    assert bpf.attach(a, pass_prog.fd, "native", replace=True, netns=ns) == "native"
+    assert bpf.detach(a, netns=ns, prog_id=att.prog_id + 1000) is False
+    assert bpf.attachment(a, netns=ns) == att
+    assert bpf.detach(a, netns=ns, prog_id=att.prog_id) is True
+    assert bpf.attachment(a, netns=ns).mode is None
+    assert bpf.detach(a, netns=ns) is False
+    with pytest.raises(bpf.XdpError, match="no interface"):  # it is not in our namespace
+        bpf.attachment(a)
+    with pytest.raises(bpf.XdpError, match="no network namespace"):
+        bpf.attach(a, pass_prog.fd, netns=f"{ns}-gone")
+
+
+@needs_lab
+def test_generic_on_request(netns_pair, pass_prog):
+    ns, _, b = netns_pair
+    assert bpf.attach(b, pass_prog.fd, "generic", netns=ns) == "generic"
+    assert bpf.attachment(b, netns=ns).mode == "generic"
+    assert bpf.detach(b, netns=ns)
+
+
+@needs_lab
+def test_native_falls_back_to_generic_saying_so(netns_pair, pass_prog, capfd):
+    ns, _, _ = netns_pair
+    assert bpf.attach("lo", pass_prog.fd, netns=ns) == "generic"   # loopback: no native XDP
+    err = capfd.readouterr().err
+    assert "native XDP unavailable on lo" in err and err.count("\n") == 1
+    with pytest.raises(bpf.XdpError, match=r"cannot attach XDP \(native\) to lo"):
+        bpf.attach("lo", pass_prog.fd, "native", replace=True, netns=ns)
+    assert bpf.detach("lo", netns=ns)
+    assert bpf.attach("lo", pass_prog.fd, quiet=True, netns=ns) == "generic"
+    assert capfd.readouterr().err == ""
+    bpf.detach("lo", netns=ns)
+
+
+@needs_lab
+def test_a_link_detaches_when_closed(netns_pair, pass_prog):
+    ns, a, _ = netns_pair
+    with bpf.attach_link(a, pass_prog.fd, netns=ns) as link:
+        assert link.mode == "native" and bpf.attachment(a, netns=ns).mode == "native"
+        with pytest.raises(bpf.XdpError):
+            bpf.attach_link(a, pass_prog.fd, netns=ns)
+    assert bpf.attachment(a, netns=ns).mode is None
+
+
+@needs_lab
+def test_net_lookups_in_a_namespace(netns_pair):
+    ns, a, _ = netns_pair
+    assert net.link_index(a, netns=ns) > 1
+    assert net.link_ipv4(a, netns=ns) == "10.9.0.1"
+    assert len(net.link_mac(a, netns=ns).split(":")) == 6
+    with net.in_netns(ns):
+        assert net.route_to("10.9.0.7") == ("10.9.0.1", a)
+
+
+@needs_lab
+def test_prog_stats_count_runs(netns_pair, pass_prog):
+    ns, a, b = netns_pair
+    bpf.attach(a, pass_prog.fd, netns=ns)
+    prog_id = bpf.attachment(a, netns=ns).prog_id
+    with bpf.stats_enabled():
+        before = bpf.prog_stats(prog_id)
+        with net.in_netns(ns), socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+            s.bind((b, 0))
+            for _ in range(3):  # out of b, into a's XDP hook
+                s.send(b"\xff" * 6 + bytes(6) + b"\x88\xb5" + bytes(46))
+        after = bpf.prog_stats(prog_id)
+    assert after["run_cnt"] - before["run_cnt"] >= 3
+    assert after["run_time_ns"] > before["run_time_ns"]
+    with pytest.raises(bpf.BpfError, match="no BPF program"):
+        bpf.prog_stats(2**31 - 1)
+
+
+# ------------------------------------------------------------ pins
+
+@needs_lab
+def test_pinned_maps_outlive_their_program():
+    bpf.ensure_bpffs()
+    d = f"{bpf.PIN_ROOT}/test-door-{secrets.token_hex(3)}"
+    os.makedirs(d)
+    try:
+        defines = {"SWML_K": 64, "SWML_SLOTS": 8, "SWML_PIN_DIR": bpf.c_string(d)}
+        with bpf.compile_program("swml_switch.c", "swml_switch", defines):
+            pass
+        assert sorted(os.listdir(d)) == ["counters", "jobs", "members", "slots"]
+        with bpf.PinnedMap(f"{d}/members", ct.c_uint64) as m:
+            m.update(3, ct.c_uint64(0x1234))
+            assert m.lookup(3).value == 0x1234
+            with pytest.raises(bpf.PinnedMapError) as e:
+                m.lookup(10**6)
+            assert e.value.errno == errno.ENOENT
+        with bpf.PinnedMap(f"{d}/counters", ct.c_uint64, percpu=True) as c:
+            assert all(v.value == 0 for v in c.lookup(0))
+            with pytest.raises(bpf.PinnedMapError, match="per-CPU"):
+                c.update(0, ct.c_uint64(1))
+    finally:
+        assert bpf.remove_pins(d) is True
+    assert not os.path.exists(d)
+    with pytest.raises(bpf.PinnedMapError) as e:
+        bpf.PinnedMap(f"{d}/jobs", ct.c_uint64)
+    assert e.value.errno == errno.ENOENT and "cannot open pinned map" in str(e.value)
+
+
+# ------------------------------------------------------------ the shared C
+
+def test_the_per_slot_step_is_written_once_and_compiles_as_plain_c(tmp_path):
+    """xdp/swml_slot.h is the step of both data planes; the XDP switch and the
+    user-space baseline include it, and the baseline builds warning-free."""
+    import shutil
+
+    from switchml_xdp.cheaders import xdp_dir
+    from switchml_xdp.switch import userspace
+
+    for src in (xdp_dir() / "swml_switch.c", userspace.SOURCE):
+        assert '#include "swml_slot.h"' in src.read_text()
+    for src in (xdp_dir() / "swml_switch.c", xdp_dir() / "swml_redirect.c"):
+        assert '#include "swml_parse.h"' in src.read_text()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror",
+                    f"-I{xdp_dir()}", "-o", str(tmp_path / "dp.so"), str(userspace.SOURCE)],
+                   check=True)
