@@ -142,8 +142,8 @@ def _backend_unavailable(backend: str) -> str | None:
     return _afxdp_unavailable_reason()
 
 
-def _start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Popen:
-    """A rank that joins and then sends nothing."""
+def start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Popen:
+    """A rank in its own process that joins and then never sends a packet."""
     code = ("import time\n"
             "from switchml_xdp import Worker\n"
             f"w = Worker({lab.switch.ip!r}, {job!r}, {rank}, {world}, backend='udp', verbose=False)\n"
@@ -161,7 +161,7 @@ def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, 
     if reason:
         pytest.skip(f"{backend}: {reason}")
     job = f"abort-{backend}"
-    idle = _start_idle_rank(lab8, lab8.workers[1], job, 1, 2)
+    idle = start_idle_rank(lab8, lab8.workers[1], job, 1, 2)
     try:
         with lab8.enter(lab8.workers[0]):
             w = Worker(lab8.switch.ip, job, 0, 2, backend=backend, verbose=False)

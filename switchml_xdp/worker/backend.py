@@ -2,12 +2,13 @@
 
 The Worker builds a backend once it has joined its job, with
 
-    Backend(info, local, abort, policy, stall_timeout, verbose=...)
+    Backend(info, local, abort, policy=None, stall_timeout=30.0, verbose=True)
 
 where `info` is the join's JobInfo, `local` this end of the data path
-(LocalEnd: IPv4, interface, MAC), `abort` the AbortSignal the control client
-sets (abort.py), `policy` the retransmission policy (retransmit.py). It then
-calls `allreduce` one call at a time, `stats()` whenever, and `close()` once.
+(LocalEnd: IPv4, interface, MAC, looked up once by the Worker), `abort` the
+AbortSignal the control client sets (abort.py), `policy` the retransmission
+policy (retransmit.py; None: the backend's `default_policy`). It then calls
+`allreduce` one call at a time, `stats()` whenever, and `close()` once.
 Both backends speak the same wire protocol and streaming rules (plans.py),
 so the ranks of a job may use either.
 """
@@ -39,10 +40,11 @@ class Backend(ABC):
     """A datapath that streams tensors through the job's slots on the switch."""
 
     name: ClassVar[str]
+    default_policy: ClassVar[RetransmitPolicy]
 
     @abstractmethod
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
-                 policy: RetransmitPolicy, stall_timeout: float = 30.0, *,
+                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
                  verbose: bool = True):
         """Set up the datapath for a joined job; raise RuntimeError or OSError
         with a one-line reason if it cannot be set up (nothing is left behind)."""

@@ -38,7 +38,8 @@ class UdpBackend(Backend):
         self.info = info
         self.abort_signal = abort
         self.stall_timeout = stall_timeout
-        # One estimator per worker: RTT samples carry over from tensor to tensor.
+        # One set of timers per worker: what an adaptive policy learnt about round
+        # trips carries over from tensor to tensor.
         self.timers = RetransmitTimers(policy or self.default_policy)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
