@@ -66,9 +66,6 @@ class ControlClient:
         """Why the job was aborted under this client, or None."""
         return self.abort.reason
 
-    def _set_abort(self, reason: str) -> None:
-        self.abort.set(reason)
-
     def _send(self, obj: dict) -> None:
         data = (json.dumps(obj) + "\n").encode()
         with self._send_lock:
@@ -96,7 +93,7 @@ class ControlClient:
             if self._closed.is_set() or self.abort_reason is not None:
                 break
             if not self._reconnect():
-                self._set_abort(f"lost the control connection to the switch at {self.switch}:{self.port} "
+                self.abort.set(f"lost the control connection to the switch at {self.switch}:{self.port} "
                                 f"and could not resume within {self.resume_window_s:g} s")
                 break
         with self._reply_ready:
@@ -105,13 +102,13 @@ class ControlClient:
     def _route(self, msg: dict) -> None:
         if "event" in msg:
             if msg["event"] == "abort":
-                self._set_abort(msg.get("reason", "aborted by the switch"))
+                self.abort.set(msg.get("reason", "aborted by the switch"))
             elif msg["event"] == "left":
                 self.left_ranks.add(msg.get("rank"))
             return
         if msg.get("op") == "heartbeat":
             if not msg.get("ok"):
-                self._set_abort(f"the switch refused a heartbeat: {msg.get('error')}")
+                self.abort.set(f"the switch refused a heartbeat: {msg.get('error')}")
             return
         with self._reply_ready:
             self._replies.append(msg)
@@ -129,7 +126,7 @@ class ControlClient:
                 reply = json.loads(rfile.readline() or b"{}")
                 if not reply.get("ok"):
                     sock.close()
-                    self._set_abort(f"the switch refused to resume the job: {reply.get('error')}")
+                    self.abort.set(f"the switch refused to resume the job: {reply.get('error')}")
                     return True  # a definite answer: stop trying
                 sock.settimeout(None)
                 with self._send_lock:
