@@ -94,7 +94,7 @@ class ControlClient:
                 break
             if not self._reconnect():
                 self.abort.set(f"lost the control connection to the switch at {self.switch}:{self.port} "
-                                f"and could not resume within {self.resume_window_s:g} s")
+                               f"and could not resume within {self.resume_window_s:g} s")
                 break
         with self._reply_ready:
             self._reply_ready.notify_all()
