@@ -11,14 +11,13 @@ import time
 from dataclasses import dataclass
 
 from .. import wire
+from .abort import AbortSignal, JobAborted
+
+__all__ = ["ControlClient", "ControlError", "JobAborted", "JobInfo"]
 
 
 class ControlError(RuntimeError):
     """The switch refused a request, or could not be reached; says why."""
-
-
-class JobAborted(RuntimeError):
-    """The job ended under this worker: another rank failed, or the switch went down."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,7 @@ class ControlClient:
         self._send_lock = threading.Lock()
         self._replies: list[dict] = []
         self._reply_ready = threading.Condition()
-        self.abort_reason: str | None = None
-        self._abort_listeners: list = []
+        self.abort = AbortSignal()  # what the Worker and its backend read
         self.resume_window_s = 30.0  # how long to try to reconnect after losing the switch
         self.resumed = 0
         self._resume_msg: dict = {}
@@ -63,16 +61,10 @@ class ControlClient:
         self._heartbeat: threading.Thread | None = None
 
     # --- plumbing ------------------------------------------------------------
-    def on_abort(self, fn) -> None:
-        """Call fn(reason) once if the job is aborted (datapaths raise a flag
-        their packet loop reads, so no Python runs per packet)."""
-        self._abort_listeners.append(fn)
-
-    def _set_abort(self, reason: str) -> None:
-        if self.abort_reason is None:
-            self.abort_reason = reason
-            for fn in self._abort_listeners:
-                fn(reason)
+    @property
+    def abort_reason(self) -> str | None:
+        """Why the job was aborted under this client, or None."""
+        return self.abort.reason
 
     def _send(self, obj: dict) -> None:
         data = (json.dumps(obj) + "\n").encode()
@@ -101,8 +93,8 @@ class ControlClient:
             if self._closed.is_set() or self.abort_reason is not None:
                 break
             if not self._reconnect():
-                self._set_abort(f"lost the control connection to the switch at {self.switch}:{self.port} "
-                                f"and could not resume within {self.resume_window_s:g} s")
+                self.abort.set(f"lost the control connection to the switch at {self.switch}:{self.port} "
+                               f"and could not resume within {self.resume_window_s:g} s")
                 break
         with self._reply_ready:
             self._reply_ready.notify_all()
@@ -110,13 +102,13 @@ class ControlClient:
     def _route(self, msg: dict) -> None:
         if "event" in msg:
             if msg["event"] == "abort":
-                self._set_abort(msg.get("reason", "aborted by the switch"))
+                self.abort.set(msg.get("reason", "aborted by the switch"))
             elif msg["event"] == "left":
                 self.left_ranks.add(msg.get("rank"))
             return
         if msg.get("op") == "heartbeat":
             if not msg.get("ok"):
-                self._set_abort(f"the switch refused a heartbeat: {msg.get('error')}")
+                self.abort.set(f"the switch refused a heartbeat: {msg.get('error')}")
             return
         with self._reply_ready:
             self._replies.append(msg)
@@ -134,7 +126,7 @@ class ControlClient:
                 reply = json.loads(rfile.readline() or b"{}")
                 if not reply.get("ok"):
                     sock.close()
-                    self._set_abort(f"the switch refused to resume the job: {reply.get('error')}")
+                    self.abort.set(f"the switch refused to resume the job: {reply.get('error')}")
                     return True  # a definite answer: stop trying
                 sock.settimeout(None)
                 with self._send_lock:
