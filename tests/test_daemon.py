@@ -108,9 +108,12 @@ def test_job_table_drives_the_in_memory_maps():
     maps = MemoryMaps(k=8, slots=64)
     table = JobTable(maps, 8, 64, 16)
     maps.vals[:] = 7  # an earlier job's leftovers
-    job = table.join({"job": "j", "world": 2, "rank": 0, "port": 47000, "ip": "10.0.0.11"}, None)
-    assert not maps.job_active(job.id) and not maps.vals[job.slot_base:job.slot_base + 16].any()
-    table.join({"job": "j", "world": 2, "rank": 1, "port": 47000, "ip": "10.0.0.12"}, None)
+    job = table.join({"job": "j", "world": 2, "rank": 0, "port": 47000, "ip": "10.0.0.11"}, None, "10.0.0.11")
+    # A joining job holds no id, no slots, nothing in the data plane.
+    assert job.id is None and job.slot_base is None and table.pool.free == 64
+    assert not any(maps.job_active(i) for i in range(1, wire.MAX_JOBS))
+    table.join({"job": "j", "world": 2, "rank": 1, "port": 47000, "ip": "10.0.0.12"}, None, "10.0.0.12")
+    assert not maps.vals[job.slot_base:job.slot_base + 16].any()
     row = maps.jobs[job.id]
     assert maps.job_active(job.id) and row["world"] == 2 and row["slot_count"] == 16
     assert maps.members[job.id * wire.MAX_WORLD + 1]["ip"] == wire.ip_to_be32("10.0.0.12")

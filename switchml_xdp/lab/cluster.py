@@ -76,8 +76,9 @@ class SwitchProcess:
         st = daemon.read_state(self.iface)
         if st is None or not daemon.pid_alive(st.get("pid", -1)):
             bpf.remove_pins(bpf.pin_dir(self.iface))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(daemon.state_path(self.iface))
+            for path in (daemon.state_path(self.iface), daemon.tokens_path(self.iface)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
     def __enter__(self) -> "SwitchProcess":
         return self

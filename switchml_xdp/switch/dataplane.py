@@ -108,7 +108,7 @@ class Dataplane(abc.ABC):
         return False
 
     @classmethod
-    def remove_leftovers(cls, iface: str, state: dict | None) -> list[str]:
+    def remove_leftovers(cls, iface: str, state: dict | None) -> tuple[list[str], list[str]]:
         """Undo what a dead daemon's data plane left on `iface` (for `down`);
-        returns what was done, in words."""
-        return []
+        returns what was done and what could not be, in words."""
+        return [], []
