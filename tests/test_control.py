@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -613,3 +614,59 @@ def _join_expecting_error(client, name, host, out):
         out.append("joined?!")
     except ControlError as e:
         out.append(str(e))
+
+
+def test_client_that_never_reads_is_dropped(own_switch):
+    """It keeps asking (so it is never idle) but reads nothing: once its replies
+    have waited for the idle timeout (1 s here), the switch resets it."""
+    lab = own_switch.lab
+    with Raw(lab) as r:
+        r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        r.sock.settimeout(0.2)
+        t0, sent, reset = time.monotonic(), 0, None
+        while time.monotonic() - t0 < 8 and reset is None:
+            try:
+                r.sock.sendall(b'{"op": "status"}\n' * 64)
+                sent += 64
+            except socket.timeout:
+                pass   # the switch stopped reading us: it waits for us to read
+            except (ConnectionResetError, BrokenPipeError) as e:
+                reset = e
+        if reset is None:  # what it sent is taken; the reset shows when we read
+            try:
+                while r.recv(1.0) is not None:
+                    pass
+            except (ConnectionResetError, TimeoutError) as e:
+                reset = e
+        assert isinstance(reset, (ConnectionResetError, BrokenPipeError)), \
+            f"a client that did not read for {time.monotonic() - t0:.1f} s was not dropped"
+    assert status(lab)["ok"], "the daemon serves on"
+
+
+def test_emfile_during_a_join_leaves_no_phantom_rank(own_switch):
+    """The daemon runs out of file descriptors in the middle of a join: the
+    joiner gets one line, and no rank, job or slot is left behind."""
+    import resource
+
+    from switchml_xdp.switch.daemon import read_state
+
+    lab, (h0, h1) = own_switch.lab, own_switch.lab.workers
+    pid = read_state(own_switch.iface)["pid"]
+    free = status(lab)["slots_free"]
+    name = job_name("emfile")
+    limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    with Raw(lab, h1) as r1:   # connected before the limit: the join's own socket is not the victim
+        used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+        lowest_free = min(set(range(len(used) + 1)) - used)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, limits[1]))
+        try:
+            reply = r1.request(join_msg(name, 2, 1, h1, timeout=30))
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+        assert_error(reply, "the switch could not serve this request: Too many open files", op="join")
+        st = status(lab)
+        assert job_of(st, name) is None and st["slots_free"] == free, st["jobs"]
+        # Rank 1 is free again: the job forms normally.
+        with Raw(lab, h0) as r0:
+            r0.send(join_msg(name, 2, 0, h0))
+            assert r1.request(join_msg(name, 2, 1, h1))["ok"] and r0.recv()["ok"]
