@@ -18,14 +18,21 @@ def pin_dir(iface: str) -> str:
     return f"{PIN_ROOT}/{iface}"
 
 
-def ensure_bpffs() -> None:
-    """Mount bpffs at /sys/fs/bpf if it is not, and make PIN_ROOT."""
+def ensure_bpffs(pin_path: str | None = None) -> None:
+    """Mount bpffs at /sys/fs/bpf if it is not, and make PIN_ROOT (and
+    `pin_path` below it, where given: bcc pins only into a directory that
+    exists)."""
     if not os.path.ismount(BPFFS):
         os.makedirs(BPFFS, exist_ok=True)
         r = subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], capture_output=True, text=True)
         if r.returncode != 0:
             raise BpfError(f"cannot mount bpffs at {BPFFS}: {r.stderr.strip()}")
     os.makedirs(PIN_ROOT, exist_ok=True)
+    if pin_path is not None:
+        real = os.path.realpath(pin_path)
+        if os.path.commonpath([real, PIN_ROOT]) != PIN_ROOT:
+            raise BpfError(f"refusing to pin outside {PIN_ROOT}/: {pin_path}")
+        os.makedirs(real, exist_ok=True)
 
 
 def remove_pins(path: str) -> bool:

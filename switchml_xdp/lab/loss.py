@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 import errno
-import os
 from collections.abc import Iterable, Sequence
 
 from pyroute2 import IPRoute
@@ -162,9 +161,7 @@ class LossInjector:
         if len(lab.hosts) > MAX_LINKS:
             raise LabError(f"the loss injector handles at most {MAX_LINKS} hosts")
         try:
-            bpf.ensure_bpffs()
-            # bcc pins into an existing directory only; the door makes PIN_ROOT alone
-            os.makedirs(pin_dir(lab.prefix), exist_ok=True)
+            bpf.ensure_bpffs(pin_dir(lab.prefix))
             program = bpf.compile_program(SOURCE, XDP_PROG,
                                           {"SWML_LOSS_PIN_DIR": bpf.c_string(pin_dir(lab.prefix))})
         except bpf.BpfError as e:

@@ -11,7 +11,6 @@ replaces the old one in one netlink call: the data plane never stops).
 from __future__ import annotations
 
 import logging
-import os
 
 from .. import bpf, net
 from .dataplane import Dataplane, DataplaneError, SwitchParams
@@ -60,8 +59,7 @@ class XdpDataplane(Dataplane):
         defines = {"SWML_K": self.params.k, "SWML_SLOTS": self.params.slots,
                    "SWML_PORT": self.params.port, "SWML_PIN_DIR": bpf.c_string(pins)}
         try:
-            bpf.ensure_bpffs()
-            os.makedirs(pins, exist_ok=True)
+            bpf.ensure_bpffs(pins)
             # The maps are created and pinned, or re-opened where pinned already.
             self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
         except bpf.BpfError as e:

@@ -16,7 +16,7 @@
  * Three programs, one object, shared maps:
  *
  *   swml_loss_xdp      XDP on the peer: drops "up" frames. It replaces the
- *                      lab's pass program (xdp/swml_pass.c), which the peer
+ *                      lab's pass program (xdp/lab/swml_pass.c), which the peer
  *                      needs anyway for XDP_TX/AF_XDP traffic to arrive, and
  *                      passes everything else.
  *   swml_loss_ingress  tc (clsact) ingress on the peer: duplicates "up" frames
