@@ -180,7 +180,7 @@ def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
     import time
 
     from switchml_xdp import bpf
-    from switchml_xdp.switch.daemon import lock_holder
+    from switchml_xdp.switch.daemon import lock_holder, lock_path
 
     from test_control import Raw
 
@@ -215,6 +215,7 @@ def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
                 p.send_signal(signal.SIGTERM)
                 assert p.wait(15) == 0
     assert not xdp_attached(lab1, iface) and not SwitchMaps.exist(iface)
+    os.unlink(lock_path(iface))   # the lab's interface name is not used again
 
 
 def test_down_after_sigkill_from_another_namespace_detaches(lab1):
