@@ -246,3 +246,36 @@ def test_state_files_hold_no_secrets_and_tokens_are_root_only(lab8, switch):
         assert os.stat(tokens_path(switch.iface)).st_mode & 0o777 == 0o600
         assert json.load(open(tokens_path(switch.iface)))[name] == token_digest(token).hex()
         assert r.request({"op": "leave", "token": token})["ok"]
+
+
+@pytest.mark.lab_workers(2)
+def test_a_readopted_job_keeps_its_token(fresh_lab):
+    """A daemon killed and restarted re-adopts a protected job with its token's
+    digest (from the root-only file): its member resumes with the token, a
+    stranger's resume is refused."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+    from switchml_xdp.worker.control import ControlClient
+
+    lab = fresh_lab
+    (h0, evil), name, token = lab.workers, job_name("readopt"), secrets.token_hex(16)
+    sw = SwitchProcess(lab, ["--lease", "3"])
+    with lab.enter(h0):   # its reader and heartbeat threads are born in h0's namespace
+        c = ControlClient(lab.switch.ip)
+        info = c.join(name, 1, 0, h0.ip, PORT, h0.mac, timeout=10, token=token)
+    try:
+        sw.proc.kill()
+        sw.proc.wait()
+        sw = SwitchProcess(lab, ["--lease", "3"])
+        assert any("re-adopted 1 running job" in line for line in sw.output), sw.output
+        with Raw(lab, evil) as r:
+            msg = {"op": "resume", "job": name, "job_id": info.job_id, "rank": 0}
+            assert_error(r.request(msg), f"job {name!r} needs its token", op="resume")
+            assert_error(r.request({**msg, "token": "nope"}), f"wrong token for job {name!r}", op="resume")
+        wait_for(lambda: c.resumed >= 1 or c.abort_reason, 10, "the member to resume")
+        assert c.abort_reason is None and c.resumed == 1
+        j = job_of(status(lab), name)
+        assert j["state"] == "running" and j["protected"] is True
+        c.leave()
+    finally:
+        c.close()
+        sw.stop()

@@ -28,7 +28,7 @@ from dataclasses import asdict
 
 from .. import net, wire
 from .control import ControlServer
-from .dataplane import Dataplane, DataplaneError, SwitchParams
+from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .userspace import UserspaceDataplane
 from .xdp_dataplane import XdpDataplane
@@ -68,11 +68,6 @@ def tokens_path(iface: str) -> str:
 
 def lock_path(iface: str) -> str:
     return f"{STATE_DIR}/{iface}.lock"
-
-
-def netns_inode() -> int:
-    """This process's network namespace (the state file records the daemon's)."""
-    return os.stat("/proc/self/ns/net").st_ino
 
 
 def take_lock(iface: str) -> int:

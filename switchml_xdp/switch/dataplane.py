@@ -20,11 +20,18 @@ The daemon (daemon.py) drives either the same way:
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .. import wire
 from .maps import DataplaneMaps
+
+
+def netns_inode() -> int:
+    """This process's network namespace (the state file records the daemon's,
+    so that `down` can find the interface from another one)."""
+    return os.stat("/proc/self/ns/net").st_ino
 
 
 class DataplaneError(RuntimeError):

@@ -11,9 +11,10 @@ replaces the old one in one netlink call: the data plane never stops).
 from __future__ import annotations
 
 import logging
+import os
 
 from .. import bpf, net
-from .dataplane import Dataplane, DataplaneError, SwitchParams
+from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
 from .maps import SwitchMaps
 
 PROG_NAME = "swml_switch"
@@ -124,7 +125,7 @@ class XdpDataplane(Dataplane):
                 log.info("%s: XDP program %d is not the switch's; left attached", iface, att.prog_id)
             break
         else:
-            if state and state.get("netns_inode") not in (None, _own_netns_inode()):
+            if state and state.get("netns_inode") not in (None, netns_inode()):
                 failed.append(f"{iface} is not in this network namespace and the switch's namespace "
                               f"(inode {state['netns_inode']}) has no name under /run/netns: run "
                               f"`swml-switch down {iface}` inside it to detach the program")
@@ -135,16 +136,12 @@ class XdpDataplane(Dataplane):
         return did, failed
 
 
-def _own_netns_inode() -> int:
-    return os.stat("/proc/self/ns/net").st_ino
-
-
 def _netns_names_to_try(state: dict | None) -> list[str | None]:
     """Where to look for the interface: the daemon's own network namespace
     (found by its inode among the named ones) first, then this one."""
     want = (state or {}).get("netns_inode")
     where: list[str | None] = []
-    if want is not None and want != _own_netns_inode():
+    if want is not None and want != netns_inode():
         try:
             names = sorted(os.listdir(net.NETNS_DIR))
         except OSError:
