@@ -122,7 +122,7 @@ class XdpDataplane(Dataplane):
                 except bpf.XdpError as e:
                     failed.append(str(e))
             elif att.prog_id:
-                log.info("%s: XDP program %d is not the switch's; left attached", iface, att.prog_id)
+                did.append(f"left XDP program {att.prog_id} attached (not the switch's)")
             break
         else:
             if state and state.get("netns_inode") not in (None, netns_inode()):
