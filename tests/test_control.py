@@ -656,11 +656,15 @@ def test_emfile_during_a_join_leaves_no_phantom_rank(own_switch):
     name = job_name("emfile")
     limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     with Raw(lab, h1) as r1:   # connected before the limit: the join's own socket is not the victim
+        assert r1.request({"op": "status"})["ok"]   # (and accepted by the daemon: it answered)
         used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
         lowest_free = min(set(range(len(used) + 1)) - used)
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, limits[1]))
         try:
             reply = r1.request(join_msg(name, 2, 1, h1, timeout=30))
+        except TimeoutError:
+            raise AssertionError("no reply; the daemon said:\n" + "\n".join(own_switch.output[-15:]) +
+                                 f"\nfds {sorted(used)} limit {lowest_free}") from None
         finally:
             resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
         assert_error(reply, "the switch could not serve this request: Too many open files", op="join")
