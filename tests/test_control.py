@@ -621,10 +621,16 @@ def test_client_that_never_reads_is_dropped(own_switch):
     have waited for the idle timeout (1 s here), the switch resets it."""
     lab = own_switch.lab
     with Raw(lab) as r:
-        r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        # A small receive window from the start (set before connecting), so
+        # the switch's send buffer stays small and fills after a few replies.
+        r.sock.close()
+        with lab.enter(r.host):
+            r.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            r.sock.connect((lab.switch.ip, wire.DEFAULT_CONTROL_PORT))
         r.sock.settimeout(0.2)
         t0, sent, reset = time.monotonic(), 0, None
-        while time.monotonic() - t0 < 8 and reset is None:
+        while time.monotonic() - t0 < 15 and reset is None:
             try:
                 r.sock.sendall(b'{"op": "status"}\n' * 64)
                 sent += 64
