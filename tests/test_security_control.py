@@ -279,3 +279,32 @@ def test_a_readopted_job_keeps_its_token(fresh_lab):
     finally:
         c.close()
         sw.stop()
+
+
+def test_bench_cli_takes_the_token_from_the_environment_or_the_flag(lab8, switch):
+    """`swml-worker bench`: rank 0 with $SWML_TOKEN, rank 1 with --token; a
+    rank with another token is refused in one line and the job is undisturbed."""
+    import os
+
+    name, token = job_name("cli"), secrets.token_hex(16)
+    argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench", "--switch", lab8.switch.ip,
+            "--job", name, "--world", "2", "--size", "64KiB", "--iterations", "2", "--warmup", "0",
+            "--verify", "--json", "--quiet", "--backend", "udp", "--port", "48911"]
+    env = {**os.environ, "SWML_TOKEN": token}
+    r0 = lab8.popen(lab8.workers[0], argv + ["--rank", "0"], env=env, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)
+    try:
+        wait_members(lab8, name, {0})
+        wrong = lab8.run(lab8.workers[2], argv + ["--rank", "1", "--token", "not-it"], check=False,
+                         capture_output=True, text=True, timeout=60)
+        assert wrong.returncode == 1
+        assert wrong.stderr.strip() == f"Error: join refused: wrong token for job {name!r}", wrong.stderr
+        r1 = lab8.run(lab8.workers[1], argv + ["--rank", "1", "--token", token], check=False,
+                      capture_output=True, text=True, timeout=120)
+        assert r1.returncode == 0, r1.stderr
+        assert json.loads(r1.stdout)["verify_failures"] == 0
+        out, err = r0.communicate(timeout=60)
+        assert r0.returncode == 0 and json.loads(out)["verify_failures"] == 0, err
+    finally:
+        if r0.poll() is None:
+            r0.kill()
