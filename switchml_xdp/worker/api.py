@@ -46,7 +46,10 @@ class Worker:
     def __init__(self, switch: str, job: str, rank: int, world: int, iface: str | None = None,
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
-                 stall_timeout: float = 30.0, verbose: bool = True):
+                 stall_timeout: float = 30.0, verbose: bool = True, token: str | None = None):
+        """token: the job's secret, the same on every rank; without it, nothing
+        that changes the job is accepted by the switch (docs/security.md).
+        None: an open job, which anyone who reaches the switch can disturb."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:
@@ -60,7 +63,8 @@ class Worker:
         self._control = ControlClient(switch, control_port)
         try:
             self.info: JobInfo = self._control.join(job, world, rank, self.local_ip, port,
-                                                    self.local.mac, join_timeout)
+                                                    self.local.mac, join_timeout,
+                                                    token=token)
             self._backend: Backend = self._make_backend(stall_timeout)
         except BaseException:
             self._control.close()

@@ -55,6 +55,7 @@ class ControlClient:
         self.resume_window_s = 30.0  # how long to try to reconnect after losing the switch
         self.resumed = 0
         self._resume_msg: dict = {}
+        self._token: dict = {}   # {"token": ...} on every request of a job that has one
         self.left_ranks: set[int] = set()
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None
@@ -153,9 +154,11 @@ class ControlClient:
 
     # --- the protocol ------------------------------------------------------------
     def join(self, job: str, world: int, rank: int, ip: str, port: int, mac: str = "",
-             timeout: float = 60.0, k: int | None = None) -> JobInfo:
+             timeout: float = 60.0, k: int | None = None, token: str | None = None) -> JobInfo:
+        """token: the job's secret (every rank the same); None: an open job."""
+        self._token = {"token": token} if token is not None else {}
         msg = {"op": "join", "job": job, "world": world, "rank": rank, "ip": ip, "port": port,
-               "mac": mac, "timeout": timeout}
+               "mac": mac, "timeout": timeout, **self._token}
         if k is not None:
             msg["k"] = k
         self._send(msg)
@@ -176,7 +179,8 @@ class ControlClient:
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
                        grp["port"], reply["heartbeat_s"])
-        self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank}
+        self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
+                            **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)
         self._reader.start()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, args=(info.heartbeat_s,),
@@ -189,7 +193,7 @@ class ControlClient:
             if self.abort_reason:
                 return
             try:
-                self._send({"op": "heartbeat"})
+                self._send({"op": "heartbeat", **self._token})
             except OSError:
                 pass  # the reader notices the broken connection and resumes on a new one
 
@@ -205,7 +209,7 @@ class ControlClient:
     def leave(self) -> None:
         if self.abort_reason is None and self._reader is not None:
             try:
-                self.request({"op": "leave"}, timeout=5.0)
+                self.request({"op": "leave", **self._token}, timeout=5.0)
             except (ControlError, JobAborted, OSError):
                 pass
 
