@@ -1,5 +1,5 @@
-"""The wire format v1, derived from xdp/swml_wire.h through the generated layout
-(switchml_xdp.layout; never written down twice).
+"""The wire format v1, derived from xdp/swml_wire.h (never written down twice):
+switchml_xdp.layout, the C compiler's reading of the header.
 
 Exposes the header's constants as module attributes (DEFAULT_PORT, TYPE_DATA,
 FLAG_SLOT_VER, CNT_RX, ...), the counter names in row order, a numpy dtype for
@@ -14,7 +14,7 @@ import numpy as np
 
 from . import layout
 
-_D = layout.defines("swml_wire.h")
+_D = layout.DEFINES["swml_wire.h"]
 globals().update({name[len("SWML_"):]: value for name, value in _D.items()})
 
 #: Counter rows of the switch, in index order: ["rx", "aggregated", ...].
@@ -27,21 +27,10 @@ COUNTER_NAMES: list[str] = [
 DROP_REASONS = COUNTER_NAMES[COUNTER_NAMES.index("truncated"):]
 
 #: numpy dtype of struct swml_hdr (big-endian fields, as on the wire).
-HDR_DTYPE = layout.numpy_dtype("swml_hdr")
+HDR_DTYPE = layout.dtype("swml_hdr")
 assert HDR_DTYPE.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
-
-
-def _struct_format(fields: list[layout.Field]) -> str:
-    """A `struct` format ("!...") for a packed header of big-endian fields."""
-    codes = {"u1": "B", "i1": "b", ">u2": "H", ">u4": "I", ">u8": "Q"}
-    assert all(f.kind in codes and not f.shape for f in fields), "not a plain network-order header"
-    return "!" + "".join(codes[f.kind] for f in fields)
-
-
-#: struct swml_hdr as a `struct` format, for code that packs headers into a
-#: buffer of its own (the udp backend).
-HDR_FORMAT = _struct_format(layout.fields("swml_hdr"))
-assert struct.calcsize(HDR_FORMAT) == HDR_LEN  # noqa: F821 - no gaps between the fields
+#: The same header as a `struct` format, for code that packs it field by field.
+HDR_STRUCT = struct.Struct(layout.struct_format("swml_hdr"))
 
 
 def ver_type(kind: int) -> int:

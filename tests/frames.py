@@ -26,6 +26,11 @@ class Endpoint:
     port: int = 0
 
 
+def endpoint(host, port: int) -> Endpoint:
+    """An Endpoint for anything with .mac and .ip (a lab Host, say) at `port`."""
+    return Endpoint(host.mac, host.ip, port)
+
+
 def mac_bytes(mac: str) -> bytes:
     return bytes.fromhex(mac.replace(":", ""))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
-from frames import Endpoint, udp_frame
+from frames import endpoint, udp_frame
 
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
@@ -72,7 +72,7 @@ def _bypass_flood(lab, src, dst, dport: int, frames: int) -> None:
     with raw:
         raw.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
         raw.bind((src.iface, 0))
-        frame = udp_frame(Endpoint(src.mac, src.ip, 40000), Endpoint(dst.mac, dst.ip, dport), b"x" * 1000)
+        frame = udp_frame(endpoint(src, 40000), endpoint(dst, dport), b"x" * 1000)
         for _ in range(frames):
             try:
                 raw.send(frame)

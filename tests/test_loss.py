@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
-from frames import Endpoint, udp_frame
+from frames import endpoint, udp_frame
 
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
@@ -155,7 +155,7 @@ def test_frames_that_bypass_the_qdisc_are_subject_too(lab):
         with raw:
             raw.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
             raw.bind((w0.iface, 0))
-            frame = udp_frame(Endpoint(w0.mac, w0.ip, 40000), Endpoint(w1.mac, w1.ip, PORT), b"q" * 64)
+            frame = udp_frame(endpoint(w0, 40000), endpoint(w1, PORT), b"q" * 64)
             for i in range(N):
                 raw.send(frame)
                 if i % 100 == 99:

@@ -17,7 +17,6 @@ import errno
 import itertools
 import json
 import socket
-import struct
 import threading
 import time
 from contextlib import closing
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
+from frames import Endpoint, endpoint, udp_frame
 
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
@@ -600,10 +600,6 @@ def send_all(sends, dest, pace=lambda sent: None) -> dict[str, int]:
     return repeated
 
 
-def mac_bytes(mac: str) -> bytes:
-    return bytes.fromhex(mac.replace(":", ""))
-
-
 def ip_bytes(ip: str) -> bytes:
     return socket.inet_aton(ip)
 
@@ -611,13 +607,9 @@ def ip_bytes(ip: str) -> bytes:
 def eth_ip_udp(lab, src_host, src_ip: str, sport: int, payload_len: int) -> bytearray:
     """The 42 bytes of Ethernet | IPv4 | UDP of a datagram to the switch's data
     port, as the kernel would write them (DF, checksum over the IP header)."""
-    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + payload_len, 0, 0x4000, 64,
-                               socket.IPPROTO_UDP, 0, ip_bytes(src_ip), ip_bytes(lab.switch.ip)))
-    s = sum(struct.unpack("!10H", ip))
-    s = (s & 0xFFFF) + (s >> 16)
-    ip[10:12] = struct.pack("!H", ~((s & 0xFFFF) + (s >> 16)) & 0xFFFF)
-    udp = struct.pack("!HHHH", sport, PORT, 8 + payload_len, 0)
-    return bytearray(mac_bytes(lab.switch.mac) + mac_bytes(src_host.mac) + b"\x08\x00" + ip + udp)
+    frame = udp_frame(Endpoint(src_host.mac, src_ip, sport), endpoint(lab.switch, PORT),
+                      bytes(payload_len))
+    return bytearray(frame[:wire.ETH_LEN + wire.IP_LEN + wire.UDP_LEN])
 
 
 # ================================================================== (b) isolation

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
-from frames import IP_MF, IP_OPTIONS_NOP, Endpoint, udp_frame
+from frames import endpoint, udp_frame
 from switchml_xdp import wire
 from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 from switchml_xdp.switch.maps import SwitchMaps
@@ -277,12 +277,10 @@ def test_exponent_max_and_flags_or(on_switch, crafted_job_on):
     np.testing.assert_array_equal(vals, 6 * v)
 
 
-def _frame(lab, src_host, payload: bytes, ip_len=None, udp_len=None, ihl=5, frag_off=0) -> bytes:
+def _frame(lab, src_host, payload: bytes, ip_len=None, udp_len=None, ihl=5) -> bytes:
     """A whole Ethernet frame to the switch's data port (for raw sends)."""
-    return udp_frame(Endpoint(src_host.mac, src_host.ip, 48900),
-                     Endpoint(lab.switch.mac, lab.switch.ip, wire.DEFAULT_PORT), payload,
-                     ip_options=IP_OPTIONS_NOP * (ihl - 5), frag_off=frag_off, ip_length=ip_len,
-                     udp_length=udp_len)
+    return udp_frame(endpoint(src_host, 48900), endpoint(lab.switch, wire.DEFAULT_PORT), payload,
+                     udp_length=udp_len, ip_length=ip_len, ip_options=b"\x01" * (4 * (ihl - 5)))
 
 
 def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, crafted_job):
@@ -320,7 +318,9 @@ def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, c
     frames = [_frame(lab8, lab8.workers[0], good, ihl=6),
               _frame(lab8, lab8.workers[0], good, ip_len=20 + 8 + len(good) + 4),
               *[_frame(lab8, lab8.workers[0], good)[:n] for n in (42, 50, 57, 58, 59, 300)]]
-    frames.append(_frame(lab8, lab8.workers[0], good, frag_off=IP_MF))  # More Fragments
+    frag = bytearray(_frame(lab8, lab8.workers[0], good))
+    frag[20] |= 0x20  # More Fragments
+    frames.append(bytes(frag))
     with lab8.enter(lab8.workers[0]):
         raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
         raw.bind((lab8.workers[0].iface, 0))

@@ -5,7 +5,8 @@
  *   Engine(ifname, xskmap_fd, abort, job=, rank=, world=, k=, slots=,
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
  *          queue=0, frames=4096, rto_initial=0.005, rto_min=0.002, rto_max=0.5,
- *          stall_timeout=30.0, spin=200)
+ *          stall_timeout=30.0, spin=200, rto_adaptive=True)
+ *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy)
  *     .allreduce(array) -> status   whole tensor, GIL released; OK/ABORTED/STALLED/...
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
@@ -310,7 +311,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = {"ifname", "xskmap_fd", "abort", "job", "rank", "world", "k",
 				 "slots", "src_mac", "dst_mac", "src_ip", "dst_ip", "src_port",
 				 "dst_port", "queue", "frames", "rto_initial", "rto_min",
-				 "rto_max", "stall_timeout", "spin", NULL};
+				 "rto_max", "stall_timeout", "spin", "rto_adaptive", NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -318,6 +319,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	unsigned int job = unset, rank = unset, world = unset, k = unset, slots = unset;
 	unsigned int src_port = unset, dst_port = unset, queue = 0, frames = 4096;
 	unsigned int spin = 200;
+	int rto_adaptive = 1;
 	double rto_initial = 0.005, rto_min = 0.002, rto_max = 0.5, stall_timeout = 30.0;
 	struct swml_stream_cfg cfg = {0};
 	char err[256];
@@ -327,11 +329,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIIIddddI", kwlist, &ifname,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIIIddddIp", kwlist, &ifname,
 					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
 					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
 					 &queue, &frames, &rto_initial, &rto_min, &rto_max, &stall_timeout,
-					 &spin))
+					 &spin, &rto_adaptive))
 		return -1;
 	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
 	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip) {
@@ -361,6 +363,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.rto_init_ns = (uint64_t)(rto_initial * 1e9);
 	cfg.rto_min_ns = (uint64_t)(rto_min * 1e9);
 	cfg.rto_max_ns = (uint64_t)(rto_max * 1e9);
+	cfg.rto_adaptive = (uint8_t)rto_adaptive;
 	cfg.stall_ns = (uint64_t)(stall_timeout * 1e9);
 	cfg.spin = spin;
 

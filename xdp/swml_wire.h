@@ -6,10 +6,9 @@
  *   Ethernet | IPv4 (no options) | UDP | struct swml_hdr (16 B) | k x int32 (LE)
  *
  * Included by the switch program, the worker redirect program and the worker's
- * C engine. Python takes every SWML_* define and the layout of struct swml_hdr
- * from the C compiler at build time (switchml_xdp/layout/generate.py), so a
- * define must be an integer constant expression and a struct field one plain
- * declaration (no bitfields, one name a declaration).
+ * C engine. The Python package takes its constants and byte layout from the C
+ * compiler's reading of this file (switchml_xdp/layout_gen.py, at build time):
+ * keep every constant an object-like `#define SWML_NAME <integer expression>`.
  */
 #ifndef SWML_WIRE_H
 #define SWML_WIRE_H

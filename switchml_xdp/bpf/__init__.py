@@ -15,11 +15,11 @@ from .compile import Program, c_string, compile_program
 from .errors import BpfError, PinnedMapError, XdpError
 from .pinned import PinnedMap
 from .pins import PIN_ROOT, ensure_bpffs, pin_dir, remove_pins
-from .stats import prog_stats, stats_enabled
+from .stats import prog_name, prog_stats, stats_enabled
 from .test_run import test_run
 from .xdp import Attachment, XdpLink, attach, attach_link, attachment, detach
 
 __all__ = ["Attachment", "BpfError", "PIN_ROOT", "PinnedMap", "PinnedMapError", "Program",
            "XdpError", "XdpLink", "attach", "attach_link", "attachment", "c_string",
-           "compile_program", "detach", "ensure_bpffs", "pin_dir", "prog_stats",
+           "compile_program", "detach", "ensure_bpffs", "pin_dir", "prog_name", "prog_stats",
            "remove_pins", "stats_enabled", "test_run"]

@@ -19,6 +19,7 @@ XDP_FLAGS_SKB_MODE = 1 << 1        # generic XDP
 XDP_FLAGS_DRV_MODE = 1 << 2        # native XDP
 BPF_XDP = 37                       # enum bpf_attach_type
 ATTACHED_MODES = {1: "native", 2: "generic", 3: "offload", 4: "multi"}   # XDP_ATTACHED_*
+PROG_INFO_NAME = 64                # offsetof(struct bpf_prog_info, name), char[16]
 PROG_INFO_RUN_TIME_NS = 192        # offsetof(struct bpf_prog_info, run_time_ns)
 PROG_INFO_RUN_CNT = 200            # offsetof(struct bpf_prog_info, run_cnt)
 PROG_INFO_LEN = 208

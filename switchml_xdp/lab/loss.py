@@ -40,7 +40,8 @@ from collections.abc import Iterable, Sequence
 
 from pyroute2 import IPRoute
 
-from .. import bpf, layout, net, wire
+from .. import bpf, net, wire
+from ..layout import DEFINES, ctype
 from .errors import LabError
 
 SOURCE = "lab/swml_loss.c"
@@ -50,7 +51,7 @@ COUNTERS = ("seen", "dropped", "duplicated", "passed")
 TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks
 TC_EGRESS_PARENT = "ffff:fff3"
 
-_D = layout.defines("lab/swml_loss.h")
+_D = DEFINES["swml_loss.h"]
 MAX_LINKS = _D["SWML_LOSS_MAX_LINKS"]
 ALWAYS = _D["SWML_LOSS_ALWAYS"]
 _DIR_INDEX = {"up": _D["SWML_LOSS_UP"], "down": _D["SWML_LOSS_DOWN"]}
@@ -122,8 +123,7 @@ class LossInjector:
     def __init__(self, lab, program: bpf.Program | None = None):
         self.lab = lab
         self.dir = pin_dir(lab.prefix)
-        self.Cfg = layout.ctypes_struct("swml_loss_cfg")
-        self.Counters = layout.ctypes_struct("swml_loss_counters")
+        self.Cfg, self.Counters = ctype("swml_loss_cfg"), ctype("swml_loss_counters")
         self._program = program
         self.cfg = bpf.PinnedMap(f"{self.dir}/cfg", self.Cfg)
         self.port_map = bpf.PinnedMap(f"{self.dir}/port", ct.c_uint32)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .. import wire
 from ..bpf import PinnedMap, pin_dir
-from .. import layout
+from ..layout import ctype
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class SwitchMaps(DataplaneMaps):
 
     def __init__(self, iface: str, k: int | None = None):
         self.dir = pin_dir(iface)
-        self.Job, self.Member = layout.ctypes_struct("swml_job"), layout.ctypes_struct("swml_member")
-        self.Slot = layout.ctypes_struct("swml_slot", k) if k else None  # its size depends on k
+        self.Job, self.Member = ctype("swml_job"), ctype("swml_member")
+        self.Slot = ctype("swml_slot", k) if k else None
         self.jobs = PinnedMap(f"{self.dir}/jobs", self.Job)
         self.members = PinnedMap(f"{self.dir}/members", self.Member)
         self.counters = PinnedMap(f"{self.dir}/counters", ct.c_uint64, percpu=True)

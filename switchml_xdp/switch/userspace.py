@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import bpf, layout, net, wire
-from ..layout import xdp_dir
+from .. import bpf, net, wire
+from ..layout import dtype, xdp_dir
 from .dataplane import Dataplane, DataplaneError, SwitchParams
 from .maps import DataplaneMaps, JobEntry
 
@@ -47,10 +47,9 @@ RCVBUF = 32 << 20
 
 log = logging.getLogger("swml.userspace")
 
-# struct us_job / us_member of userspace_dp.h (network-order fields hold
-# wire.ip_to_be32/port_to_be16 values, as in the BPF maps).
-JOB_DTYPE = layout.numpy_dtype("us_job", raw_be=True)
-MEMBER_DTYPE = layout.numpy_dtype("us_member", raw_be=True)
+# Layouts of struct us_job / us_member of userspace_dp.c, as the compiler lays them out.
+JOB_DTYPE = dtype("us_job")
+MEMBER_DTYPE = dtype("us_member")
 
 
 # ------------------------------------------------------------------ the C part
@@ -62,8 +61,7 @@ def _cache_dir() -> Path:
 
 def build_datapath() -> Path:
     """Compile userspace_dp.c (once per source version) and return the .so path."""
-    headers = [*(xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")),
-               SOURCE.with_name("userspace_dp.h")]  # what it includes
+    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")]  # what it includes
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers])).hexdigest()[:16]
     out = _cache_dir() / f"swml_userspace_dp-{digest}.so"
     if out.exists():

@@ -37,7 +37,22 @@
 #define BATCH 64
 #define MAXPKT 2048
 
-#include "userspace_dp.h"
+/* Mirrors of the numpy dtypes in userspace.py (JOB_DTYPE, MEMBER_DTYPE). */
+struct us_job {
+	uint32_t active;
+	uint32_t world;
+	uint32_t slot_base;
+	uint32_t slot_count;
+	uint32_t group_ip;     /* network order */
+	uint16_t result_port;  /* network order */
+	uint16_t pad;
+};
+
+struct us_member {
+	uint32_t ip;    /* network order */
+	uint16_t port;  /* network order */
+	uint16_t pad;
+};
 
 struct us_state {
 	uint32_t k;

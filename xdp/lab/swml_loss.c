@@ -68,7 +68,7 @@
 #error "SWML_LOSS_PIN_DIR must be defined"
 #endif
 
-#include "swml_loss.h"
+#include "lab/swml_loss.h" /* by -I xdp/: bcc compiles the source as main.c */
 
 BPF_TABLE_PINNED("hash", u32, u32, links, SWML_LOSS_MAX_LINKS, SWML_LOSS_PIN_DIR "/links");
 BPF_TABLE_PINNED("array", u32, struct swml_loss_cfg, cfg, 2 * SWML_LOSS_MAX_LINKS,

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * swml_loss.h - the loss injector's constants and map values, shared by
- * xdp/lab/swml_loss.c and switchml_xdp/lab/loss.py (through the generated layout).
+ * swml_loss.h - the constants and map values of the lab's loss injector
+ * (swml_loss.c), shared with switchml_xdp/lab/loss.py through the generated
+ * layout (switchml_xdp/layout_gen.py).
  */
 #ifndef SWML_LOSS_H
 #define SWML_LOSS_H
