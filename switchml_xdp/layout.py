@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import importlib
+import importlib.util
 import types
 from functools import lru_cache
 from pathlib import Path
@@ -48,11 +48,16 @@ def _is_stale(gen) -> bool:
 
 
 def _load():
+    # By path, not by name: the file next to this module, never another copy
+    # of the package that an import finder (an editable install's) maps the name to.
+    path = _HERE / "_layout.py"
+    spec = importlib.util.spec_from_file_location("switchml_xdp._layout", path)
+    gen = importlib.util.module_from_spec(spec)
     try:
-        gen = importlib.import_module("switchml_xdp._layout")
+        spec.loader.exec_module(gen)
         if not _is_stale(gen):
             return gen
-    except ImportError:
+    except FileNotFoundError:
         pass
     # A checkout whose layout is missing or stale: regenerate, and keep the file
     # for the next import where the checkout is writable (not for every user).

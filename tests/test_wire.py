@@ -3,6 +3,12 @@ the C compiler says, for several k; the wire helpers agree with it."""
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import types
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +68,56 @@ def test_a_changed_header_makes_the_layout_stale():
     class Old:
         SOURCES = {**layout._GEN.SOURCES, "xdp/swml_wire.h": "0" * 64}
     assert layout._is_stale(Old)
+
+
+# ---------------------------------------------- generated where it is needed
+
+def _copy_tree(dest: Path) -> Path:
+    """The files a build needs, without a generated layout or build outputs."""
+    ignore = shutil.ignore_patterns("__pycache__", "_layout.py", "*.so", "*.egg-info")
+    for d in ("switchml_xdp", "xdp", "worker"):
+        shutil.copytree(TOP / d, dest / d, ignore=ignore)
+    for f in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md"):
+        shutil.copy2(TOP / f, dest / f)
+    return dest
+
+
+def _import_default_slots(tree: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "from switchml_xdp import wire; print(wire.DEFAULT_SLOTS)"],
+                            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_checkout_generates_on_import_and_again_after_a_header_changed(tmp_path):
+    tree = _copy_tree(tmp_path)
+    procs = [_import_default_slots(tree) for _ in range(4)]  # concurrent first imports agree
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    assert {out.strip() for out, _ in outs} == {str(wire.DEFAULT_SLOTS)}
+    assert (tree / "switchml_xdp" / "_layout.py").is_file()
+    assert not [p.name for p in (tree / "switchml_xdp").glob("._layout*")]  # no temp file left
+
+    header = tree / "xdp" / "swml_wire.h"
+    text = header.read_text()
+    header.write_text(text.replace(f"SWML_DEFAULT_SLOTS {wire.DEFAULT_SLOTS}", "SWML_DEFAULT_SLOTS 77"))
+    out, err = _import_default_slots(tree).communicate(timeout=120)
+    assert out.strip() == "77", err[-2000:]
+
+
+def test_a_built_wheel_ships_the_generated_layout(tmp_path):
+    tree = _copy_tree(tmp_path / "src")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(tree), "-w", str(tmp_path / "dist"),
+                        "--no-deps", "--no-build-isolation", "-q", "--disable-pip-version-check"],
+                       env={**os.environ, "SWML_SKIP_ENGINE": "1"}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        shipped = z.read("switchml_xdp/_layout.py").decode()
+    assert {"switchml_xdp/layout.py", "switchml_xdp/layout_gen.py", "switchml_xdp/_xdp/swml_wire.h",
+            "switchml_xdp/_xdp/lab/swml_loss.h", "switchml_xdp/switch/userspace_dp.c"} <= names
+    generated = types.ModuleType("shipped_layout")
+    exec(compile(shipped, "_layout.py", "exec"), generated.__dict__)  # noqa: S102 - the wheel's own output
+    assert generated.DEFINES == layout.DEFINES and generated.STRUCTS == layout._GEN.STRUCTS
+    assert not layout._is_stale(generated)  # made from these very sources
