@@ -101,6 +101,8 @@ def dtype(struct: str, k: int | None = None) -> np.dtype:
     for name, off, elem, signed, order, dims in _fields(struct, k):
         if order == "bytes":
             fmt = np.dtype(f"V{elem}")
+        elif order == "pointer":
+            fmt = np.dtype(f"=u{elem}")
         else:
             fmt = np.dtype(f"{'>' if order == 'be' else '='}{'i' if signed else 'u'}{elem}")
         names.append(name)
@@ -119,12 +121,13 @@ _CTYPES = {(1, False): ctypes.c_uint8, (1, True): ctypes.c_int8, (2, False): cty
 def ctype(struct: str, k: int | None = None) -> type[ctypes.Structure]:
     """ctypes structure of `struct` (BPF map values). Byte order is not
     converted: a __be* field reads as the raw integer (wire.ip_to_be32 writes
-    one); opaque structs (bpf_spin_lock) are bytes."""
+    one); opaque structs (bpf_spin_lock) are bytes, pointers c_void_p."""
     fields, end = [], 0
     for name, off, elem, signed, order, dims in _fields(struct, k):
         if off > end:
             fields.append((f"_pad{end}", ctypes.c_uint8 * (off - end)))
-        t = ctypes.c_uint8 * elem if order == "bytes" else _CTYPES[elem, signed]
+        t = (ctypes.c_uint8 * elem if order == "bytes" else ctypes.c_void_p if order == "pointer"
+             else _CTYPES[elem, signed])
         for d in reversed(dims):
             t = t * d
         fields.append((name, t))

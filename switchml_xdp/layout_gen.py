@@ -8,7 +8,9 @@ compiler's answers (sizeof, offsetof, element sizes, signedness, the values of
 the SWML_* defines) become a Python literal. The only things read from the
 text are names: which SWML_* defines and which structs a source declares, and
 the field names of a struct body (the compiler rejects a wrong one), plus
-whether a field's declared type is a __be* one (C cannot tell a typedef apart).
+whether a field's declared type is a __be* one (C cannot tell a typedef apart)
+or a pointer (the user-space data plane's state holds the addresses of its
+numpy tables).
 
 Struct swml_slot depends on SWML_K. The program is compiled for k = 1 and 2,
 every offset and size is stored as (base, per_k), and a third compile at
@@ -36,7 +38,7 @@ SOURCES = (("xdp/swml_wire.h", None, True),
            ("xdp/swml_maps.h", None, True),
            ("xdp/lab/swml_loss.h", None, True),  # the lab's loss injector
            # The user-space data plane's tables (numpy arrays the C loop reads).
-           ("switchml_xdp/switch/userspace_dp.c", ("us_job", "us_member"), False))
+           ("switchml_xdp/switch/userspace_dp.c", ("us_job", "us_member", "us_state"), False))
 GENERATOR = "switchml_xdp/layout_gen.py"
 K_POINTS = (1, 2)  # two compiles give (base, per_k); a third checks linearity
 
@@ -61,7 +63,7 @@ def _fields(body: str) -> list[tuple[str, str, int]]:
         if not decl:
             continue
         m = _DECL.match(decl)
-        if not m or "(" in decl or "*" in decl:
+        if not m or "(" in decl or decl.count("*") > 1:
             raise LayoutError(f"cannot name the field in {decl!r}")
         out.append((m["name"], m["type"].strip(), m["dims"].count("[")))
     return out
@@ -97,7 +99,8 @@ def _c_program(paths: dict[str, Path], defines: dict[str, list[str]], structs: d
             sizes = " ".join(["%zu"] * (ndims + 1))
             args = ", ".join(f"sizeof({ref}{'[0]' * i})" for i in range(ndims + 1))
             elem = f"{ref}{'[0]' * ndims}"
-            signed = "0" if ctype.startswith("struct ") else f"(SIGNED({elem}) ? 1 : 0)"
+            opaque = ctype.startswith("struct ") or ctype.endswith("*")
+            signed = "0" if opaque else f"(SIGNED({elem}) ? 1 : 0)"
             lines.append(f'printf("F {s} {name} %zu %d {sizes}\\n", offsetof(struct {s}, {name}), '
                          f"{signed}, {args});")
     lines += ["return 0;", "}"]
@@ -165,7 +168,8 @@ def generate(top: Path) -> str:
             # Dimensions: sizeof(f[0]..)/sizeof(f[0][0]..), linear in k like the rest.
             dims1 = [n1[i] // n1[i + 1] for i in range(len(n1) - 1)]
             dims2 = [n2[i] // n2[i + 1] for i in range(len(n2) - 1)]
-            kind = ("bytes" if types[name].startswith("struct ")
+            kind = ("pointer" if types[name].endswith("*")
+                    else "bytes" if types[name].startswith("struct ")
                     else "be" if re.search(r"\b__be(16|32|64)\b", types[name]) else "native")
             out_fields.append({"name": name, "offset": _linear(off1, off2), "elem": elem,
                                "signed": bool(signed), "order": kind,
