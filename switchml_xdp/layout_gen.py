@@ -62,6 +62,8 @@ def _fields(body: str) -> list[tuple[str, str, int]]:
         decl = " ".join(decl.split())
         if not decl:
             continue
+        if "," in decl or ":" in decl:  # offsetof cannot measure a bitfield; one name a line
+            raise LayoutError(f"write one plain field a declaration, not {decl!r}")
         m = _DECL.match(decl)
         if not m or "(" in decl or decl.count("*") > 1:
             raise LayoutError(f"cannot name the field in {decl!r}")

@@ -121,3 +121,9 @@ def test_a_built_wheel_ships_the_generated_layout(tmp_path):
     exec(compile(shipped, "_layout.py", "exec"), generated.__dict__)  # noqa: S102 - the wheel's own output
     assert generated.DEFINES == layout.DEFINES and generated.STRUCTS == layout._GEN.STRUCTS
     assert not layout._is_stale(generated)  # made from these very sources
+
+
+@pytest.mark.parametrize("body", ["__u32 a, b;", "__u32 a : 3; __u32 b : 29;"])
+def test_the_generator_refuses_fields_it_cannot_measure_one_by_one(body):
+    with pytest.raises(layout_gen.LayoutError, match="one plain field"):
+        layout_gen._fields(body)
