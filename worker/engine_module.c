@@ -17,7 +17,6 @@
  *   quantize(x, k, exp_global, world, out)
  *   dequantize(sums, exp_global, nonfinite_any, world, out)
  *   exponent_bits(world)
- *   xdp_link_attach(prog_fd, ifindex, flags) -> link fd   (close it to detach)
  * The quant functions mirror switchml_xdp/quant.py so tests can compare them
  * bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
@@ -30,8 +29,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include <bpf/bpf.h>
-#include <linux/if_link.h>
 
 #include "quant.h"
 #include "stream.h"
@@ -263,30 +260,6 @@ out_e:
 out_s:
 	PyBuffer_Release(&s);
 	return ret;
-}
-
-/* ----------------------------------------------------------------- XDP link */
-
-/* Attach an XDP program through a BPF link rather than netlink: the program
- * stays attached exactly as long as the returned fd is open, so a worker that
- * dies (even SIGKILL) never leaves its redirect program on the interface. */
-static PyObject *py_xdp_link_attach(PyObject *self, PyObject *args)
-{
-	int prog_fd, ifindex, fd;
-	unsigned int flags;
-
-	if (!PyArg_ParseTuple(args, "iiI", &prog_fd, &ifindex, &flags))
-		return NULL;
-	{
-		LIBBPF_OPTS(bpf_link_create_opts, opts, .flags = flags);
-
-		fd = bpf_link_create(prog_fd, ifindex, BPF_XDP, &opts);
-	}
-	if (fd < 0) {
-		errno = -fd;
-		return PyErr_SetFromErrno(PyExc_OSError);
-	}
-	return PyLong_FromLong(fd);
 }
 
 /* ------------------------------------------------------------------- Engine */
@@ -553,9 +526,6 @@ static PyTypeObject EngineType = {
 
 static PyMethodDef module_methods[] = {
 	{"exponent_bits", py_exponent_bits, METH_VARARGS, "exponent_bits(world) -> L"},
-	{"xdp_link_attach", py_xdp_link_attach, METH_VARARGS,
-	 "xdp_link_attach(prog_fd, ifindex, flags) -> fd: attach an XDP program with a BPF "
-	 "link (XDP_FLAGS_DRV_MODE / XDP_FLAGS_SKB_MODE in flags); closing fd detaches it."},
 	{"block_exponents", py_block_exponents, METH_VARARGS,
 	 "block_exponents(x: float32, k, exp_out: int8[nb], nonfinite_out: bool[nb])"},
 	{"quantize", py_quantize, METH_VARARGS,
@@ -587,9 +557,7 @@ PyMODINIT_FUNC PyInit__engine(void)
 	    PyModule_AddIntConstant(m, "STALLED", SWML_STALLED) ||
 	    PyModule_AddIntConstant(m, "EIO", SWML_EIO) ||
 	    PyModule_AddIntConstant(m, "E2BIG", SWML_E2BIG) ||
-	    PyModule_AddIntConstant(m, "MAX_K", SWML_MAX_K) ||
-	    PyModule_AddIntConstant(m, "XDP_FLAGS_SKB_MODE", XDP_FLAGS_SKB_MODE) ||
-	    PyModule_AddIntConstant(m, "XDP_FLAGS_DRV_MODE", XDP_FLAGS_DRV_MODE)) {
+	    PyModule_AddIntConstant(m, "MAX_K", SWML_MAX_K)) {
 		Py_DECREF(m);
 		return NULL;
 	}

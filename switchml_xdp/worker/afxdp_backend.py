@@ -62,11 +62,7 @@ def unavailable_reason() -> str | None:
         return f"extension not built: {e} (pip install -e . with libxdp-dev and libbpf-dev)"
     if os.geteuid() != 0:
         return "needs root (AF_XDP)"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        return "needs bcc (Debian package python3-bpfcc)"
-    return None
+    return bpf.compiler_missing()
 
 
 def _mac_bytes(mac: str) -> bytes:
