@@ -3,6 +3,8 @@
 - The BPF sources in xdp/ travel inside the package (switchml_xdp/_xdp/) so that an
   installed daemon can compile them at `swml-switch up`; an editable install reads
   them from the checkout.
+- switchml_xdp/_layout.py, the headers' byte layouts as the C compiler reads
+  them, is generated (switchml_xdp/layout_gen.py).
 - The AF_XDP worker engine (worker/*.c) becomes the extension module
   switchml_xdp._engine, linked against libxdp and libbpf. Its headers are checked
   before compiling so that a missing library fails with the Debian package to
@@ -10,6 +12,7 @@
   udp backend needs no C).
 """
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -36,6 +39,17 @@ class BuildPyWithBpfSources(build_py):
             target = dest / src.relative_to(TOP / "xdp")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
+        # The byte layouts of the headers, as the C compiler reads them (layout_gen.py).
+        pkg = TOP / "switchml_xdp" if self.editable_mode else Path(self.build_lib) / "switchml_xdp"
+        _layout_gen().write(TOP, pkg / "_layout.py")
+
+
+def _layout_gen():
+    """switchml_xdp/layout_gen.py, imported by path: the package is not built yet."""
+    spec = importlib.util.spec_from_file_location("layout_gen", TOP / "switchml_xdp" / "layout_gen.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def missing_engine_deps() -> list[str]:

@@ -1,4 +1,5 @@
-"""The wire format v1, derived from xdp/swml_wire.h (never written down twice).
+"""The wire format v1, derived from xdp/swml_wire.h (never written down twice):
+switchml_xdp.layout, the C compiler's reading of the header.
 
 Exposes the header's constants as module attributes (DEFAULT_PORT, TYPE_DATA,
 FLAG_SLOT_VER, CNT_RX, ...), the counter names in row order, a numpy dtype for
@@ -7,12 +8,13 @@ the 16-byte swml header, and helpers to build and parse whole datagrams.
 from __future__ import annotations
 
 import ipaddress
+import struct
 
 import numpy as np
 
-from .cheaders import defines
+from . import layout
 
-_D = defines("swml_wire.h")
+_D = layout.DEFINES["swml_wire.h"]
 globals().update({name[len("SWML_"):]: value for name, value in _D.items()})
 
 #: Counter rows of the switch, in index order: ["rx", "aggregated", ...].
@@ -24,22 +26,11 @@ COUNTER_NAMES: list[str] = [
 #: Counters that are reasons to drop a malformed or foreign packet.
 DROP_REASONS = COUNTER_NAMES[COUNTER_NAMES.index("truncated"):]
 
-_NP_TYPES = {"__u8": "u1", "__s8": "i1", "__be16": ">u2", "__be32": ">u4"}
-
-
-def _header_dtype() -> np.dtype:
-    from .cheaders import xdp_dir
-    import re
-    text = (xdp_dir() / "swml_wire.h").read_text()
-    body = re.search(r"struct swml_hdr \{(.*?)\}", text, re.S).group(1)
-    fields = re.findall(r"^\s*(\w+)\s+(\w+);", body, re.M)
-    dt = np.dtype([(name, _NP_TYPES[ctype]) for ctype, name in fields])
-    assert dt.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
-    return dt
-
-
 #: numpy dtype of struct swml_hdr (big-endian fields, as on the wire).
-HDR_DTYPE = _header_dtype()
+HDR_DTYPE = layout.dtype("swml_hdr")
+assert HDR_DTYPE.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
+#: The same header as a `struct` format, for code that packs it field by field.
+HDR_STRUCT = struct.Struct(layout.struct_format("swml_hdr"))
 
 
 def ver_type(kind: int) -> int:

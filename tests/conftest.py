@@ -6,17 +6,13 @@ import os
 
 import pytest
 
+from switchml_xdp import bpf
+
 
 def _why_no_lab() -> str | None:
     if os.geteuid() != 0:
         return "needs root: network namespaces, veth and XDP"
-    try:
-        import bcc  # noqa: F401  Debian's python3-bpfcc, seen through the venv
-    except ImportError:
-        return "bcc is not importable (run `make test`, which sets up the venv)"
-    if not os.path.exists("/sys/kernel/btf/vmlinux"):
-        return "the kernel has no BTF (bpf_spin_lock in map values needs it)"
-    return None
+    return bpf.compiler_missing()
 
 
 NO_LAB = _why_no_lab()

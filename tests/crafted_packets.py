@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import errno
 import socket
-import struct
 import time
 from contextlib import closing
 
+from frames import Endpoint, endpoint, udp_frame
 from reliability_helpers import K, PORT
 from switchml_xdp import wire
 from switchml_xdp.switch.maps import SwitchMaps
@@ -182,10 +182,6 @@ def send_all(sends, dest, pace=lambda sent: None) -> dict[str, int]:
     return repeated
 
 
-def mac_bytes(mac: str) -> bytes:
-    return bytes.fromhex(mac.replace(":", ""))
-
-
 def ip_bytes(ip: str) -> bytes:
     return socket.inet_aton(ip)
 
@@ -193,10 +189,6 @@ def ip_bytes(ip: str) -> bytes:
 def eth_ip_udp(lab, src_host, src_ip: str, sport: int, payload_len: int) -> bytearray:
     """The 42 bytes of Ethernet | IPv4 | UDP of a datagram to the switch's data
     port, as the kernel would write them (DF, checksum over the IP header)."""
-    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + payload_len, 0, 0x4000, 64,
-                               socket.IPPROTO_UDP, 0, ip_bytes(src_ip), ip_bytes(lab.switch.ip)))
-    s = sum(struct.unpack("!10H", ip))
-    s = (s & 0xFFFF) + (s >> 16)
-    ip[10:12] = struct.pack("!H", ~((s & 0xFFFF) + (s >> 16)) & 0xFFFF)
-    udp = struct.pack("!HHHH", sport, PORT, 8 + payload_len, 0)
-    return bytearray(mac_bytes(lab.switch.mac) + mac_bytes(src_host.mac) + b"\x08\x00" + ip + udp)
+    frame = udp_frame(Endpoint(src_host.mac, src_ip, sport), endpoint(lab.switch, PORT),
+                      bytes(payload_len))
+    return bytearray(frame[:wire.ETH_LEN + wire.IP_LEN + wire.UDP_LEN])

@@ -25,6 +25,7 @@ except ImportError as e:  # pragma: no cover - the build failed or was skipped
     pytest.skip(f"the AF_XDP engine is not built: {e}", allow_module_level=True)
 
 from conftest import needs_lab
+from test_worker_backends import start_idle_rank
 
 K = 256  # the session switch's k
 
@@ -244,22 +245,12 @@ def test_two_overlapping_allreduce_async_calls(lab8, switch):
         assert np.array_equal(b, ys[0] + ys[1])
 
 
-def _start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Popen:
-    """A rank in its own process that joins and then never sends a packet."""
-    code = ("import sys, time\n"
-            "from switchml_xdp import Worker\n"
-            f"w = Worker({lab.switch.ip!r}, {job!r}, {rank}, {world}, backend='udp', verbose=False)\n"
-            "print('joined', flush=True)\n"
-            "time.sleep(600)\n")
-    return lab.popen(host, [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-
-
 @needs_lab
 def test_abort_of_another_rank_raises_job_aborted_promptly(lab8, switch):
     from switchml_xdp import Worker
     from switchml_xdp.worker.control import JobAborted
 
-    idle = _start_idle_rank(lab8, lab8.workers[1], "abortme", 1, 2)
+    idle = start_idle_rank(lab8, lab8.workers[1], "abortme", 1, 2)
     try:
         with lab8.enter(lab8.workers[0]):
             w = Worker(lab8.switch.ip, "abortme", 0, 2, backend="afxdp", verbose=False)
@@ -284,7 +275,7 @@ def test_abort_of_another_rank_raises_job_aborted_promptly(lab8, switch):
 def test_stall_timeout_raises_timeout_error(lab8, switch):
     from switchml_xdp import Worker
 
-    idle = _start_idle_rank(lab8, lab8.workers[1], "stallme", 1, 2)
+    idle = start_idle_rank(lab8, lab8.workers[1], "stallme", 1, 2)
     try:
         with lab8.enter(lab8.workers[0]):
             w = Worker(lab8.switch.ip, "stallme", 0, 2, backend="afxdp", verbose=False,

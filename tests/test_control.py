@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 import threading
 import time
@@ -186,6 +187,17 @@ BAD_REQUESTS = {
     "timeout-0": (_bad_join(timeout=0), "join", ["'timeout' must be a number of seconds"]),
     "timeout-str": (_bad_join(timeout="5"), "join", ["'timeout' must be a number of seconds"]),
     "timeout-huge": (_bad_join(timeout=1e9), "join", ["'timeout' must be a number of seconds"]),
+    "timeout-over-ceiling": (_bad_join(timeout=601), "join", ["'timeout' must be a number of seconds in (0, 600]"]),
+    "job-escape-codes": (_bad_join(job="j\x1b[2J\x1b[31mred"), "join", ["'job' may contain only letters"]),
+    "job-newline": (_bad_join(job="a\nb"), "join", ["'job' may contain only letters"]),
+    "job-space": (_bad_join(job="my job"), "join", ["'job' may contain only letters"]),
+    "job-slash": (_bad_join(job="../x"), "join", ["'job' may contain only letters"]),
+    "job-unicode": (_bad_join(job="j\u202eob"), "join", ["'job' may contain only letters"]),
+    "token-int": (_bad_join(token=5), "join", ["'token' must be a non-empty string"]),
+    "token-empty": (_bad_join(token=""), "join", ["'token' must be a non-empty string"]),
+    "token-too-long": (_bad_join(token="t" * 257), "join", ["'token'", "at most 256"]),
+    "ip-not-the-connection": (lambda lab, name: join_msg(name, 4, 0, lab.workers[1], timeout=5), "join",
+                              ["is not the address this connection comes from"]),
 }
 
 
@@ -253,7 +265,9 @@ def test_join_reply_fields(lab8, switch):
         r0.send(join_msg(name, 2, 0, h0, k=256))
         assert r0.silent(0.1), "join returns only when all ranks joined"
         j = wait_members(lab8, name, {0})
-        assert j["state"] == "joining" and j["slots"] == JOB_SLOTS
+        # Slots and an id are taken only when the barrier completes.
+        assert j["state"] == "joining" and j["id"] is None and j["slots"] == 0 and j["slot_base"] is None
+        assert status(lab8)["slots_free"] == free
         r1.send(join_msg(name, 2, 1, h1))
         replies = [r0.recv(), r1.recv()]
         for rank, rep in enumerate(replies):
@@ -297,14 +311,18 @@ def test_data_plane_takes_a_job_only_once_all_ranks_joined(lab8, switch):
     try:
         with Raw(lab8, h0) as r0, Raw(lab8, h1) as r1:
             r0.send(join_msg(name, 2, 0, h0))
-            job_id = wait_members(lab8, name, {0})["id"]
+            wait_members(lab8, name, {0})
+            # The id it will get: the lowest one no other job holds (a joining job holds none).
+            used = {j["id"] for j in status(lab8)["jobs"]}
+            job_id = min(set(range(1, wire.MAX_JOBS)) - used)
             pkt = wire.datagram(wire.TYPE_DATA, job_id, 0, 0, 0, np.ones(wire.DEFAULT_K, np.int32))
             before = counters()
             udp.sendto(pkt, (lab8.switch.ip, wire.DEFAULT_PORT))
             wait_for(lambda: counters()["unknown_job"] == before["unknown_job"] + 1,
                      what="the joining job's packet to be dropped as unknown_job")
             r1.send(join_msg(name, 2, 1, h1))
-            assert r0.recv()["ok"] and r1.recv()["ok"]
+            replies = [r0.recv(), r1.recv()]
+            assert all(rep["ok"] and rep["job_id"] == job_id for rep in replies), replies
             before = counters()
             udp.sendto(pkt, (lab8.switch.ip, wire.DEFAULT_PORT))
             wait_for(lambda: counters()["aggregated"] == before["aggregated"] + 1,
@@ -317,7 +335,7 @@ def test_data_plane_takes_a_job_only_once_all_ranks_joined(lab8, switch):
 def test_second_world_size_and_second_rank_refused_first_join_undisturbed(lab8, switch):
     name, (h0, h1, h2) = job_name("mismatch"), lab8.workers[:3]
     free = status(lab8)["slots_free"]
-    with Raw(lab8, h0) as first, Raw(lab8, h1) as other, Raw(lab8, h2) as dup:
+    with Raw(lab8, h0) as first, Raw(lab8, h1) as other, Raw(lab8, h2) as dup, Raw(lab8, h0) as same:
         first.send(join_msg(name, 2, 0, h0, timeout=20))
         wait_members(lab8, name, {0})
         assert_error(other.request(join_msg(name, 3, 1, h1)), f"job {name!r} has world 2, this worker says 3",
@@ -326,7 +344,7 @@ def test_second_world_size_and_second_rank_refused_first_join_undisturbed(lab8, 
                      f"rank 0 of job {name!r} already joined from {h0.ip}:{PORT}", op="join")
         assert_error(dup.request(join_msg(name, 2, 1, h2, port=PORT + 1)), f"uses UDP port {PORT}",
                      op="join")
-        assert_error(dup.request(join_msg(name, 2, 1, h0)), f"rank 0 of job {name!r} already uses",
+        assert_error(same.request(join_msg(name, 2, 1, h0)), f"rank 0 of job {name!r} already uses",
                      op="join")
         assert first.silent(0.05), "the refusals must not disturb the first joiner"
         # The refused connection serves on: it joins properly now.
@@ -348,14 +366,14 @@ def test_barrier_timeout_names_missing_ranks_and_returns_slots(lab8, switch):
         assert 0.45 <= time.monotonic() - t0 < 2.0
         assert err == f"timed out after 0.5 s waiting for rank(s) 1, 2 of job {name!r} (world 3)"
         wait_gone(lab8, name, free)
-        # The connection serves on; with another rank waiting, the slots stay taken.
+        # The connection serves on; another rank still waits (holding no slots).
         with Raw(lab8, hosts[2]) as waiting:
             waiting.send(join_msg(name, 3, 2, hosts[2], timeout=20))
             wait_members(lab8, name, {2})
             assert_error(r.request(join_msg(name, 3, 0, hosts[0], timeout=0.3)),
                          "waiting for rank(s) 1 of job", op="join")
             j = wait_members(lab8, name, {2})
-            assert status(lab8)["slots_free"] == free - j["slots"]
+            assert j["slots"] == 0 and status(lab8)["slots_free"] == free
     wait_gone(lab8, name, free)  # the last joiner hung up
 
 
@@ -393,8 +411,9 @@ def test_data_sent_during_join_ends_it(lab8, switch):
 
 
 def test_slot_pool_exhaustion_and_release(lab8, switch):
-    """Jobs waiting at the barrier hold their slots; the pool runs out, then
-    comes back whole when their joiners hang up."""
+    """Running jobs hold their slots; the pool runs out (the job that cannot
+    start is refused, every rank of it told why), then comes back whole when
+    their members hang up."""
     st = status(lab8)
     free, total = st["slots_free"], st["slots_total"]
     holders, names = [], []
@@ -403,16 +422,10 @@ def test_slot_pool_exhaustion_and_release(lab8, switch):
             name = job_name("pool")
             r = Raw(lab8, lab8.workers[len(holders) % 8])
             holders.append(r)
-            r.send(join_msg(name, 2, 0, r.host, timeout=30))
-            # Either the job shows up (it waits at the barrier) or the join is refused.
-            def settled():
-                try:
-                    return ("refused", r.recv(0.01))
-                except TimeoutError:
-                    return job_of(status(lab8), name) and ("waiting", None)
-            what, reply = wait_for(settled, what=f"join of {name} to settle")
-            if what == "refused":
-                assert_error(reply, "slot pool exhausted", f"of {total} slots free", op="join")
+            reply = r.request(join_msg(name, 1, 0, r.host, timeout=30))
+            if not reply["ok"]:
+                assert_error(reply, f"job {name!r} could not start: slot pool exhausted",
+                             f"of {total} slots free", op="join")
                 break
             names.append(name)
             assert len(names) <= total // 8, "the pool never ran out"
@@ -421,6 +434,15 @@ def test_slot_pool_exhaustion_and_release(lab8, switch):
         if free == total == 1024:
             assert len(names) == 8, names
         assert job_of(st, name) is None, "a refused join leaves no job"
+        # A world-2 job whose barrier completes on a full pool: both ranks are told.
+        name2, (h0, h1) = job_name("pool-full"), lab8.workers[:2]
+        with Raw(lab8, h0) as r0, Raw(lab8, h1) as r1:
+            r0.send(join_msg(name2, 2, 0, h0))
+            wait_members(lab8, name2, {0})
+            assert_error(r1.request(join_msg(name2, 2, 1, h1)), "could not start: slot pool exhausted",
+                         op="join")
+            assert_error(r0.recv(), f"job {name2!r} could not start: slot pool exhausted", op="join")
+            assert job_of(status(lab8), name2) is None
     finally:
         for r in holders:
             r.close()
@@ -592,3 +614,69 @@ def _join_expecting_error(client, name, host, out):
         out.append("joined?!")
     except ControlError as e:
         out.append(str(e))
+
+
+def test_client_that_never_reads_is_dropped(own_switch):
+    """It keeps asking (so it is never idle) but reads nothing: once its replies
+    have waited for the idle timeout (1 s here), the switch resets it."""
+    lab = own_switch.lab
+    with Raw(lab) as r:
+        # A small receive window from the start (set before connecting), so
+        # the switch's send buffer stays small and fills after a few replies.
+        r.sock.close()
+        with lab.enter(r.host):
+            r.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            r.sock.connect((lab.switch.ip, wire.DEFAULT_CONTROL_PORT))
+        r.sock.settimeout(0.2)
+        t0, sent, reset = time.monotonic(), 0, None
+        while time.monotonic() - t0 < 15 and reset is None:
+            try:
+                r.sock.sendall(b'{"op": "status"}\n' * 64)
+                sent += 64
+            except socket.timeout:
+                pass   # the switch stopped reading us: it waits for us to read
+            except (ConnectionResetError, BrokenPipeError) as e:
+                reset = e
+        if reset is None:  # what it sent is taken; the reset shows when we read
+            try:
+                while r.recv(1.0) is not None:
+                    pass
+            except (ConnectionResetError, TimeoutError) as e:
+                reset = e
+        assert isinstance(reset, (ConnectionResetError, BrokenPipeError)), \
+            f"a client that did not read for {time.monotonic() - t0:.1f} s was not dropped"
+    assert status(lab)["ok"], "the daemon serves on"
+
+
+def test_emfile_during_a_join_leaves_no_phantom_rank(own_switch):
+    """The daemon runs out of file descriptors in the middle of a join: the
+    joiner gets one line, and no rank, job or slot is left behind."""
+    import resource
+
+    from switchml_xdp.switch.daemon import read_state
+
+    lab, (h0, h1) = own_switch.lab, own_switch.lab.workers
+    pid = read_state(own_switch.iface)["pid"]
+    free = status(lab)["slots_free"]
+    name = job_name("emfile")
+    limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    with Raw(lab, h1) as r1:   # connected before the limit: the join's own socket is not the victim
+        assert r1.request({"op": "status"})["ok"]   # (and accepted by the daemon: it answered)
+        used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+        lowest_free = min(set(range(len(used) + 1)) - used)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, limits[1]))
+        try:
+            reply = r1.request(join_msg(name, 2, 1, h1, timeout=30))
+        except TimeoutError:
+            raise AssertionError("no reply; the daemon said:\n" + "\n".join(own_switch.output[-15:]) +
+                                 f"\nfds {sorted(used)} limit {lowest_free}") from None
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+        assert_error(reply, "the switch could not serve this request: Too many open files", op="join")
+        st = status(lab)
+        assert job_of(st, name) is None and st["slots_free"] == free, st["jobs"]
+        # Rank 1 is free again: the job forms normally.
+        with Raw(lab, h0) as r0:
+            r0.send(join_msg(name, 2, 0, h0))
+            assert r1.request(join_msg(name, 2, 1, h1))["ok"] and r0.recv()["ok"]

@@ -108,9 +108,12 @@ def test_job_table_drives_the_in_memory_maps():
     maps = MemoryMaps(k=8, slots=64)
     table = JobTable(maps, 8, 64, 16)
     maps.vals[:] = 7  # an earlier job's leftovers
-    job = table.join({"job": "j", "world": 2, "rank": 0, "port": 47000, "ip": "10.0.0.11"}, None)
-    assert not maps.job_active(job.id) and not maps.vals[job.slot_base:job.slot_base + 16].any()
-    table.join({"job": "j", "world": 2, "rank": 1, "port": 47000, "ip": "10.0.0.12"}, None)
+    job = table.join({"job": "j", "world": 2, "rank": 0, "port": 47000, "ip": "10.0.0.11"}, None, "10.0.0.11")
+    # A joining job holds no id, no slots, nothing in the data plane.
+    assert job.id is None and job.slot_base is None and table.pool.free == 64
+    assert not any(maps.job_active(i) for i in range(1, wire.MAX_JOBS))
+    table.join({"job": "j", "world": 2, "rank": 1, "port": 47000, "ip": "10.0.0.12"}, None, "10.0.0.12")
+    assert not maps.vals[job.slot_base:job.slot_base + 16].any()
     row = maps.jobs[job.id]
     assert maps.job_active(job.id) and row["world"] == 2 and row["slot_count"] == 16
     assert maps.members[job.id * wire.MAX_WORLD + 1]["ip"] == wire.ip_to_be32("10.0.0.12")
@@ -164,3 +167,97 @@ def test_userspace_refuses_an_interface_with_an_xdp_program(lab1):
     assert "detached XDP" in r.stdout and not xdp_attached(lab1, sw.iface)
     with SwitchProcess(lab1, ["--dataplane", "userspace"]) as us:
         assert "user-space process" in us.ready_line
+
+
+# --- one daemon an interface, whatever the timing; down after a crash -----------
+
+@pytest.mark.parametrize("delay", [0.0, 0.3, 0.6, 0.8, 1.0])
+def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
+    """A second `up` started while the first is still loading (the old check of
+    the state file came too late: the second replaced the first's program and
+    pins, or the first was left serving with none). Whichever wins, the other
+    says so in one line and the winner serves with its program attached."""
+    import time
+
+    from switchml_xdp import bpf
+    from switchml_xdp.switch.daemon import lock_holder, lock_path
+
+    from test_control import Raw
+
+    iface = lab1.switch.iface
+    argv = SWITCH_CLI + ["up", iface]
+    procs = [lab1.popen(lab1.switch, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    time.sleep(delay)
+    procs.append(lab1.popen(lab1.switch, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        deadline = time.monotonic() + 60
+        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        losers = [p for p in procs if p.poll() is not None]
+        assert len(losers) == 1, "exactly one `up` must give way"
+        loser, winner = losers[0], next(p for p in procs if p is not losers[0])
+        if delay >= 0.6:
+            assert winner is procs[0], "the first one, well ahead, must win"
+        out = loser.stdout.read()
+        assert loser.returncode == 1 and out.strip() == (f"Error: swml-switch is already up on {iface} "
+                                                         f"(pid {winner.pid}); `swml-switch down {iface}` first"), out
+        line = winner.stdout.readline()
+        assert " up on " in line, line
+        st = read_state(iface)
+        assert st["pid"] == winner.pid == lock_holder(iface)
+        assert bpf.attachment(iface, netns=lab1.switch.ns).prog_id == st["prog_id"] != 0
+        assert SwitchMaps.exist(iface)
+        with Raw(lab1, lab1.workers[0]) as r:   # ... and it serves
+            assert r.request({"op": "status"})["ok"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                assert p.wait(15) == 0
+    assert not xdp_attached(lab1, iface) and not SwitchMaps.exist(iface)
+    os.unlink(lock_path(iface))   # the lab's interface name is not used again
+
+
+def test_down_after_sigkill_from_another_namespace_detaches(lab1):
+    """The daemon ran in the lab's switch namespace; `down` runs in the root
+    namespace, where the interface is not: it detaches the program inside the
+    daemon's namespace, then removes the pins (on the old code: pins removed,
+    the program left attached and aggregating)."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    sw = SwitchProcess(lab1)
+    iface = sw.iface
+    sw.proc.kill()
+    sw.proc.wait()
+    assert xdp_attached(lab1, iface) and os.path.isdir(pin_dir(iface))
+    r = subprocess.run(SWITCH_CLI + ["down", iface], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"detached XDP in network namespace {lab1.switch.ns}" in r.stdout, r.stdout
+    assert not xdp_attached(lab1, iface) and not os.path.exists(pin_dir(iface))
+    assert not os.path.exists(state_path(iface))
+
+
+def test_down_says_what_it_could_not_do(lab1):
+    """The daemon's namespace cannot be found by name: the program may still be
+    attached there, so the pins stay and `down` says so (exit 1, one line)."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+    from switchml_xdp.switch import daemon
+
+    sw = SwitchProcess(lab1)
+    iface = sw.iface
+    sw.proc.kill()
+    sw.proc.wait()
+    st = read_state(iface)
+    st["netns_inode"] = 1   # a namespace no name under /run/netns points to
+    with open(state_path(iface), "w") as f:
+        json.dump(st, f)
+    r = subprocess.run(SWITCH_CLI + ["down", iface], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "could not finish" in r.stderr and "is not in this network namespace" in r.stderr
+    assert f"pinned maps kept in {pin_dir(iface)}" in r.stderr
+    assert xdp_attached(lab1, iface) and os.path.isdir(pin_dir(iface))
+    # Where the interface lives, `down` finishes (the program is the switch's by name).
+    r = lab1.run(lab1.switch, SWITCH_CLI + ["down", iface], check=False, capture_output=True, text=True)
+    assert r.returncode == 0 and "detached XDP" in r.stdout, r.stdout + r.stderr
+    assert not xdp_attached(lab1, iface) and not os.path.exists(pin_dir(iface))
+    assert not os.path.exists(daemon.tokens_path(iface))

@@ -255,6 +255,34 @@ def test_prog_stats_count_runs(netns_pair, pass_prog):
         bpf.prog_stats(2**31 - 1)
 
 
+# ------------------------------------------------------------ test runs
+
+@needs_lab
+def test_test_run_returns_the_verdict_and_the_frame_as_the_program_left_it(tmp_path, pass_prog):
+    frame = bytes(range(60))
+    retval, out, ns = bpf.test_run(pass_prog.fd, frame, repeat=100)
+    assert (retval, out) == (2, frame) and ns >= 0  # XDP_PASS, untouched
+    src = tmp_path / "tx.c"  # grows the frame by 4 bytes, marks its first byte, sends it back
+    src.write_text("#include <uapi/linux/bpf.h>\n"
+                   "int tx(struct xdp_md *ctx) {\n"
+                   "  if (bpf_xdp_adjust_tail(ctx, 4)) return XDP_ABORTED;\n"
+                   "  unsigned char *p = (void *)(long)ctx->data;\n"
+                   "  if ((void *)(p + 1) > (void *)(long)ctx->data_end) return XDP_ABORTED;\n"
+                   "  p[0] = 0xab; return XDP_TX; }\n")
+    with bpf.compile_program(src, "tx") as prog:
+        retval, out, _ = bpf.test_run(prog.fd, frame)
+    assert retval == 3 and len(out) == len(frame) + 4  # XDP_TX
+    assert out[0] == 0xAB and out[1:len(frame)] == frame[1:]
+
+
+@needs_lab
+def test_test_run_refusals_are_one_line(pass_prog):
+    with pytest.raises(bpf.BpfError, match="cannot test-run .* 13 bytes: Invalid argument"):
+        bpf.test_run(pass_prog.fd, bytes(13))  # shorter than an Ethernet header
+    with pytest.raises(bpf.BpfError, match="Bad file descriptor"):
+        bpf.test_run(9999, bytes(60))
+
+
 # ------------------------------------------------------------ pins
 
 @needs_lab
@@ -292,7 +320,7 @@ def test_the_per_slot_step_is_written_once_and_compiles_as_plain_c(tmp_path):
     user-space baseline include it, and the baseline builds warning-free."""
     import shutil
 
-    from switchml_xdp.cheaders import xdp_dir
+    from switchml_xdp.layout import xdp_dir
     from switchml_xdp.switch import userspace
 
     for src in (xdp_dir() / "swml_switch.c", userspace.SOURCE):

@@ -24,7 +24,7 @@ from switchml_xdp.lab import netns
 from switchml_xdp.lab.cluster import run_ranks
 
 
-FIELDS = ["ver_type", "flags", "job", "rank", "slot", "seq", "exp", "reserved", "count"]
+FIELDS = list(wire.HDR_DTYPE.names)  # the swml header fields a fuzz case corrupts
 RAW_FIELDS = {  # offset, size of the Ethernet/IPv4/UDP fields a raw frame corrupts
     "ethertype": (12, 2), "ver_ihl": (14, 1), "tos": (15, 1), "tot_len": (16, 2), "id": (18, 2),
     "frag_off": (20, 2), "ttl": (22, 1), "protocol": (23, 1), "ip_check": (24, 2),

@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
-if os.geteuid() != 0:
-    pytest.skip("lab tests need root (network namespaces, XDP)", allow_module_level=True)
-try:
-    import bcc  # noqa: F401
-except ImportError:
-    pytest.skip("lab tests need bcc (Debian package python3-bpfcc)", allow_module_level=True)
+from conftest import NO_LAB
+
+if NO_LAB:
+    pytest.skip(f"lab tests: {NO_LAB}", allow_module_level=True)
 
 from click.testing import CliRunner
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
+from frames import endpoint, udp_frame
 
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
@@ -40,18 +40,6 @@ def _torch_missing() -> str | None:
 def _tc_packets(argv: list[str]) -> int:
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return int(out.split(" pkt", 1)[0].rsplit(" ", 1)[1])
-
-
-def udp_frame(src, dst, sport: int, dport: int, payload: bytes) -> bytes:
-    udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
-    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64,
-                               socket.IPPROTO_UDP, 0, socket.inet_aton(src.ip),
-                               socket.inet_aton(dst.ip)))
-    c = sum(struct.unpack("!10H", ip))
-    c = (c & 0xFFFF) + (c >> 16)
-    ip[10:12] = struct.pack("!H", ~((c & 0xFFFF) + (c >> 16)) & 0xFFFF)
-    mac = lambda m: bytes.fromhex(m.replace(":", ""))  # noqa: E731
-    return mac(dst.mac) + mac(src.mac) + struct.pack("!H", 0x0800) + bytes(ip) + udp
 
 
 def _receive(lab, host, port: int, out: dict) -> None:
@@ -84,7 +72,7 @@ def _bypass_flood(lab, src, dst, dport: int, frames: int) -> None:
     with raw:
         raw.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
         raw.bind((src.iface, 0))
-        frame = udp_frame(src, dst, 40000, dport, b"x" * 1000)
+        frame = udp_frame(endpoint(src, 40000), endpoint(dst, dport), b"x" * 1000)
         for _ in range(frames):
             try:
                 raw.send(frame)

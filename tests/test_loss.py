@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import socket
-import struct
 import threading
 import time
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
+from frames import endpoint, udp_frame
 
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
@@ -141,19 +141,6 @@ def test_loss_is_binomial_and_every_frame_is_counted(lab, p, direction):
     assert other["dropped"] == 0 and other["passed"] == other["seen"], d
 
 
-def udp_frame(src, dst, sport: int, dport: int, payload: bytes) -> bytes:
-    """Ethernet | IPv4 | UDP (checksum 0) from host src to host dst."""
-    udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
-    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64,
-                               socket.IPPROTO_UDP, 0, socket.inet_aton(src.ip),
-                               socket.inet_aton(dst.ip)))
-    csum = sum(struct.unpack("!10H", ip))
-    csum = (csum & 0xFFFF) + (csum >> 16)
-    ip[10:12] = struct.pack("!H", ~((csum & 0xFFFF) + (csum >> 16)) & 0xFFFF)
-    mac = lambda m: bytes.fromhex(m.replace(":", ""))  # noqa: E731
-    return mac(dst.mac) + mac(src.mac) + struct.pack("!H", 0x0800) + bytes(ip) + udp
-
-
 def test_frames_that_bypass_the_qdisc_are_subject_too(lab):
     """AF_XDP in copy mode (all veth offers) transmits with __dev_direct_xmit,
     past the qdisc and tc egress of the worker's own interface; AF_PACKET with
@@ -168,7 +155,7 @@ def test_frames_that_bypass_the_qdisc_are_subject_too(lab):
         with raw:
             raw.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
             raw.bind((w0.iface, 0))
-            frame = udp_frame(w0, w1, 40000, PORT, b"q" * 64)
+            frame = udp_frame(endpoint(w0, 40000), endpoint(w1, PORT), b"q" * 64)
             for i in range(N):
                 raw.send(frame)
                 if i % 100 == 99:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
+from frames import endpoint, udp_frame
 from switchml_xdp import wire
 from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 from switchml_xdp.switch.maps import SwitchMaps
@@ -278,24 +279,8 @@ def test_exponent_max_and_flags_or(on_switch, crafted_job_on):
 
 def _frame(lab, src_host, payload: bytes, ip_len=None, udp_len=None, ihl=5) -> bytes:
     """A whole Ethernet frame to the switch's data port (for raw sends)."""
-    import ipaddress
-    import struct
-
-    def mac(s):
-        return bytes(int(x, 16) for x in s.split(":"))
-
-    udp_len = udp_len if udp_len is not None else 8 + len(payload)
-    opts = b"\x01" * (4 * (ihl - 5))
-    ip_len = ip_len if ip_len is not None else 4 * ihl + udp_len
-    iph = struct.pack("!BBHHHBBH4s4s", 0x40 | ihl, 0, ip_len, 0, 0, 64, 17, 0,
-                      ipaddress.IPv4Address(src_host.ip).packed,
-                      ipaddress.IPv4Address(lab.switch.ip).packed) + opts
-    s = sum(struct.unpack(f"!{len(iph) // 2}H", iph))
-    s = (s & 0xFFFF) + (s >> 16)
-    s = (s & 0xFFFF) + (s >> 16)
-    iph = iph[:10] + struct.pack("!H", ~s & 0xFFFF) + iph[12:]
-    udph = struct.pack("!HHHH", 48900, wire.DEFAULT_PORT, udp_len, 0)
-    return mac(lab.switch.mac) + mac(src_host.mac) + b"\x08\x00" + iph + udph + payload
+    return udp_frame(endpoint(src_host, 48900), endpoint(lab.switch, wire.DEFAULT_PORT), payload,
+                     udp_length=udp_len, ip_length=ip_len, ip_options=b"\x01" * (4 * (ihl - 5)))
 
 
 def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, crafted_job):

@@ -5,7 +5,8 @@
  *   Engine(ifname, xskmap_fd, abort, job=, rank=, world=, k=, slots=,
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
  *          queue=0, frames=4096, rto_initial=0.005, rto_min=0.002, rto_max=0.5,
- *          stall_timeout=30.0, spin=200)
+ *          stall_timeout=30.0, spin=200, rto_adaptive=True)
+ *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy)
  *     .allreduce(array) -> status   whole tensor, GIL released; OK/ABORTED/STALLED/...
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
@@ -16,7 +17,6 @@
  *   quantize(x, k, exp_global, world, out)
  *   dequantize(sums, exp_global, nonfinite_any, world, out)
  *   exponent_bits(world)
- *   xdp_link_attach(prog_fd, ifindex, flags) -> link fd   (close it to detach)
  * The quant functions mirror switchml_xdp/quant.py so tests can compare them
  * bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
@@ -29,8 +29,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include <bpf/bpf.h>
-#include <linux/if_link.h>
 
 #include "quant.h"
 #include "stream.h"
@@ -264,30 +262,6 @@ out_s:
 	return ret;
 }
 
-/* ----------------------------------------------------------------- XDP link */
-
-/* Attach an XDP program through a BPF link rather than netlink: the program
- * stays attached exactly as long as the returned fd is open, so a worker that
- * dies (even SIGKILL) never leaves its redirect program on the interface. */
-static PyObject *py_xdp_link_attach(PyObject *self, PyObject *args)
-{
-	int prog_fd, ifindex, fd;
-	unsigned int flags;
-
-	if (!PyArg_ParseTuple(args, "iiI", &prog_fd, &ifindex, &flags))
-		return NULL;
-	{
-		LIBBPF_OPTS(bpf_link_create_opts, opts, .flags = flags);
-
-		fd = bpf_link_create(prog_fd, ifindex, BPF_XDP, &opts);
-	}
-	if (fd < 0) {
-		errno = -fd;
-		return PyErr_SetFromErrno(PyExc_OSError);
-	}
-	return PyLong_FromLong(fd);
-}
-
 /* ------------------------------------------------------------------- Engine */
 
 static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what)
@@ -310,7 +284,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = {"ifname", "xskmap_fd", "abort", "job", "rank", "world", "k",
 				 "slots", "src_mac", "dst_mac", "src_ip", "dst_ip", "src_port",
 				 "dst_port", "queue", "frames", "rto_initial", "rto_min",
-				 "rto_max", "stall_timeout", "spin", NULL};
+				 "rto_max", "stall_timeout", "spin", "rto_adaptive", NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -318,6 +292,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	unsigned int job = unset, rank = unset, world = unset, k = unset, slots = unset;
 	unsigned int src_port = unset, dst_port = unset, queue = 0, frames = 4096;
 	unsigned int spin = 200;
+	int rto_adaptive = 1;
 	double rto_initial = 0.005, rto_min = 0.002, rto_max = 0.5, stall_timeout = 30.0;
 	struct swml_stream_cfg cfg = {0};
 	char err[256];
@@ -327,11 +302,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIIIddddI", kwlist, &ifname,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIIIddddIp", kwlist, &ifname,
 					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
 					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
 					 &queue, &frames, &rto_initial, &rto_min, &rto_max, &stall_timeout,
-					 &spin))
+					 &spin, &rto_adaptive))
 		return -1;
 	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
 	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip) {
@@ -361,6 +336,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.rto_init_ns = (uint64_t)(rto_initial * 1e9);
 	cfg.rto_min_ns = (uint64_t)(rto_min * 1e9);
 	cfg.rto_max_ns = (uint64_t)(rto_max * 1e9);
+	cfg.rto_adaptive = (uint8_t)rto_adaptive;
 	cfg.stall_ns = (uint64_t)(stall_timeout * 1e9);
 	cfg.spin = spin;
 
@@ -550,9 +526,6 @@ static PyTypeObject EngineType = {
 
 static PyMethodDef module_methods[] = {
 	{"exponent_bits", py_exponent_bits, METH_VARARGS, "exponent_bits(world) -> L"},
-	{"xdp_link_attach", py_xdp_link_attach, METH_VARARGS,
-	 "xdp_link_attach(prog_fd, ifindex, flags) -> fd: attach an XDP program with a BPF "
-	 "link (XDP_FLAGS_DRV_MODE / XDP_FLAGS_SKB_MODE in flags); closing fd detaches it."},
 	{"block_exponents", py_block_exponents, METH_VARARGS,
 	 "block_exponents(x: float32, k, exp_out: int8[nb], nonfinite_out: bool[nb])"},
 	{"quantize", py_quantize, METH_VARARGS,
@@ -584,9 +557,7 @@ PyMODINIT_FUNC PyInit__engine(void)
 	    PyModule_AddIntConstant(m, "STALLED", SWML_STALLED) ||
 	    PyModule_AddIntConstant(m, "EIO", SWML_EIO) ||
 	    PyModule_AddIntConstant(m, "E2BIG", SWML_E2BIG) ||
-	    PyModule_AddIntConstant(m, "MAX_K", SWML_MAX_K) ||
-	    PyModule_AddIntConstant(m, "XDP_FLAGS_SKB_MODE", XDP_FLAGS_SKB_MODE) ||
-	    PyModule_AddIntConstant(m, "XDP_FLAGS_DRV_MODE", XDP_FLAGS_DRV_MODE)) {
+	    PyModule_AddIntConstant(m, "MAX_K", SWML_MAX_K)) {
 		Py_DECREF(m);
 		return NULL;
 	}

@@ -261,7 +261,7 @@ static void on_result(struct swml_stream *st, struct plan *pl, const struct swml
 	}
 	if (r->flags & SWML_FLAG_SHADOW)
 		st->stats.shadow_replies++;
-	if (!st->resent[s] && st->deadline[s] != UINT64_MAX)
+	if (st->cfg.rto_adaptive && !st->resent[s] && st->deadline[s] != UINT64_MAX)
 		rtt_sample(st, pl->now - st->sent_at[s]);
 	pl->state[p] = P_DONE;
 	st->inflight[s] = -1;
@@ -342,7 +342,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 			 * never sampled, so srtt only sees the fast ones, the RTO
 			 * stays below the real RTT and the retransmissions (which
 			 * deepen the queue) never stop. */
-			if (st->rto[s] > st->rto_ns)
+			if (st->cfg.rto_adaptive && st->rto[s] > st->rto_ns)
 				st->rto_ns = st->rto[s];
 			transmit(st, pl, (uint64_t)st->inflight[s], 1);
 		}

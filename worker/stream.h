@@ -39,11 +39,15 @@ struct swml_stream_cfg {
 	uint16_t job, rank;
 	uint32_t world, k, slots;
 	struct swml_addrs addrs;
-	/* Retransmission timeout: rto_init_ns until the first RTT sample, then
-	 * srtt + 4 rttvar (RFC 6298, Karn: no samples from resent packets) within
-	 * [rto_min_ns, rto_max_ns]; each expiry doubles a slot's timeout up to
-	 * rto_max_ns. */
+	/* Retransmission timeout, the rules of switchml_xdp/worker/retransmit.py:
+	 * rto_init_ns until the first RTT sample, then srtt + 4 rttvar (RFC 6298,
+	 * Karn: no samples from resent packets) within [rto_min_ns, rto_max_ns];
+	 * each expiry doubles a slot's timeout up to rto_max_ns, and that
+	 * backed-off timeout holds for new packets until a fresh sample.
+	 * rto_adaptive == 0: no samples, no carry-over; every packet starts at
+	 * rto_init_ns. */
 	uint64_t rto_init_ns, rto_min_ns, rto_max_ns, stall_ns;
+	uint8_t rto_adaptive;
 	uint32_t spin;             /* empty polls of the rx ring before sleeping in ppoll */
 	const volatile uint32_t *abort; /* nonzero: stop (set by another thread) */
 };

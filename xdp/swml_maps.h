@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * swml_maps.h - layout of the switch's BPF map values, shared by the switch
- * program and the control plane (switchml_xdp/switch/maps.py mirrors these
- * structs with ctypes; tests/test_wire.py checks the sizes agree).
+ * program and the control plane (switchml_xdp/switch/maps.py gets these
+ * structs from switchml_xdp/layout.py, generated from the C compiler's reading).
  *
  * SWML_K (elements a packet) is a compile-time define: the slot size depends on it.
  */

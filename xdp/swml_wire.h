@@ -6,9 +6,9 @@
  *   Ethernet | IPv4 (no options) | UDP | struct swml_hdr (16 B) | k x int32 (LE)
  *
  * Included by the switch program, the worker redirect program and the worker's
- * C engine. The Python package parses the SWML_* defines and the field list of
- * struct swml_hdr out of this file (switchml_xdp/wire.py), so keep every
- * constant a plain `#define NAME VALUE` line and the struct one field a line.
+ * C engine. The Python package takes its constants and byte layout from the C
+ * compiler's reading of this file (switchml_xdp/layout_gen.py, at build time):
+ * keep every constant an object-like `#define SWML_NAME <integer expression>`.
  */
 #ifndef SWML_WIRE_H
 #define SWML_WIRE_H

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ..cheaders import xdp_dir
+from ..layout import xdp_dir
 from .errors import BpfError
 
 # -I: sources include the shared headers by name. The -Wno-* silence what bcc's
@@ -96,6 +96,20 @@ def _bpf_call(what: str, fn, *args):
     if log and log[0]:
         sys.stderr.write(log[0])  # warnings, or other threads' output: not ours to drop
     return result
+
+
+def compiler_missing() -> str | None:
+    """None if this process can compile and load BPF here, else why not in one
+    line (for callers that choose a fallback or skip a test)."""
+    if os.geteuid() != 0:
+        return "needs root (loading BPF programs)"
+    try:
+        import bcc  # noqa: F401  Debian's python3-bpfcc, seen through the venv
+    except ImportError:
+        return "needs bcc (Debian package python3-bpfcc; `make setup` makes a venv that sees it)"
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        return "the kernel has no BTF (bpf_spin_lock in map values needs it)"
+    return None
 
 
 class Program:

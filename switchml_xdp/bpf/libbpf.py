@@ -19,6 +19,7 @@ XDP_FLAGS_SKB_MODE = 1 << 1        # generic XDP
 XDP_FLAGS_DRV_MODE = 1 << 2        # native XDP
 BPF_XDP = 37                       # enum bpf_attach_type
 ATTACHED_MODES = {1: "native", 2: "generic", 3: "offload", 4: "multi"}   # XDP_ATTACHED_*
+PROG_INFO_NAME = 64                # offsetof(struct bpf_prog_info, name), char[16]
 PROG_INFO_RUN_TIME_NS = 192        # offsetof(struct bpf_prog_info, run_time_ns)
 PROG_INFO_RUN_CNT = 200            # offsetof(struct bpf_prog_info, run_cnt)
 PROG_INFO_LEN = 208
@@ -36,6 +37,16 @@ class XdpQueryOpts(ct.Structure):
 
 class LinkCreateOpts(ct.Structure):
     _fields_ = [("sz", ct.c_size_t), ("flags", ct.c_uint32)]
+
+
+class ProgTestRunOpts(ct.Structure):
+    """struct bpf_test_run_opts (bpf.h); zeroed tail fields mean "not used"."""
+    _fields_ = [("sz", ct.c_size_t), ("data_in", ct.c_void_p), ("data_out", ct.c_void_p),
+                ("data_size_in", ct.c_uint32), ("data_size_out", ct.c_uint32),
+                ("ctx_in", ct.c_void_p), ("ctx_out", ct.c_void_p),
+                ("ctx_size_in", ct.c_uint32), ("ctx_size_out", ct.c_uint32),
+                ("retval", ct.c_uint32), ("repeat", ct.c_int), ("duration", ct.c_uint32),
+                ("flags", ct.c_uint32), ("cpu", ct.c_uint32), ("batch_size", ct.c_uint32)]
 
 
 def opts(struct_type, **fields):
@@ -59,6 +70,7 @@ def lib() -> ct.CDLL:
         "bpf_obj_get": [ct.c_char_p],
         "bpf_map_lookup_elem": [ct.c_int, ct.c_void_p, ct.c_void_p],
         "bpf_map_update_elem": [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_uint64],
+        "bpf_prog_test_run_opts": [ct.c_int, ct.c_void_p],
     }
     for name, argtypes in sigs.items():
         fn = getattr(so, name)

@@ -23,8 +23,7 @@ def stats_enabled():
         _SYSCTL.write_text(old)
 
 
-def prog_stats(prog_id: int) -> dict:
-    """{"run_cnt", "run_time_ns"} of program `prog_id` (zeros while stats are off)."""
+def _prog_info(prog_id: int):
     lib = libbpf.lib()
     fd = lib.bpf_prog_get_fd_by_id(prog_id)
     if fd < 0:
@@ -37,6 +36,18 @@ def prog_stats(prog_id: int) -> dict:
             raise BpfError(f"cannot read program {prog_id}'s info: {os.strerror(-err)}")
     finally:
         os.close(fd)
+    return info
+
+
+def prog_name(prog_id: int) -> str:
+    """The name program `prog_id` was loaded with (its function's, cut to 15 bytes)."""
+    info = _prog_info(prog_id)
+    return bytes(info[libbpf.PROG_INFO_NAME:libbpf.PROG_INFO_NAME + 16]).split(b"\0")[0].decode()
+
+
+def prog_stats(prog_id: int) -> dict:
+    """{"run_cnt", "run_time_ns"} of program `prog_id` (zeros while stats are off)."""
+    info = _prog_info(prog_id)
     u64 = ct.c_uint64.from_buffer
     return {"run_cnt": u64(info, libbpf.PROG_INFO_RUN_CNT).value,
             "run_time_ns": u64(info, libbpf.PROG_INFO_RUN_TIME_NS).value}

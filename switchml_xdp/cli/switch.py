@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 
@@ -40,14 +41,18 @@ def main() -> None:
               help="XDP mode, for --dataplane xdp only [default: native, falling back to generic]")
 @click.option("--lease", type=click.FloatRange(0.2, 600), default=daemon.DEFAULT_LEASE_S,
               show_default=True, help="seconds without a heartbeat before a job is aborted")
+@click.option("--require-token", is_flag=True,
+              help="refuse jobs without a token (by default a job joined without one is open to "
+                   "anyone who can reach the control port, and `status` marks it unprotected)")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
-def up(iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease, verbose):
+def up(iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease, require_token,
+       verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="swml-switch: %(message)s")
     try:
         dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode)
-        daemon.run(dp, control_port, job_slots, lease)
+        daemon.run(dp, control_port, job_slots, lease, require_token)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 
@@ -76,13 +81,15 @@ def _daemon_status(st: dict) -> dict | None:
 
 
 def collect_status() -> list[dict]:
-    """Every switch on this machine, from its state file, and its counters
-    from the pinned maps (XDP) or else from its daemon (user-space: the tables
-    are in the daemon's memory)."""
+    """Every switch on this machine, from its state file (readable by anyone),
+    and its counters from the pinned maps (XDP, root only) or else from its
+    daemon's control port (user-space tables live in the daemon's memory;
+    other users cannot open the pins). Where neither works, `note` says why."""
     out = []
+    root = os.geteuid() == 0
     for st in daemon.all_states():
-        st = dict(st, alive=daemon.pid_alive(st.get("pid", -1)))
-        if st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
+        st = dict(st, alive=daemon.lock_holder(st["iface"]) is not None)
+        if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
             maps = SwitchMaps(st["iface"])
             try:
                 st["counters"] = maps.read_counters()
@@ -91,14 +98,19 @@ def collect_status() -> list[dict]:
                 maps.close()
         elif st["alive"] and (reply := _daemon_status(st)) is not None:
             st["counters"] = reply["counters"]
+            st["jobs"] = reply["jobs"]
             st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
+        elif st["alive"]:
+            st["note"] = (f"counters: the daemon's control port {st['ip']}:{st['control_port']} is not "
+                          f"reachable from here" + ("" if root else ", and only root can read the "
+                                                    "pinned maps"))
         out.append(st)
     return out
 
 
 def _format(st: dict) -> str:
     p = st["params"]
-    used = sum(j["slots"] for j in st["jobs"])
+    used = sum(j["slots"] for j in st["jobs"] if j["state"] == "running")
     lines = [f"switch {st['iface']}: {st['label']}, k={p['k']}, slots {used}/{p['slots']} in use, "
              f"data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
              f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
@@ -106,9 +118,10 @@ def _format(st: dict) -> str:
     if st["jobs"]:
         lines.append(f"  {'id':>3} {'job':<16} {'world':>5} {'joined':>6} {'slots':<12} state")
         for j in st["jobs"]:
-            rng = f"{j['slot_base']}-{j['slot_base'] + j['slots'] - 1}"
-            lines.append(f"  {j['id']:>3} {j['name']:<16} {j['world']:>5} "
-                         f"{len(j['members']):>6} {rng:<12} {j['state']}")
+            rng = f"{j['slot_base']}-{j['slot_base'] + j['slots'] - 1}" if j["slot_base"] is not None else "-"
+            token = "" if j.get("protected", True) else " (unprotected: no token)"
+            lines.append(f"  {j['id'] or '-':>3} {j['name']:<16} {j['world']:>5} "
+                         f"{len(j['members']):>6} {rng:<12} {j['state']}{token}")
             for r, m in j["members"].items():
                 lines.append(f"        rank {r}: {m['ip']}:{m['port']} {m['mac']}{' (left)' if m['left'] else ''}")
     else:
@@ -118,6 +131,8 @@ def _format(st: dict) -> str:
         lines.append("  packets: " + ", ".join(f"{n} {c[n]}" for n in wire.COUNTER_NAMES[:6]))
         drops = {n: c[n] for n in wire.DROP_REASONS if c[n]}
         lines.append("  dropped: " + (", ".join(f"{n} {v}" for n, v in drops.items()) or "none"))
+    if st.get("note"):
+        lines.append(f"  {st['note']}")
     return "\n".join(lines)
 
 

@@ -43,12 +43,15 @@ def main() -> None:
               help="this worker's UDP port (the same on every rank)")
 @click.option("--control-port", default=wire.DEFAULT_CONTROL_PORT, show_default=True,
               type=click.IntRange(1, 65535))
-@click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 3600))
+@click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 600))
+@click.option("--token", envvar="SWML_TOKEN", default=None,
+              help="the job's secret, the same on every rank (or $SWML_TOKEN, which other users "
+                   "cannot read in ps); without one the job is open to anyone")
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, backend, iface, port,
-          control_port, join_timeout, verify, as_json, quiet):
+          control_port, join_timeout, token, verify, as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD."""
     from .. import Worker
     from ..worker.control import ControlError, JobAborted
@@ -57,7 +60,8 @@ def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, backend,
         raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")
     try:
         with Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
-                    control_port=control_port, join_timeout=join_timeout, verbose=not quiet) as w:
+                    control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
+                    token=token) as w:
             result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
                                          progress=not quiet and sys.stderr.isatty())
     except (ControlError, JobAborted, TimeoutError, RuntimeError) as e:

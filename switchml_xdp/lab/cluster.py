@@ -73,11 +73,12 @@ class SwitchProcess:
         from .. import bpf
         from ..switch import daemon
 
-        st = daemon.read_state(self.iface)
-        if st is None or not daemon.pid_alive(st.get("pid", -1)):
+        if daemon.lock_holder(self.iface) is None:   # no daemon of this lab's interface is alive
             bpf.remove_pins(bpf.pin_dir(self.iface))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(daemon.state_path(self.iface))
+            for path in (daemon.state_path(self.iface), daemon.tokens_path(self.iface),
+                         daemon.lock_path(self.iface)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
     def __enter__(self) -> "SwitchProcess":
         return self

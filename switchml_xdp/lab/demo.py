@@ -4,6 +4,8 @@ worker namespace; prints the per-rank results and a summary."""
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
 import time
@@ -21,6 +23,8 @@ def run_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, 
         with SwitchProcess(lab) as sw:
             out(sw.ready_line)
             procs = []
+            # The job's token, through the environment (argv is visible to every user).
+            env = {**os.environ, "SWML_TOKEN": secrets.token_hex(16)}
             for rank, host in enumerate(lab.workers):
                 argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench",
                         "--switch", lab.switch.ip, "--job", "demo", "--rank", str(rank),
@@ -31,7 +35,7 @@ def run_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, 
                 if rank != 0:
                     argv.append("--quiet")
                 # rank 0 shows its progress bar on our terminal
-                procs.append(lab.popen(host, argv, stdout=subprocess.PIPE,
+                procs.append(lab.popen(host, argv, env=env, stdout=subprocess.PIPE,
                                        stderr=None if rank == 0 else subprocess.PIPE, text=True))
             t0 = time.monotonic()
             results, errors = [], []

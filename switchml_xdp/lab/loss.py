@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from pyroute2 import IPRoute
 
 from .. import bpf, net, wire
-from ..cheaders import defines, structs
+from ..layout import DEFINES, ctype
 from .errors import LabError
 
 SOURCE = "lab/swml_loss.c"
@@ -51,7 +51,7 @@ COUNTERS = ("seen", "dropped", "duplicated", "passed")
 TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks
 TC_EGRESS_PARENT = "ffff:fff3"
 
-_D = defines(SOURCE)
+_D = DEFINES["swml_loss.h"]
 MAX_LINKS = _D["SWML_LOSS_MAX_LINKS"]
 ALWAYS = _D["SWML_LOSS_ALWAYS"]
 _DIR_INDEX = {"up": _D["SWML_LOSS_UP"], "down": _D["SWML_LOSS_DOWN"]}
@@ -123,8 +123,7 @@ class LossInjector:
     def __init__(self, lab, program: bpf.Program | None = None):
         self.lab = lab
         self.dir = pin_dir(lab.prefix)
-        types = structs(SOURCE)
-        self.Cfg, self.Counters = types["swml_loss_cfg"], types["swml_loss_counters"]
+        self.Cfg, self.Counters = ctype("swml_loss_cfg"), ctype("swml_loss_counters")
         self._program = program
         self.cfg = bpf.PinnedMap(f"{self.dir}/cfg", self.Cfg)
         self.port_map = bpf.PinnedMap(f"{self.dir}/port", ct.c_uint32)

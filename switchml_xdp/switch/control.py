@@ -6,6 +6,12 @@ events the switch pushes: {"event": "abort", ...} and {"event": "left", ...}.
 A worker keeps its connection open for the life of its job: closing it without
 `leave` means it died, and the job is aborted at once (a lease catches the
 workers that hang without closing).
+
+No client can hold more than its share: connections and joins waiting at a
+barrier are counted per source address (MAX_CONNECTIONS_PER_IP,
+MAX_PENDING_JOINS_PER_IP), a join waits at most MAX_JOIN_TIMEOUT_S, and a
+client that does not read what the switch sends is dropped after the idle
+timeout (its replies would otherwise pile up in the daemon).
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import logging
 import os
 from typing import Callable
 
-from .jobs import ControlError, Job, JobTable
+from .jobs import ControlError, Job, JobStartFailed, JobTable
 
 log = logging.getLogger("swml.control")
 
@@ -24,13 +30,17 @@ IDLE_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_ENV = "SWML_CONTROL_IDLE_S"  # overrides IDLE_TIMEOUT_S at server start (tests)
 LINGER_S = 2.0   # how long a connection the switch closes may still drain the client's input
 DEFAULT_JOIN_TIMEOUT_S = 60.0
-MAX_JOIN_TIMEOUT_S = 3600.0
+MAX_JOIN_TIMEOUT_S = 600.0       # the longest a join may wait at its barrier
+MAX_CONNECTIONS_PER_IP = 128     # open control connections from one source address
+MAX_PENDING_JOINS_PER_IP = 16    # joins from one source address waiting at barriers at once
+MAX_BUFFERED_OUTPUT = 1 << 20    # bytes of replies/events queued for a client that does not read
 
 
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
         peer = writer.get_extra_info("peername") or ("?", 0)
+        self.peer_ip = peer[0]
         self.peer = f"{peer[0]}:{peer[1]}"
         self.job: Job | None = None
         self.rank: int | None = None
@@ -43,6 +53,13 @@ class Connection:
         if "event" not in obj and self.op:
             obj = {"op": self.op, **obj}
         self.writer.write((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+        if self.writer.transport.get_write_buffer_size() > MAX_BUFFERED_OUTPUT:
+            self.drop(f"{MAX_BUFFERED_OUTPUT} bytes unread")
+
+    def drop(self, why: str) -> None:
+        """End a connection that does not read: reset it, nothing more is queued."""
+        log.warning("control connection %s dropped: %s", self.peer, why)
+        self.writer.transport.abort()
 
     def error(self, reason: str) -> None:
         self.send({"ok": False, "error": reason})
@@ -76,6 +93,8 @@ class ControlServer:
         self._lease_task: asyncio.Task | None = None
         self._ready: dict[int, asyncio.Event] = {}  # joining job -> set when all ranks are in
         self.idle_timeout_s = IDLE_TIMEOUT_S
+        self._conns_by_ip: dict[str, int] = {}
+        self._pending_by_ip: dict[str, int] = {}
 
     async def start(self, host: str, port: int) -> None:
         self.idle_timeout_s = idle_timeout_from_env()
@@ -97,14 +116,22 @@ class ControlServer:
     async def _serve(self, reader, writer) -> None:
         conn = Connection(reader, writer)
         self._conns.add(conn)
+        ip = conn.peer_ip
+        self._conns_by_ip[ip] = self._conns_by_ip.get(ip, 0) + 1
         try:
+            if self._conns_by_ip[ip] > MAX_CONNECTIONS_PER_IP:
+                conn.error(f"too many control connections from {ip} "
+                           f"(limit {MAX_CONNECTIONS_PER_IP}); closing")
+                conn.closing = True
+                await self._drain(conn)
+                return
             while True:
                 line = await self._read_line(conn)
                 if line is None:
                     break
                 await self._dispatch(conn, line)
                 conn.op = None
-                await writer.drain()
+                await self._drain(conn)
                 if conn.closing:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -113,8 +140,20 @@ class ControlServer:
             log.exception("control connection %s failed", conn.peer)
         finally:
             self._conns.discard(conn)
+            self._conns_by_ip[ip] -= 1
+            if not self._conns_by_ip[ip]:
+                del self._conns_by_ip[ip]
             self._lost(conn)
             await self._close(conn)
+
+    async def _drain(self, conn: Connection) -> None:
+        """Wait until the client has taken the replies so far; one that does
+        not read for the idle timeout is dropped (ConnectionResetError)."""
+        try:
+            await asyncio.wait_for(conn.writer.drain(), self.idle_timeout_s)
+        except asyncio.TimeoutError:
+            conn.drop(f"did not read for {self.idle_timeout_s:g} s")
+            raise ConnectionResetError from None
 
     @staticmethod
     async def _close(conn: Connection) -> None:
@@ -178,6 +217,9 @@ class ControlServer:
             await handler(conn, msg)
         except ControlError as e:
             conn.error(str(e))
+        except OSError as e:  # e.g. EMFILE: the request changed nothing (jobs.py undoes it)
+            log.warning("control request %s from %s failed: %s", op, conn.peer, e)
+            conn.error(f"the switch could not serve this request: {e.strerror or e}")
 
     # --- ops ---------------------------------------------------------------
     async def _join(self, conn: Connection, msg: dict) -> None:
@@ -186,11 +228,29 @@ class ControlServer:
         timeout = msg.get("timeout", DEFAULT_JOIN_TIMEOUT_S)
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= MAX_JOIN_TIMEOUT_S:
             raise ControlError(f"'timeout' must be a number of seconds in (0, {MAX_JOIN_TIMEOUT_S:.0f}]")
-        job = self.table.join(msg, conn)
+        ip = conn.peer_ip
+        if self._pending_by_ip.get(ip, 0) >= MAX_PENDING_JOINS_PER_IP:
+            raise ControlError(f"too many joins from {ip} waiting at barriers "
+                               f"(limit {MAX_PENDING_JOINS_PER_IP}); try again when one completes")
+        try:
+            job = self.table.join(msg, conn, ip)
+        except JobStartFailed as e:
+            self._wake(e.job)   # the ranks waiting for this one learn why
+            raise
         rank = msg["rank"]
         log.info("job %s: rank %d joined from %s (%d/%d)", job.name, rank, conn.peer,
                  len(job.members), job.world)
-        if not await self._barrier(conn, job, rank, timeout):
+        self._pending_by_ip[ip] = self._pending_by_ip.get(ip, 0) + 1
+        try:
+            joined = await self._barrier(conn, job, rank, timeout)
+        except BaseException:
+            self.table.withdraw(job, rank)   # no phantom rank, whatever went wrong
+            raise
+        finally:
+            self._pending_by_ip[ip] -= 1
+            if not self._pending_by_ip[ip]:
+                del self._pending_by_ip[ip]
+        if not joined:
             return
         conn.job, conn.rank = job, rank
         reply = self.table.join_reply(job, rank)
@@ -223,7 +283,7 @@ class ControlServer:
                     conn.error("request sent before the join completed; closing")
                 conn.closing = True
             elif started in done:
-                conn.error(f"job {job.name!r} ended before it started")
+                conn.error(job.failure or f"job {job.name!r} ended before it started")
             else:
                 conn.error(f"timed out after {timeout:g} s waiting for rank(s) "
                            f"{', '.join(map(str, missing))} of job {job.name!r} (world {job.world})")
@@ -256,6 +316,7 @@ class ControlServer:
             raise ControlError(f"{msg['op']} needs a joined job on this connection")
         if conn.job.state != "running":
             raise ControlError(f"job {conn.job.name!r} is no longer running")
+        conn.job.check_token(msg.get("token"))
         return conn.job
 
     async def _heartbeat(self, conn: Connection, msg: dict) -> None:
@@ -296,13 +357,17 @@ class ControlServer:
             return
         log.warning("job %s aborted: %s", job.name, reason)
         self.table.remove(job)
-        if id(job) in self._ready:  # joiners still at the barrier learn it now
-            self._ready[id(job)].set()
+        self._wake(job)
         for m in job.members.values():
             c = m.conn
             if c is not None and not m.left:
                 c.send({"event": "abort", "job": job.name, "reason": reason})
                 c.job = c.rank = None
+
+    def _wake(self, job: Job) -> None:
+        """Joiners still at the job's barrier look at it again (it ended)."""
+        if id(job) in self._ready:
+            self._ready[id(job)].set()
 
     async def _watch_leases(self) -> None:
         while True:

@@ -3,24 +3,32 @@ protocol in the foreground until Ctrl-C / SIGTERM, then stop cleanly. One
 daemon and one serve loop, whichever data plane (dataplane.py) it drives.
 
 What another shell needs to find a running switch is a small state file
-(/run/swml/IFACE.json: data plane, parameters, pid, jobs) rewritten on every
-change, and for the XDP data plane its pinned maps (/sys/fs/bpf/swml/IFACE/).
+(/run/swml/IFACE.json: data plane, parameters, pid, jobs; readable by anyone,
+no secrets) rewritten on every change, and for the XDP data plane its pinned
+maps (/sys/fs/bpf/swml/IFACE/). The digests of running jobs' tokens, which a
+daemon that re-adopts them needs, are in IFACE.tokens.json, root's alone.
+
+One daemon an interface, whatever the timing: `up` takes an exclusive flock
+on /run/swml/IFACE.lock before it touches anything, and holds it for its
+life (the kernel releases it when the process dies, even by SIGKILL).
 """
 from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import json
 import logging
 import os
 import signal
+import struct
 import sys
 import time
 from dataclasses import asdict
 
 from .. import net, wire
 from .control import ControlServer
-from .dataplane import Dataplane, DataplaneError, SwitchParams
+from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .userspace import UserspaceDataplane
 from .xdp_dataplane import XdpDataplane
@@ -54,6 +62,54 @@ def state_path(iface: str) -> str:
     return f"{STATE_DIR}/{iface}.json"
 
 
+def tokens_path(iface: str) -> str:
+    return f"{STATE_DIR}/{iface}.tokens.json"
+
+
+def lock_path(iface: str) -> str:
+    return f"{STATE_DIR}/{iface}.lock"
+
+
+def take_lock(iface: str) -> int:
+    """The interface's lock, held until the returned fd is closed (or the
+    process dies); SwitchError if another daemon holds it. A POSIX record
+    lock, so that others can ask who holds it without taking it (F_GETLK)."""
+    os.makedirs(STATE_DIR, exist_ok=True)
+    try:
+        fd = os.open(lock_path(iface), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise SwitchError(f"cannot open {lock_path(iface)}: {e.strerror}") from None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise SwitchError(f"cannot lock {lock_path(iface)}: {e.strerror}") from None
+        holder = lock_holder(iface)
+        raise SwitchError(f"swml-switch is already up on {iface}"
+                          + (f" (pid {holder})" if holder else "")
+                          + f"; `swml-switch down {iface}` first") from None
+    return fd
+
+
+_FLOCK = struct.Struct("hhxxxxqqixxxx")   # struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid)
+
+
+def lock_holder(iface: str) -> int | None:
+    """The pid of the daemon holding the interface's lock (as this process's
+    pid namespace sees it); None if nobody holds it. Takes no lock itself."""
+    try:
+        fd = os.open(lock_path(iface), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    finally:
+        os.close(fd)
+    l_type, _, _, _, pid = _FLOCK.unpack(got)
+    return None if l_type == fcntl.F_UNLCK else (pid or None)
+
+
 def read_state(iface: str) -> dict | None:
     try:
         with open(state_path(iface)) as f:
@@ -70,7 +126,7 @@ def all_states() -> list[dict]:
         return []
     out = []
     for name in sorted(os.listdir(STATE_DIR)):
-        if name.endswith(".json") and not name.startswith("lab-"):
+        if name.endswith(".json") and not name.startswith("lab-") and not name.endswith(".tokens.json"):
             st = read_state(name[:-5])
             if st and "iface" in st:
                 out.append(st)
@@ -101,9 +157,12 @@ class Switch:
     """One switch on one interface: data plane + job table + control server."""
 
     def __init__(self, dataplane: Dataplane, control_port: int,
-                 job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S):
+                 job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S,
+                 require_token: bool = False):
         self.dp, self.iface, self.params = dataplane, dataplane.iface, dataplane.params
         self.control_port, self.job_slots, self.lease_s = control_port, job_slots, lease_s
+        self.require_token = require_token
+        self._lock_fd: int | None = None
         self.table: JobTable | None = None
         self.server: ControlServer | None = None
         self.started = time.time()
@@ -118,15 +177,14 @@ class Switch:
         if not 1 <= self.control_port <= 65535:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.iface)
+        # Before anything is loaded: a second `up`, however close behind, stops here.
+        self._lock_fd = take_lock(self.iface)
         st = read_state(self.iface)
-        if st and pid_alive(st.get("pid", -1)) and st.get("pid") != os.getpid():
-            raise SwitchError(f"swml-switch is already up on {self.iface} (pid {st['pid']}); "
-                              f"`swml-switch down {self.iface}` first")
         self.dp.check_free(st)
         adopt = self._adoptable(st)
         maps = self.dp.open(self.ip, adopt)
         self.table = JobTable(maps, self.params.k, self.params.slots, self.job_slots,
-                              on_change=self.write_state)
+                              on_change=self.write_state, require_token=self.require_token)
         if adopt is not None:
             self._adopt(adopt)
         self.dp.start(adopt)
@@ -135,7 +193,8 @@ class Switch:
     def _adoptable(self, st: dict | None) -> dict | None:
         """The state of a daemon that died while its data plane kept running on
         this interface with the same parameters: its jobs can be taken over."""
-        if (not st or pid_alive(st.get("pid", -1)) or st.get("dataplane") != self.dp.name
+        # (We hold the interface's lock: whoever wrote `st` is gone.)
+        if (not st or st.get("dataplane") != self.dp.name
                 or not self.dp.can_adopt(st)):
             return None
         if st.get("params") != asdict(self.params):
@@ -151,21 +210,37 @@ class Switch:
         for job_id in range(1, wire.MAX_JOBS):  # joins the old daemon never finished
             if job_id not in active and self.dp.maps.job_active(job_id):
                 self.dp.maps.clear_job(job_id, wire.MAX_WORLD)
+        try:
+            with open(tokens_path(self.iface)) as f:
+                digests = json.load(f)
+        except (OSError, ValueError):
+            digests = {}
         for desc in running:
-            self.table.adopt(desc)
+            if desc.get("protected") and desc["name"] not in digests:
+                print(f"swml-switch: job {desc['name']!r} of the previous daemon had a token that "
+                      f"was not kept; it is discarded", file=sys.stderr)
+                self.dp.maps.clear_job(desc["id"], wire.MAX_WORLD)
+                continue
+            digest = digests.get(desc["name"]) if desc.get("protected") else None
+            self.table.adopt(desc, bytes.fromhex(digest) if digest else None)
         print(f"swml-switch: re-adopted {len(running)} running job(s) of the previous daemon "
               f"(pid {st['pid']}) on {self.iface}; their workers have {self.lease_s:g} s to resume",
               file=sys.stderr, flush=True)
 
     def unload(self) -> dict[str, int]:
         """Stop the data plane, remove the state file; returns the final counters."""
+        if self._lock_fd is None:   # another daemon's interface: touch nothing
+            return {}
         counters = self.dp.maps.read_counters() if self.dp.maps is not None else {}
         self.dp.close()
         if self._wrote_state:
-            try:
-                os.unlink(state_path(self.iface))
-            except FileNotFoundError:
-                pass
+            for path in (state_path(self.iface), tokens_path(self.iface)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        os.close(self._lock_fd)   # the next `up` may start
+        self._lock_fd = None
         return counters
 
     def switch_info(self) -> dict:
@@ -177,20 +252,21 @@ class Switch:
               **self.dp.state(), "ip": self.ip, "mac": self.mac,
               "control_port": self.control_port, "started": self.started,
               "lease_s": self.lease_s, "job_slots": self.job_slots,
+              "require_token": self.require_token, "netns_inode": netns_inode(),
               "jobs": self.table.describe() if self.table else []}
-        tmp = state_path(self.iface) + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(st, f, indent=1)
-        os.replace(tmp, state_path(self.iface))
         self._wrote_state = True
+        _write_json(tokens_path(self.iface), self.table.token_hashes() if self.table else {}, 0o600)
+        _write_json(state_path(self.iface), st, 0o644)
 
     def status_extra(self) -> dict:
+        """What `status` adds to the jobs: counters and the data plane (no secrets)."""
         return {"counters": self.dp.maps.read_counters(), "dataplane": self.dp.name,
                 "mode": self.dp.mode, "params": asdict(self.params), **self.dp.status_extra()}
 
     # --- serving ---------------------------------------------------------------
     async def serve(self, ready_cb=None) -> None:
-        self.server = ControlServer(self.table, self.switch_info(), self.lease_s, self.status_extra)
+        self.server = ControlServer(self.table, self.switch_info(), self.lease_s,
+                                    lambda: {"require_token": self.require_token, **self.status_extra()})
         try:
             await self.server.start(self.ip, self.control_port)
         except OSError as e:
@@ -206,11 +282,21 @@ class Switch:
         await asyncio.sleep(0.05)  # let the abort events reach the workers
 
 
+def _write_json(path: str, obj, mode: int) -> None:
+    """Replace `path` atomically with a file of that mode (never briefly wider)."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    os.fchmod(fd, mode)   # also when the file was left by an earlier daemon
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
-        lease_s: float = DEFAULT_LEASE_S) -> dict[str, int]:
+        lease_s: float = DEFAULT_LEASE_S, require_token: bool = False) -> dict[str, int]:
     """Serve until SIGINT/SIGTERM; returns the data plane's final counters."""
     t0 = time.monotonic()
-    sw = Switch(dataplane, control_port, job_slots, lease_s)
+    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token)
     iface, params = sw.iface, sw.params
     try:
         sw.load()
@@ -238,23 +324,36 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
 def down(iface: str, timeout_s: float = 10.0) -> str:
     """Stop the switch on an interface: signal its daemon, then make sure what
     its data plane left (an XDP program, pins) and the state file are gone.
-    Returns what it did."""
+    Returns what it did; SwitchError says what it could not do."""
+    if os.geteuid() != 0:
+        raise SwitchError("swml-switch down needs root (it stops the daemon, detaches XDP "
+                          "and removes pinned maps)")
     st = read_state(iface)
     kind = DATAPLANES.get(st["dataplane"], XdpDataplane) if st else XdpDataplane
-    if st is None and not kind.left_behind(iface):
+    # The lock names the live daemon; a dead one's pid in the state file may
+    # belong to another process by now.
+    pid = lock_holder(iface)
+    if st is None and pid is None and not kind.left_behind(iface):
         raise SwitchError(f"swml-switch is not up on {iface}")
     did = []
-    pid = st.get("pid") if st else None
-    if pid and pid_alive(pid):
+    if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while pid_alive(pid) and time.monotonic() < deadline:
+        while lock_holder(iface) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
+        if lock_holder(iface) is not None:
+            raise SwitchError(f"the daemon (pid {pid}) on {iface} did not stop within "
+                              f"{timeout_s:g} s of SIGTERM; nothing else was done")
         did.append(f"stopped daemon pid {pid}")
-    did += kind.remove_leftovers(iface, st)
-    try:
-        os.unlink(state_path(iface))
-        did.append("removed the state file")
-    except FileNotFoundError:
-        pass  # the daemon removed it as it stopped
+    removed, failed = kind.remove_leftovers(iface, st)
+    did += removed
+    if failed:
+        raise SwitchError("; ".join(did + [f"could not finish: {'; '.join(failed)}"]))
+    for path in (state_path(iface), tokens_path(iface)):
+        try:
+            os.unlink(path)
+            if path == state_path(iface):
+                did.append("removed the state file")
+        except FileNotFoundError:
+            pass  # the daemon removed it as it stopped
     return ", ".join(did) or "nothing was left to clean"

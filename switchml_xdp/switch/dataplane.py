@@ -20,11 +20,18 @@ The daemon (daemon.py) drives either the same way:
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .. import wire
 from .maps import DataplaneMaps
+
+
+def netns_inode() -> int:
+    """This process's network namespace (the state file records the daemon's,
+    so that `down` can find the interface from another one)."""
+    return os.stat("/proc/self/ns/net").st_ino
 
 
 class DataplaneError(RuntimeError):
@@ -108,7 +115,7 @@ class Dataplane(abc.ABC):
         return False
 
     @classmethod
-    def remove_leftovers(cls, iface: str, state: dict | None) -> list[str]:
+    def remove_leftovers(cls, iface: str, state: dict | None) -> tuple[list[str], list[str]]:
         """Undo what a dead daemon's data plane left on `iface` (for `down`);
-        returns what was done, in words."""
-        return []
+        returns what was done and what could not be, in words."""
+        return [], []

@@ -2,13 +2,22 @@
 plane entries that follow from them. No networking here: control.py feeds it.
 
 A job is born at the first `join` of its name, becomes `running` when all
-`world` ranks have joined (only then does the data plane accept its packets),
-and ends when every rank has left or when it is aborted (a rank stopped
-heartbeating or disconnected). Its id and slots then go back to the pools.
+`world` ranks have joined, and ends when every rank has left or when it is
+aborted (a rank stopped heartbeating or disconnected). A joining job holds no
+id, no slots and nothing in the data plane: all of that is taken when the
+barrier completes (so joins that never complete cannot starve anyone), and
+given back when the job ends.
+
+The first join of a name fixes the job's token (only its SHA-256 is kept);
+every later join, and resume/leave/heartbeat, must present the same token
+(docs/security.md).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -20,6 +29,24 @@ from .slots import SlotPool, SlotPoolExhausted
 
 class ControlError(Exception):
     """A request the control plane refuses; the message goes back to the client."""
+
+
+class JobStartFailed(ControlError):
+    """The barrier completed but the job could not get an id or slots: every
+    rank that waited is told, and the job is gone."""
+
+    def __init__(self, job: "Job", reason: str):
+        super().__init__(reason)
+        self.job = job
+
+
+# Job names reach logs and terminals (`status`): letters, digits, . _ - only.
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_TOKEN_LEN = 256
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 @dataclass
@@ -36,18 +63,37 @@ class Member:
 @dataclass
 class Job:
     name: str
-    id: int
+    id: int | None                # None until the barrier completes
     world: int
     port: int                     # the workers' UDP port (RESULTs go there)
-    slot_base: int
+    slot_base: int | None         # the slot range, also taken at the barrier
     slot_count: int
+    token_hash: bytes | None = None   # SHA-256 of the job's token; None: an open job
     members: dict[int, Member] = field(default_factory=dict)
-    state: str = "joining"        # joining -> running -> (removed)
+    state: str = "joining"        # joining -> running -> ended
     created: float = field(default_factory=time.time)
+    failure: str | None = None    # why a job ended before it started (told to its joiners)
 
     @property
-    def group(self) -> tuple[str, str]:
-        return wire.group_of_job(self.id)
+    def protected(self) -> bool:
+        return self.token_hash is not None
+
+    def check_token(self, token) -> None:
+        """Refuse (ControlError) unless `token` is this job's token. An open
+        job (no token at its first join) takes requests without one."""
+        if self.token_hash is None:
+            if token is not None:
+                raise ControlError(f"job {self.name!r} was opened without a token; "
+                                   f"a rank with a token cannot join it")
+            return
+        if not isinstance(token, str):
+            raise ControlError(f"job {self.name!r} needs its token")
+        if not hmac.compare_digest(token_digest(token), self.token_hash):
+            raise ControlError(f"wrong token for job {self.name!r}")
+
+    @property
+    def group(self) -> tuple[str, str | None]:
+        return wire.group_of_job(self.id) if self.id is not None else (None, None)
 
     def missing_ranks(self) -> list[int]:
         return [r for r in range(self.world) if r not in self.members]
@@ -55,7 +101,8 @@ class Job:
     def describe(self) -> dict:
         gip, gmac = self.group
         return {"name": self.name, "id": self.id, "world": self.world, "state": self.state,
-                "port": self.port, "slot_base": self.slot_base, "slots": self.slot_count,
+                "protected": self.protected, "port": self.port,
+                "slot_base": self.slot_base, "slots": self.slot_count,
                 "group": {"ip": gip, "mac": gmac},
                 "members": {str(r): {"ip": m.ip, "port": m.port, "mac": m.mac, "left": m.left}
                             for r, m in sorted(self.members.items())}}
@@ -79,21 +126,45 @@ def _check_str(msg: dict, key: str, maxlen: int = 64) -> str:
     return v
 
 
+def check_job_name(msg: dict) -> str:
+    name = _check_str(msg, "job")
+    if not JOB_NAME_RE.fullmatch(name):
+        raise ControlError("'job' may contain only letters, digits, '.', '_' and '-'")
+    return name
+
+
+def check_token_field(msg: dict, required: bool = False) -> str | None:
+    """The request's `token`: None (absent or null) or a string of 1..256 characters."""
+    v = msg.get("token")
+    if v is None:
+        if required:
+            raise ControlError("this switch takes only jobs with a token: 'token' is required")
+        return None
+    if not isinstance(v, str) or not 1 <= len(v) <= MAX_TOKEN_LEN:
+        raise ControlError(f"'token' must be a non-empty string of at most {MAX_TOKEN_LEN} characters")
+    return v
+
+
 class JobTable:
     """Jobs by name, with the data plane kept in step through `maps`."""
 
     def __init__(self, maps: DataplaneMaps, k: int, total_slots: int, job_slots: int,
-                 on_change: Callable[[], None] = lambda: None):
+                 on_change: Callable[[], None] = lambda: None, require_token: bool = False):
         self.maps = maps
         self.k = k
         self.job_slots = job_slots
         self.pool = SlotPool(total_slots)
         self.jobs: dict[str, Job] = {}
         self.on_change = on_change
+        self.require_token = require_token   # `up --require-token`: no open jobs
 
     # --- joining ---------------------------------------------------------
-    def join(self, msg: dict, conn) -> Job:
-        name = _check_str(msg, "job")
+    def join(self, msg: dict, conn, peer_ip: str) -> Job:
+        """Register a rank (`peer_ip`: the address the request came from).
+        All or nothing: a join that raises leaves no trace. The join that
+        completes the set starts the job (JobStartFailed if it cannot)."""
+        name = check_job_name(msg)
+        token = check_token_field(msg, self.require_token)
         world = _check_int(msg, "world", 1, 1 << 16)
         if world > wire.MAX_WORLD:
             raise ControlError(f"world {world} exceeds the switch's limit of {wire.MAX_WORLD} workers a job")
@@ -104,6 +175,9 @@ class JobTable:
             ipaddress.IPv4Address(ip)
         except ValueError:
             raise ControlError(f"'ip' is not an IPv4 address: {ip!r}") from None
+        if ip != peer_ip:
+            raise ControlError(f"'ip' {ip} is not the address this connection comes from "
+                               f"({peer_ip}): a worker joins from the address it sends data from")
         mac = msg.get("mac", "")
         if not isinstance(mac, str):
             raise ControlError("'mac' must be a string")
@@ -113,12 +187,16 @@ class JobTable:
 
         job = self.jobs.get(name)
         if job is None:
-            job = self._new_job(name, world, port)
-        elif job.state != "joining":
-            raise ControlError(f"job {name!r} is already running (world {job.world}); "
-                               f"wait for it to end or use another name")
-        elif job.world != world:
-            raise ControlError(f"job {name!r} has world {job.world}, this worker says {world}")
+            job = Job(name, None, world, port, None, 0,
+                      token_hash=token_digest(token) if token is not None else None)
+        else:
+            # The token first: a stranger learns nothing more of the job.
+            job.check_token(token)
+            if job.state != "joining":
+                raise ControlError(f"job {name!r} is already running (world {job.world}); "
+                                   f"wait for it to end or use another name")
+            if job.world != world:
+                raise ControlError(f"job {name!r} has world {job.world}, this worker says {world}")
         if rank in job.members:
             m = job.members[rank]
             raise ControlError(f"rank {rank} of job {name!r} already joined from {m.ip}:{m.port}")
@@ -129,30 +207,48 @@ class JobTable:
                 raise ControlError(f"rank {other.rank} of job {name!r} already uses {ip}:{port}")
 
         job.members[rank] = Member(rank, ip, port, mac, conn)
-        self.maps.write_member(job.id, rank, ip, port)
-        if len(job.members) == job.world:
-            self._start(job)
-        self.on_change()
-        return job
-
-    def _new_job(self, name: str, world: int, port: int) -> Job:
-        used = {j.id for j in self.jobs.values()}
-        free_ids = [i for i in range(1, wire.MAX_JOBS) if i not in used]
-        if not free_ids:
-            raise ControlError(f"too many concurrent jobs (limit {wire.MAX_JOBS - 1})")
-        try:
-            base, count = self.pool.allocate(self.job_slots, least=min(8, self.job_slots))
-        except SlotPoolExhausted as e:
-            raise ControlError(str(e)) from None
-        job = Job(name, free_ids[0], world, port, base, count)
-        # Fresh bitmaps and counts: the slots may have served an earlier job.
-        self.maps.reset_slots(base, count)
         self.jobs[name] = job
+        try:
+            if len(job.members) == job.world:
+                self._start(job)
+            self.on_change()
+        except JobStartFailed:
+            self.on_change()
+            raise
+        except BaseException:
+            self.withdraw(job, rank)   # e.g. EMFILE writing the state file: no phantom rank
+            raise
         return job
 
     def _start(self, job: Job) -> None:
-        gip, gmac = job.group
-        self.maps.write_job(job.id, JobEntry(job.world, job.slot_base, job.slot_count, gip, gmac, job.port))
+        """The barrier completed: take an id and slots, then open the data
+        plane to the job (members first, the job entry last)."""
+        used = {j.id for j in self.jobs.values() if j.id is not None}
+        free_ids = [i for i in range(1, wire.MAX_JOBS) if i not in used]
+        try:
+            if not free_ids:
+                raise ControlError(f"too many concurrent jobs (limit {wire.MAX_JOBS - 1})")
+            try:
+                base, count = self.pool.allocate(self.job_slots, least=min(8, self.job_slots))
+            except SlotPoolExhausted as e:
+                raise ControlError(str(e)) from None
+        except ControlError as e:
+            self._forget(job, f"job {job.name!r} could not start: {e}")
+            raise JobStartFailed(job, job.failure) from None
+        job.id, job.slot_base, job.slot_count = free_ids[0], base, count
+        try:
+            # Fresh bitmaps and counts: the slots may have served an earlier job.
+            self.maps.reset_slots(base, count)
+            for m in job.members.values():
+                self.maps.write_member(job.id, m.rank, m.ip, m.port)
+            gip, gmac = job.group
+            self.maps.write_job(job.id, JobEntry(job.world, base, count, gip, gmac, job.port))
+        except BaseException:
+            self.maps.clear_job(job.id, job.world)
+            self.pool.release(base)
+            job.id = job.slot_base = None
+            job.slot_count = 0
+            raise
         job.state = "running"
         now = time.monotonic()
         for m in job.members.values():
@@ -165,14 +261,19 @@ class JobTable:
                 "group": {"ip": gip, "mac": gmac, "port": job.port}}
 
     def withdraw(self, job: Job, rank: int) -> None:
-        """A joiner gave up before the barrier completed (timeout, disconnect)."""
+        """A joiner gave up before the barrier completed (timeout, disconnect, error)."""
         if job.state != "joining" or job.members.get(rank) is None:
             return
         del job.members[rank]
-        self.maps.write_member(job.id, rank, "0.0.0.0", 0)
         if not job.members:
-            self._remove(job)
+            self._forget(job)
         self.on_change()
+
+    def _forget(self, job: Job, failure: str | None = None) -> None:
+        """Drop a job that never started (it holds nothing in the data plane)."""
+        if self.jobs.get(job.name) is job:
+            del self.jobs[job.name]
+        job.state, job.failure = "ended", failure
 
     # --- running ---------------------------------------------------------
     def heartbeat(self, job: Job, rank: int) -> None:
@@ -201,17 +302,21 @@ class JobTable:
     def _remove(self, job: Job) -> None:
         if self.jobs.get(job.name) is not job:
             return
+        if job.id is None:
+            self._forget(job)
+            return
         self.maps.clear_job(job.id, job.world)
         self.pool.release(job.slot_base)
         del self.jobs[job.name]
         job.state = "ended"
 
-    def adopt(self, desc: dict) -> Job:
+    def adopt(self, desc: dict, token_hash: bytes | None) -> Job:
         """Take over a running job that an earlier daemon left in the pinned maps
-        (desc is its `describe()` from the state file). Its members must
-        reconnect with `resume`; their lease clocks start now."""
+        (desc is its `describe()` from the state file, token_hash its token's
+        digest from the daemon's private file). Its members must reconnect
+        with `resume`; their lease clocks start now."""
         job = Job(desc["name"], desc["id"], desc["world"], desc["port"], desc["slot_base"],
-                  desc["slots"], state="running")
+                  desc["slots"], token_hash=token_hash, state="running")
         for r, m in desc["members"].items():
             job.members[int(r)] = Member(int(r), m["ip"], m["port"], m["mac"], left=m["left"])
         self.pool.claim(job.slot_base, job.slot_count)
@@ -222,10 +327,12 @@ class JobTable:
         """A member of a running job re-attaches its control connection (after
         the daemon restarted, or its connection broke). Returns the job and
         the member's previous connection, which no longer speaks for it."""
-        name = _check_str(msg, "job")
+        name = check_job_name(msg)
+        token = check_token_field(msg)
         job = self.jobs.get(name)
         if job is None or job.state != "running":
             raise ControlError(f"no running job {name!r} to resume")
+        job.check_token(token)
         rank = _check_int(msg, "rank", 0, job.world - 1)
         job_id = msg.get("job_id")
         if job_id != job.id:
@@ -237,5 +344,12 @@ class JobTable:
         m.last_seen = time.monotonic()
         return job, previous
 
+    def token_hashes(self) -> dict[str, str]:
+        """Running protected jobs' token digests (hex), for a daemon that
+        re-adopts them; kept out of `describe()` and the public state file."""
+        return {j.name: j.token_hash.hex() for j in self.jobs.values()
+                if j.state == "running" and j.token_hash is not None}
+
     def describe(self) -> list[dict]:
-        return [j.describe() for j in sorted(self.jobs.values(), key=lambda j: j.id)]
+        return [j.describe() for j in sorted(self.jobs.values(),
+                                             key=lambda j: (j.id is None, j.id or 0, j.name))]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .. import wire
 from ..bpf import PinnedMap, pin_dir
-from ..cheaders import structs
+from ..layout import ctype
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,8 @@ class SwitchMaps(DataplaneMaps):
 
     def __init__(self, iface: str, k: int | None = None):
         self.dir = pin_dir(iface)
-        types = structs("swml_maps.h", {"SWML_K": k} if k else None)
-        self.Job, self.Member = types["swml_job"], types["swml_member"]
-        self.Slot = types.get("swml_slot")
+        self.Job, self.Member = ctype("swml_job"), ctype("swml_member")
+        self.Slot = ctype("swml_slot", k) if k else None
         self.jobs = PinnedMap(f"{self.dir}/jobs", self.Job)
         self.members = PinnedMap(f"{self.dir}/members", self.Member)
         self.counters = PinnedMap(f"{self.dir}/counters", ct.c_uint64, percpu=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import bpf, net, wire
-from ..cheaders import xdp_dir
+from ..layout import ctype, dtype, xdp_dir
 from .dataplane import Dataplane, DataplaneError, SwitchParams
 from .maps import DataplaneMaps, JobEntry
 
@@ -47,11 +47,9 @@ RCVBUF = 32 << 20
 
 log = logging.getLogger("swml.userspace")
 
-# Layouts of struct us_job / us_member in userspace_dp.c (checked at load).
-JOB_DTYPE = np.dtype([("active", "<u4"), ("world", "<u4"), ("slot_base", "<u4"),
-                      ("slot_count", "<u4"), ("group_ip", "<u4"), ("result_port", "<u2"),
-                      ("pad", "<u2")])
-MEMBER_DTYPE = np.dtype([("ip", "<u4"), ("port", "<u2"), ("pad", "<u2")])
+# Layouts of struct us_job / us_member of userspace_dp.c, as the compiler lays them out.
+JOB_DTYPE = dtype("us_job")
+MEMBER_DTYPE = dtype("us_member")
 
 
 # ------------------------------------------------------------------ the C part
@@ -87,12 +85,8 @@ def build_datapath() -> Path:
     return out
 
 
-class _State(ct.Structure):
-    _fields_ = [("k", ct.c_uint32), ("nslots", ct.c_uint32),
-                ("jobs", ct.c_void_p), ("members", ct.c_void_p),
-                ("seen", ct.c_void_p), ("count", ct.c_void_p), ("exp", ct.c_void_p),
-                ("flags", ct.c_void_p), ("vals", ct.c_void_p), ("counters", ct.c_void_p),
-                ("stop", ct.c_void_p), ("batches", ct.c_uint64), ("batched", ct.c_uint64)]
+# struct us_state of userspace_dp.c: the table addresses the C loop works on.
+_State = ctype("us_state")
 
 
 def load_datapath() -> ct.CDLL:
@@ -129,10 +123,8 @@ class MemoryMaps(DataplaneMaps):
         self.stop = np.zeros(1, np.uint32)
 
     def c_state(self) -> _State:
-        p = lambda a: a.ctypes.data  # noqa: E731
-        return _State(self.k, self.nslots, p(self.jobs), p(self.members), p(self.seen),
-                      p(self.count), p(self.exp), p(self.flags), p(self.vals),
-                      p(self.counters), p(self.stop), 0, 0)
+        tables = ("jobs", "members", "seen", "count", "exp", "flags", "vals", "counters", "stop")
+        return _State(k=self.k, nslots=self.nslots, **{t: getattr(self, t).ctypes.data for t in tables})
 
     # --- jobs and members -------------------------------------------------------
     def write_job(self, job_id: int, e: JobEntry) -> None:

@@ -37,7 +37,8 @@
 #define BATCH 64
 #define MAXPKT 2048
 
-/* Mirrors of the numpy dtypes in userspace.py (JOB_DTYPE, MEMBER_DTYPE). */
+/* userspace.py takes the layouts of us_job, us_member and us_state from here
+ * (JOB_DTYPE, MEMBER_DTYPE, _State: the compiler's, through layout_gen.py). */
 struct us_job {
 	uint32_t active;
 	uint32_t world;

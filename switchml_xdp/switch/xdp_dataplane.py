@@ -11,9 +11,10 @@ replaces the old one in one netlink call: the data plane never stops).
 from __future__ import annotations
 
 import logging
+import os
 
-from .. import bpf
-from .dataplane import Dataplane, DataplaneError, SwitchParams
+from .. import bpf, net
+from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
 from .maps import SwitchMaps
 
 PROG_NAME = "swml_switch"
@@ -102,14 +103,65 @@ class XdpDataplane(Dataplane):
         return SwitchMaps.exist(iface)
 
     @classmethod
-    def remove_leftovers(cls, iface: str, state: dict | None) -> list[str]:
-        did = []
-        try:
-            # Without a state file, whatever program holds the interface is taken for ours.
-            if bpf.detach(iface, prog_id=state.get("prog_id") if state else None):
-                did.append("detached XDP")
-        except bpf.XdpError:
-            pass  # the interface is gone (e.g. a lab namespace was removed)
+    def remove_leftovers(cls, iface: str, state: dict | None) -> tuple[list[str], list[str]]:
+        """Detach the switch's program from `iface` wherever the interface is
+        (this namespace, or the named one the daemon ran in), then remove the
+        pins. While the program may still be attached, the pins stay, so that
+        `down` where the interface lives can finish the job."""
+        did, failed = [], []
+        where = _netns_names_to_try(state)
+        for netns in where:
+            try:
+                att = bpf.attachment(iface, netns=netns)
+            except bpf.XdpError:
+                continue   # not there
+            if att.prog_id and _is_ours(att.prog_id, state):
+                try:
+                    if bpf.detach(iface, netns=netns, prog_id=att.prog_id):
+                        did.append("detached XDP" + (f" in network namespace {netns}" if netns else ""))
+                except bpf.XdpError as e:
+                    failed.append(str(e))
+            elif att.prog_id:
+                did.append(f"left XDP program {att.prog_id} attached (not the switch's)")
+            break
+        else:
+            if state and state.get("netns_inode") not in (None, netns_inode()):
+                failed.append(f"{iface} is not in this network namespace and the switch's namespace "
+                              f"(inode {state['netns_inode']}) has no name under /run/netns: run "
+                              f"`swml-switch down {iface}` inside it to detach the program")
+        if failed:
+            return did, failed + [f"pinned maps kept in {bpf.pin_dir(iface)}"]
         if bpf.remove_pins(bpf.pin_dir(iface)):
             did.append("removed pinned maps")
-        return did
+        return did, failed
+
+
+def _netns_names_to_try(state: dict | None) -> list[str | None]:
+    """Where to look for the interface: the daemon's own network namespace
+    (found by its inode among the named ones) first, then this one."""
+    want = (state or {}).get("netns_inode")
+    where: list[str | None] = []
+    if want is not None and want != netns_inode():
+        try:
+            names = sorted(os.listdir(net.NETNS_DIR))
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                if os.stat(net.NETNS_DIR / name).st_ino == want:
+                    where.append(name)
+                    break
+            except OSError:
+                continue
+    return where + [None]
+
+
+def _is_ours(prog_id: int, state: dict | None) -> bool:
+    """The program the state file names, or (whatever the state file says) a
+    program loaded as the switch's."""
+    if state and state.get("prog_id") == prog_id:
+        return True
+    try:
+        return bpf.prog_name(prog_id) == PROG_NAME[:15]
+    except bpf.BpfError:
+        return False

@@ -21,7 +21,9 @@ What goes where:
 Configuration: `pg_options=SwmlOptions(...)`, or the environment:
 SWML_SWITCH (the switch's address, required one way or the other), SWML_JOB
 (the job name; by default rank 0 makes one up and shares it through the
-store), SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT.
+store; the job's token is always made by rank 0 with `secrets` and shared the
+same way, so only this process group's ranks can change the job on the switch),
+SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT.
 Gloo's device is GLOO_SOCKET_IFNAME's interface if set, else the interface
 that routes to the switch.
 
@@ -53,6 +55,7 @@ from ..worker.api import Worker
 BACKEND_NAME = "swml"
 _SWITCH_DTYPES = (torch.float32, torch.int32)
 _JOB_KEY = "swml/job"
+_TOKEN_KEY = "swml/token"
 
 
 @dataclass
@@ -151,7 +154,8 @@ class ProcessGroupSwml(dist.ProcessGroup):
         join_timeout = max(10.0, min(timeout.total_seconds(), 300.0))
         self.worker = Worker(opts.switch, job, rank, size, iface=opts.iface, backend=opts.backend,
                              port=opts.port, control_port=opts.control_port,
-                             join_timeout=join_timeout, verbose=opts.verbose)
+                             join_timeout=join_timeout, verbose=opts.verbose,
+                             token=self._agree_token(store, rank))
         try:
             gloo_store = dist.PrefixStore("swml-gloo/", store)
             if opts.gloo_iface or not os.environ.get("GLOO_SOCKET_IFNAME"):
@@ -179,6 +183,14 @@ class ProcessGroupSwml(dist.ProcessGroup):
             gid = "".join(c for c in str(group_id) if c.isalnum())[:16]
             store.set(_JOB_KEY, f"torch-{gid or 'pg'}-{secrets.token_hex(6)}")
         return store.get(_JOB_KEY).decode()
+
+    @staticmethod
+    def _agree_token(store: dist.Store, rank: int) -> str:
+        """Rank 0 makes the job's token; the others read it from the store
+        (which only the process group's members reach)."""
+        if rank == 0:
+            store.set(_TOKEN_KEY, secrets.token_hex(16))
+        return store.get(_TOKEN_KEY).decode()
 
     # -- identity -------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - the C++ name the trampoline looks up

@@ -9,9 +9,11 @@ the socket's rx ring and everything else still goes to the kernel stack.
 
 Each allreduce is one call into C, which streams the whole tensor with the GIL
 released. The streaming rules, packet format and quantization are those of the
-udp backend (plans.py, quant.py), so both kinds of worker can share a job.
-An abort from the control connection raises a flag the C loop reads every
-few ms; the loop's status code becomes JobAborted / TimeoutError here.
+udp backend (plans.py, quant.py), so both kinds of worker can share a job,
+and so is the retransmission policy (retransmit.py; the engine's estimator in
+worker/stream.c implements its rules). The job's AbortSignal raises a flag the
+C loop reads every few ms; the loop's status code becomes JobAborted /
+TimeoutError here.
 """
 from __future__ import annotations
 
@@ -22,19 +24,17 @@ import threading
 import numpy as np
 
 from .. import bpf, wire
-from .control import ControlClient, JobAborted, JobInfo
+from .abort import AbortSignal
+from .backend import Backend, LocalEnd
+from .control import JobInfo
+from .retransmit import ENGINE_POLICY, RetransmitPolicy
 
 PROG_NAME = "swml_redirect"
 SOURCE = "swml_redirect.c"
 QUEUE = 0                 # veth (and the lab) have one rx queue; the engine binds it
-# Retransmission timeout: RTO_INITIAL_S until the engine has measured round trips,
-# then srtt + 4 rttvar (RFC 6298) kept within [RTO_MIN_S, RTO_MAX_S]; each expiry
-# doubles a slot's timeout. A window's round trip in the lab is ~1 ms.
-# (The RTT samples are what keeps 4 workers sharing 2 cores from resending whole
-# windows while a peer is descheduled: a fixed 5 ms timer resent ~7% of packets.)
-RTO_INITIAL_S = 0.005
-RTO_MIN_S = 0.002
-RTO_MAX_S = 0.5
+# SWML_AFXDP_RTO_INITIAL / _MIN / _MAX (seconds) override the policy's timeouts
+# for experiments (RetransmitPolicy.with_env), SWML_AFXDP_SPIN the spin below.
+ENV_PREFIX = "SWML_AFXDP_"
 # Empty rx-ring polls (~10 us) before sleeping in ppoll(). Results of a worker's own
 # packets come back inside its own sendto() (copy mode runs the whole veth/bridge/
 # switch path in that call's softirq), so spinning only helps for results that
@@ -45,7 +45,7 @@ SPIN = 200
 
 def _tunable(name: str, default: float) -> float:
     """Engine knobs can be overridden for experiments: SWML_AFXDP_<NAME>=value."""
-    value = os.environ.get(f"SWML_AFXDP_{name}")
+    value = os.environ.get(f"{ENV_PREFIX}{name}")
     return type(default)(value) if value else default
 
 
@@ -62,11 +62,7 @@ def unavailable_reason() -> str | None:
         return f"extension not built: {e} (pip install -e . with libxdp-dev and libbpf-dev)"
     if os.geteuid() != 0:
         return "needs root (AF_XDP)"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        return "needs bcc (Debian package python3-bpfcc)"
-    return None
+    return bpf.compiler_missing()
 
 
 def _mac_bytes(mac: str) -> bytes:
@@ -83,18 +79,18 @@ def compile_redirect(info: JobInfo, local_ip: str) -> bpf.Program:
         raise RuntimeError(f"cannot load the worker's XDP program ({SOURCE}): {e}") from e
 
 
-class AfxdpBackend:
+class AfxdpBackend(Backend):
+    default_policy = ENGINE_POLICY
     name = "afxdp"
 
-    def __init__(self, info: JobInfo, local_ip: str, iface: str, control: ControlClient,
-                 stall_timeout: float = 30.0, *, mode: str | None = None,
-                 rto_initial: float | None = None, rto_min: float | None = None,
-                 rto_max: float | None = None, spin: int | None = None, verbose: bool = True):
+    def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
+                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
+                 mode: str | None = None, spin: int | None = None, verbose: bool = True):
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(f"afxdp backend unavailable: {reason}")
-        self.info, self.iface, self.stall_timeout = info, iface, stall_timeout
-        self._control = control
+        self.info, self.iface, self.stall_timeout = info, local.iface, stall_timeout
+        self.abort_signal = abort
         self._lock = threading.Lock()
         self._call_lock = threading.Lock()  # held by allreduce; close() waits for it
         self._engine = None
@@ -103,28 +99,25 @@ class AfxdpBackend:
         self._closed = False
         # The abort flag the C loop reads: a 4-byte aligned, writable buffer.
         self._abort = np.zeros(1, dtype=np.uint32)
-        rto_initial = rto_initial if rto_initial is not None else _tunable("RTO_INITIAL", RTO_INITIAL_S)
-        rto_min = rto_min if rto_min is not None else _tunable("RTO_MIN", RTO_MIN_S)
-        rto_max = rto_max if rto_max is not None else _tunable("RTO_MAX", RTO_MAX_S)
+        self.policy = (policy or self.default_policy).with_env(ENV_PREFIX)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
-            self._prog = compile_redirect(info, local_ip)
+            self._prog = compile_redirect(info, local.ip)
             self.mode = self._attach(self._prog.fd, mode, verbose)
             engine = _engine_module()
             self._engine = engine.Engine(
-                iface, self._prog.map_fd("xsks"), self._abort,
+                local.iface, self._prog.map_fd("xsks"), self._abort,
                 job=info.job_id, rank=info.rank, world=info.world, k=info.k, slots=info.slots,
-                src_mac=_mac_bytes(_iface_mac(iface)), dst_mac=_mac_bytes(info.switch_mac),
-                src_ip=socket.inet_aton(local_ip), dst_ip=socket.inet_aton(info.switch_ip),
+                src_mac=_mac_bytes(local.mac), dst_mac=_mac_bytes(info.switch_mac),
+                src_ip=socket.inet_aton(local.ip), dst_ip=socket.inet_aton(info.switch_ip),
                 src_port=info.port, dst_port=info.switch_port, queue=QUEUE,
-                rto_initial=rto_initial, rto_min=rto_min, rto_max=rto_max,
+                rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
+                rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
                 stall_timeout=stall_timeout, spin=spin)
         except BaseException:
             self.close()
             raise
-        control.on_abort(self._on_abort)
-        if control.abort_reason:
-            self._on_abort(control.abort_reason)
+        abort.on_abort(self._on_abort)  # at once if the job is already aborted
 
     # --- set-up and tear-down --------------------------------------------------
     def _attach(self, prog_fd: int, mode: str | None, verbose: bool) -> str:
@@ -181,11 +174,9 @@ class AfxdpBackend:
             status = self._engine.allreduce(flat)
         if status == engine.OK:
             return
-        if status == engine.ABORTED and self._closed and not self._control.abort_reason:
-            raise RuntimeError("the afxdp backend was closed during the allreduce")
         if status == engine.ABORTED:
-            raise JobAborted(f"job {self.info.name!r} aborted: "
-                             f"{self._control.abort_reason or 'aborted'}")
+            self.abort_signal.raise_if_set(self.info.name)
+            raise RuntimeError("the afxdp backend was closed during the allreduce")
         if status == engine.STALLED:
             raise TimeoutError(
                 f"no result from the switch for {self.stall_timeout:g} s; waiting for slot(s) "
@@ -195,7 +186,6 @@ class AfxdpBackend:
                              f"(k={self.info.k}): split it")
         raise OSError(f"the AF_XDP socket on {self.iface} failed (engine status {status})")
 
-    @property
     def stats(self) -> dict:
         """Counters: the udp backend's keys (packets_sent, retransmissions, results,
         duplicates, shadow_replies) plus the engine's and the redirect program's."""
@@ -216,8 +206,3 @@ class AfxdpBackend:
     @property
     def next_index(self) -> int:
         return self._engine.next_index
-
-
-def _iface_mac(iface: str) -> str:
-    from .api import iface_mac
-    return iface_mac(iface)

@@ -7,7 +7,6 @@ returns a future. Every rank must make the same calls in the same order.
 """
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -15,37 +14,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from .. import wire
-from .control import ControlClient, ControlError, JobAborted, JobInfo
+from .. import net, wire
+from .backend import Backend, LocalEnd
+from .control import ControlClient, ControlError, JobInfo
 
 BACKENDS = ("auto", "afxdp", "udp")
 
 
-def route_to(switch: str, port: int) -> tuple[str, str]:
-    """(local IPv4, interface) the kernel would use to reach the switch."""
-    from pyroute2 import IPRoute
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((switch, port))
-        except OSError as e:
-            raise ControlError(f"no route to the switch {switch}: {e.strerror}") from None
-        local_ip = s.getsockname()[0]
-    with IPRoute() as ipr:
-        routes = ipr.route("get", dst=switch)
-        oif = routes[0].get_attr("RTA_OIF")
-        iface = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME")
-    return local_ip, iface
-
-
-def iface_mac(iface: str) -> str:
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname=iface)
-        if not idx:
-            raise ControlError(f"no interface named {iface!r}")
-        return ipr.get_links(idx[0])[0].get_attr("IFLA_ADDRESS")
+def local_end(switch: str, port: int, iface: str | None) -> LocalEnd:
+    """This worker's address, interface (the route's to the switch unless
+    given) and MAC: the worker's only link lookups (switchml_xdp.net)."""
+    try:
+        local_ip, route_iface = net.route_to(switch, port)
+        iface = iface or route_iface
+        return LocalEnd(local_ip, iface, net.link_mac(iface))
+    except net.NetError as e:
+        raise ControlError(f"cannot reach the switch {switch}: {e}") from None
 
 
 def _afxdp_unavailable_reason() -> str | None:
@@ -62,23 +46,26 @@ class Worker:
     def __init__(self, switch: str, job: str, rank: int, world: int, iface: str | None = None,
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
-                 stall_timeout: float = 30.0, verbose: bool = True):
+                 stall_timeout: float = 30.0, verbose: bool = True, token: str | None = None):
+        """token: the job's secret, the same on every rank; without it, nothing
+        that changes the job is accepted by the switch (docs/security.md).
+        None: an open job, which anyone who reaches the switch can disturb."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be a positive integer, not {world!r}")
         if not isinstance(rank, int) or not 0 <= rank < world:
             raise ValueError(f"rank must be in 0..{world - 1}, not {rank!r}")
-        local_ip, route_iface = route_to(switch, control_port)
-        self.iface = iface or route_iface
-        self.local_ip = local_ip
+        self.local = local_end(switch, control_port, iface)
+        self.iface, self.local_ip = self.local.iface, self.local.ip
         self.backend_name = self._choose_backend(backend, verbose)
         self._requested_backend, self._verbose = backend, verbose
         self._control = ControlClient(switch, control_port)
         try:
-            self.info: JobInfo = self._control.join(job, world, rank, local_ip, port,
-                                                    iface_mac(self.iface), join_timeout)
-            self._backend = self._make_backend(stall_timeout)
+            self.info: JobInfo = self._control.join(job, world, rank, self.local_ip, port,
+                                                    self.local.mac, join_timeout,
+                                                    token=token)
+            self._backend: Backend = self._make_backend(stall_timeout)
         except BaseException:
             self._control.close()
             raise
@@ -101,13 +88,12 @@ class Worker:
             print(f"switchml-xdp: backend auto -> {chosen}{why}", file=sys.stderr)
         return chosen
 
-    def _make_backend(self, stall_timeout: float):
-        abort = lambda: self._control.abort_reason  # noqa: E731 - read between packets
+    def _make_backend(self, stall_timeout: float) -> Backend:
+        args = (self.info, self.local, self._control.abort)
         if self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
             try:
-                return AfxdpBackend(self.info, self.local_ip, self.iface, self._control,
-                                    stall_timeout, verbose=self._verbose)
+                return AfxdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
             except (RuntimeError, OSError) as e:
                 if self._requested_backend != "auto":
                     raise
@@ -117,7 +103,7 @@ class Worker:
                           "backend auto -> udp", file=sys.stderr)
                 self.backend_name = "udp"
         from .udp_backend import UdpBackend
-        return UdpBackend(self.info, self.local_ip, abort, stall_timeout)
+        return UdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
 
     # --- the API -------------------------------------------------------------
     def allreduce(self, array: np.ndarray) -> np.ndarray:
@@ -141,8 +127,7 @@ class Worker:
 
     def _reduce(self, array: np.ndarray) -> np.ndarray:
         with self._lock:
-            if self._control.abort_reason:
-                raise JobAborted(f"job {self.info.name!r} aborted: {self._control.abort_reason}")
+            self._control.abort.raise_if_set(self.info.name)
             t0 = time.perf_counter()
             if array.size:
                 self._backend.allreduce(array.reshape(-1))
@@ -155,7 +140,7 @@ class Worker:
         """Counters of this worker: tensors, elements, packets, retransmissions."""
         return {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
                 "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
-                "slots": self.info.slots, **self._stats, **self._backend.stats}
+                "slots": self.info.slots, **self._stats, **self._backend.stats()}
 
     def close(self) -> None:
         if self._closed:

@@ -11,14 +11,13 @@ import time
 from dataclasses import dataclass
 
 from .. import wire
+from .abort import AbortSignal, JobAborted
+
+__all__ = ["ControlClient", "ControlError", "JobAborted", "JobInfo"]
 
 
 class ControlError(RuntimeError):
     """The switch refused a request, or could not be reached; says why."""
-
-
-class JobAborted(RuntimeError):
-    """The job ended under this worker: another rank failed, or the switch went down."""
 
 
 @dataclass(frozen=True)
@@ -52,27 +51,21 @@ class ControlClient:
         self._send_lock = threading.Lock()
         self._replies: list[dict] = []
         self._reply_ready = threading.Condition()
-        self.abort_reason: str | None = None
-        self._abort_listeners: list = []
+        self.abort = AbortSignal()  # what the Worker and its backend read
         self.resume_window_s = 30.0  # how long to try to reconnect after losing the switch
         self.resumed = 0
         self._resume_msg: dict = {}
+        self._token: dict = {}   # {"token": ...} on every request of a job that has one
         self.left_ranks: set[int] = set()
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
 
     # --- plumbing ------------------------------------------------------------
-    def on_abort(self, fn) -> None:
-        """Call fn(reason) once if the job is aborted (datapaths raise a flag
-        their packet loop reads, so no Python runs per packet)."""
-        self._abort_listeners.append(fn)
-
-    def _set_abort(self, reason: str) -> None:
-        if self.abort_reason is None:
-            self.abort_reason = reason
-            for fn in self._abort_listeners:
-                fn(reason)
+    @property
+    def abort_reason(self) -> str | None:
+        """Why the job was aborted under this client, or None."""
+        return self.abort.reason
 
     def _send(self, obj: dict) -> None:
         data = (json.dumps(obj) + "\n").encode()
@@ -101,8 +94,8 @@ class ControlClient:
             if self._closed.is_set() or self.abort_reason is not None:
                 break
             if not self._reconnect():
-                self._set_abort(f"lost the control connection to the switch at {self.switch}:{self.port} "
-                                f"and could not resume within {self.resume_window_s:g} s")
+                self.abort.set(f"lost the control connection to the switch at {self.switch}:{self.port} "
+                               f"and could not resume within {self.resume_window_s:g} s")
                 break
         with self._reply_ready:
             self._reply_ready.notify_all()
@@ -110,13 +103,13 @@ class ControlClient:
     def _route(self, msg: dict) -> None:
         if "event" in msg:
             if msg["event"] == "abort":
-                self._set_abort(msg.get("reason", "aborted by the switch"))
+                self.abort.set(msg.get("reason", "aborted by the switch"))
             elif msg["event"] == "left":
                 self.left_ranks.add(msg.get("rank"))
             return
         if msg.get("op") == "heartbeat":
             if not msg.get("ok"):
-                self._set_abort(f"the switch refused a heartbeat: {msg.get('error')}")
+                self.abort.set(f"the switch refused a heartbeat: {msg.get('error')}")
             return
         with self._reply_ready:
             self._replies.append(msg)
@@ -134,7 +127,7 @@ class ControlClient:
                 reply = json.loads(rfile.readline() or b"{}")
                 if not reply.get("ok"):
                     sock.close()
-                    self._set_abort(f"the switch refused to resume the job: {reply.get('error')}")
+                    self.abort.set(f"the switch refused to resume the job: {reply.get('error')}")
                     return True  # a definite answer: stop trying
                 sock.settimeout(None)
                 with self._send_lock:
@@ -161,9 +154,11 @@ class ControlClient:
 
     # --- the protocol ------------------------------------------------------------
     def join(self, job: str, world: int, rank: int, ip: str, port: int, mac: str = "",
-             timeout: float = 60.0, k: int | None = None) -> JobInfo:
+             timeout: float = 60.0, k: int | None = None, token: str | None = None) -> JobInfo:
+        """token: the job's secret (every rank the same); None: an open job."""
+        self._token = {"token": token} if token is not None else {}
         msg = {"op": "join", "job": job, "world": world, "rank": rank, "ip": ip, "port": port,
-               "mac": mac, "timeout": timeout}
+               "mac": mac, "timeout": timeout, **self._token}
         if k is not None:
             msg["k"] = k
         self._send(msg)
@@ -184,7 +179,8 @@ class ControlClient:
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
                        grp["port"], reply["heartbeat_s"])
-        self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank}
+        self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
+                            **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)
         self._reader.start()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, args=(info.heartbeat_s,),
@@ -197,7 +193,7 @@ class ControlClient:
             if self.abort_reason:
                 return
             try:
-                self._send({"op": "heartbeat"})
+                self._send({"op": "heartbeat", **self._token})
             except OSError:
                 pass  # the reader notices the broken connection and resumes on a new one
 
@@ -213,7 +209,7 @@ class ControlClient:
     def leave(self) -> None:
         if self.abort_reason is None and self._reader is not None:
             try:
-                self.request({"op": "leave"}, timeout=5.0)
+                self.request({"op": "leave", **self._token}, timeout=5.0)
             except (ControlError, JobAborted, OSError):
                 pass
 

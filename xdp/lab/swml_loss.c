@@ -68,24 +68,7 @@
 #error "SWML_LOSS_PIN_DIR must be defined"
 #endif
 
-#define SWML_LOSS_MAX_LINKS 256  /* hosts of a lab: switch + up to 244 workers */
-#define SWML_LOSS_UP 0           /* direction: host -> bridge */
-#define SWML_LOSS_DOWN 1         /* direction: bridge -> host */
-#define SWML_LOSS_ALWAYS 0xffffffff /* threshold meaning probability 1 */
-#define SWML_LOSS_MARK 0x534d4c44   /* skb->mark of a duplicate ("SMLD") */
-#define SWML_LOSS_IP_OFFSET 0x1fff  /* fragment offset bits of iphdr.frag_off */
-
-struct swml_loss_cfg {
-	__u32 drop; /* threshold: drop with probability drop / 2^32 */
-	__u32 dup;  /* threshold: duplicate a passed frame with probability dup / 2^32 */
-};
-
-struct swml_loss_counters {
-	__u64 seen;       /* frames subject to loss (data-port UDP) */
-	__u64 dropped;
-	__u64 duplicated; /* extra copies sent */
-	__u64 passed;     /* frames not dropped (their copies not included) */
-};
+#include "lab/swml_loss.h" /* by -I xdp/: bcc compiles the source as main.c */
 
 BPF_TABLE_PINNED("hash", u32, u32, links, SWML_LOSS_MAX_LINKS, SWML_LOSS_PIN_DIR "/links");
 BPF_TABLE_PINNED("array", u32, struct swml_loss_cfg, cfg, 2 * SWML_LOSS_MAX_LINKS,

@@ -1,0 +1,67 @@
+"""The one interface of the worker's datapaths (`udp`, `afxdp`).
+
+The Worker builds a backend once it has joined its job, with
+
+    Backend(info, local, abort, policy=None, stall_timeout=30.0, verbose=True)
+
+where `info` is the join's JobInfo, `local` this end of the data path
+(LocalEnd: IPv4, interface, MAC, looked up once by the Worker), `abort` the
+AbortSignal the control client sets (abort.py), `policy` the retransmission
+policy (retransmit.py; None: the backend's `default_policy`). It then calls
+`allreduce` one call at a time, `stats()` whenever, and `close()` once.
+Both backends speak the same wire protocol and streaming rules (plans.py),
+so the ranks of a job may use either.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .abort import AbortSignal
+from .control import JobInfo
+from .retransmit import RetransmitPolicy
+
+# The counters every backend's stats() has (a backend may add its own).
+STAT_KEYS = ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies")
+
+
+@dataclass(frozen=True)
+class LocalEnd:
+    """This worker's end of the data path: where the switch's RESULTs arrive."""
+    ip: str
+    iface: str
+    mac: str
+
+
+class Backend(ABC):
+    """A datapath that streams tensors through the job's slots on the switch."""
+
+    name: ClassVar[str]
+    default_policy: ClassVar[RetransmitPolicy]
+
+    @abstractmethod
+    def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
+                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
+                 verbose: bool = True):
+        """Set up the datapath for a joined job; raise RuntimeError or OSError
+        with a one-line reason if it cannot be set up (nothing is left behind)."""
+
+    @abstractmethod
+    def allreduce(self, flat: np.ndarray) -> None:
+        """Reduce a 1-D C-contiguous float32/int32 array in place over the job.
+
+        Raises JobAborted ("job '<name>' aborted: <reason>") if `abort` is set
+        before or during the call, TimeoutError if no result arrives for
+        `stall_timeout` seconds (naming the slots it waited for), RuntimeError
+        if the backend is closed."""
+
+    @abstractmethod
+    def stats(self) -> dict:
+        """Counters since set-up: at least STAT_KEYS."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the datapath; idempotent. A call in progress ends promptly."""

@@ -1,0 +1,212 @@
+"""The worker's backends behind one interface: both are `Backend`s, both
+honour the one abort contract the same way, and the one retransmission policy
+(retransmit.py) follows its rules, checked on a fake clock."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from switchml_xdp.worker.abort import AbortSignal, JobAborted
+from switchml_xdp.worker.retransmit import (ENGINE_POLICY, PYTHON_POLICY, RetransmitPolicy,
+                                            RetransmitTimers, RtoEstimator)
+
+# --------------------------------------------------------- the abort signal
+
+
+def test_abort_signal_keeps_the_first_reason_and_calls_listeners_once():
+    sig, heard = AbortSignal(), []
+    sig.raise_if_set("j")  # not aborted: nothing happens
+    sig.on_abort(heard.append)
+    assert sig.set("rank 1 failed") and not sig.set("the switch went down")
+    assert sig.reason == "rank 1 failed" and heard == ["rank 1 failed"]
+    late = []
+    sig.on_abort(late.append)  # registered after the fact: told at once
+    assert late == ["rank 1 failed"]
+    with pytest.raises(JobAborted, match=r"^job 'j' aborted: rank 1 failed$"):
+        sig.raise_if_set("j")
+
+
+def test_job_aborted_is_one_class_wherever_it_is_imported_from():
+    from switchml_xdp import JobAborted as Public
+    from switchml_xdp.worker.control import JobAborted as FromControl
+
+    assert Public is FromControl is JobAborted
+
+
+# --------------------------------------------------- the retransmission policy
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_policy_bounds_are_checked_and_env_overrides_apply(monkeypatch):
+    with pytest.raises(ValueError, match="min"):
+        RetransmitPolicy(initial_s=0.001, min_s=0.002, max_s=0.5)
+    with pytest.raises(ValueError, match="max"):
+        RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.001)
+    monkeypatch.setenv("SWML_AFXDP_RTO_MIN", "0.004")
+    monkeypatch.setenv("SWML_AFXDP_RTO_INITIAL", "0.01")
+    p = ENGINE_POLICY.with_env("SWML_AFXDP_")
+    assert (p.initial_s, p.min_s, p.max_s, p.adaptive) == (0.01, 0.004, 0.5, True)
+    assert ENGINE_POLICY.with_env("SWML_NOTSET_") == ENGINE_POLICY
+
+
+def test_estimator_is_rfc6298_within_the_policy_bounds():
+    pol = RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5)
+    est = RtoEstimator(pol)
+    assert est.rto == 0.005  # no sample yet
+    est.sample(0.010)  # first: srtt = r, rttvar = r/2, rto = 3r
+    assert est.srtt == pytest.approx(0.010) and est.rttvar == pytest.approx(0.005)
+    assert est.rto == pytest.approx(0.030)
+    est.sample(0.002)  # rttvar = 3/4 rttvar + 1/4 |srtt - r|, srtt = 7/8 srtt + 1/8 r
+    assert est.rttvar == pytest.approx(0.75 * 0.005 + 0.25 * 0.008)
+    assert est.srtt == pytest.approx(0.875 * 0.010 + 0.125 * 0.002)
+    assert est.rto == pytest.approx(est.srtt + 4 * est.rttvar)
+    for _ in range(200):
+        est.sample(0.0001)
+    assert est.rto == 0.002  # the floor
+    for _ in range(5):
+        est.sample(3.0)
+    assert est.rto == 0.5  # the cap
+
+
+def test_timers_double_on_expiry_keep_the_backoff_and_follow_karn():
+    clock = FakeClock()
+    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.05,
+                                               adaptive=True), clock)
+    timers.sent(0)
+    timers.sent(1)
+    assert timers.next_deadline() == pytest.approx(100.005)
+    clock.t += 0.004
+    assert list(timers.expired()) == []
+    clock.t += 0.001
+    assert sorted(timers.expired()) == [0, 1]  # both due: resent, timeouts doubled
+    assert timers.next_deadline() == pytest.approx(clock.t + 0.010)
+    # RFC 6298 5.5/5.7: the backed-off timeout holds for new packets too.
+    assert timers.estimator.rto == pytest.approx(0.010)
+    timers.sent(2)
+    assert timers.next_deadline() == pytest.approx(clock.t + 0.010)
+    for expected in (0.020, 0.040, 0.050, 0.050):  # doubling, up to the cap
+        clock.t += 1.0
+        assert 0 in list(timers.expired())
+        assert timers._timers[0][1] == pytest.approx(expected)
+    clock.t += 0.003
+    timers.answered(0)  # resent: no sample (Karn)
+    assert timers.estimator.samples == 0
+    timers.start()  # a new stream forgets old timers, keeps the estimate
+    assert timers.pending() == [] and timers.estimator.rto == pytest.approx(0.050)
+    timers.sent(7)
+    clock.t += 0.001
+    timers.answered(7)  # sent once: sampled, and the estimate comes back down
+    assert timers.estimator.samples == 1
+    assert timers.estimator.rto == pytest.approx(0.003)
+    assert timers.pending() == [] and timers.next_deadline() is None
+
+
+def test_a_fixed_policy_doubles_per_packet_and_starts_every_packet_at_initial():
+    """The udp backend's policy: today's fixed 50 ms first timeout, doubling to 1 s."""
+    assert not PYTHON_POLICY.adaptive
+    assert (PYTHON_POLICY.initial_s, PYTHON_POLICY.max_s) == (0.05, 1.0)
+    clock = FakeClock()
+    timers = RetransmitTimers(PYTHON_POLICY, clock)
+    timers.sent(0)
+    for expected in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0):
+        clock.t += 2.0
+        assert list(timers.expired()) == [0]
+        assert timers.next_deadline() == pytest.approx(clock.t + expected)
+    timers.sent(1)  # no carry-over of the backed-off timeout
+    assert timers._timers[1][1] == 0.05
+    clock.t += 0.001
+    timers.answered(1)  # no samples either
+    assert timers.estimator.samples == 0 and timers.estimator.rto == 0.05
+
+
+# ------------------------------------------- both backends, one abort contract
+
+
+def _backend_unavailable(backend: str) -> str | None:
+    if backend == "udp":
+        return None
+    from switchml_xdp.worker.api import _afxdp_unavailable_reason
+
+    return _afxdp_unavailable_reason()
+
+
+def start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Popen:
+    """A rank in its own process that joins and then never sends a packet."""
+    code = ("import time\n"
+            "from switchml_xdp import Worker\n"
+            f"w = Worker({lab.switch.ip!r}, {job!r}, {rank}, {world}, backend='udp', verbose=False)\n"
+            "print('joined', flush=True)\n"
+            "time.sleep(600)\n")
+    return lab.popen(host, [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("backend", ["udp", "afxdp"])
+def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, switch, backend):
+    from switchml_xdp import Worker
+    from switchml_xdp.worker.backend import STAT_KEYS, Backend
+
+    reason = _backend_unavailable(backend)
+    if reason:
+        pytest.skip(f"{backend}: {reason}")
+    job = f"abort-{backend}"
+    idle = start_idle_rank(lab8, lab8.workers[1], job, 1, 2)
+    try:
+        with lab8.enter(lab8.workers[0]):
+            w = Worker(lab8.switch.ip, job, 0, 2, backend=backend, verbose=False)
+        with w:
+            assert idle.stdout.readline().strip() == "joined"
+            assert isinstance(w._backend, Backend) and w._backend.name == backend
+            stats = w.stats()
+            assert set(STAT_KEYS) <= set(stats)
+            # Each backend runs its policy (the engine's in C): no round trip
+            # measured yet, so the initial RTO.
+            assert stats["rto_us"] == round(type(w._backend).default_policy.initial_s * 1e6)
+            fut = w.allreduce_async(np.ones(1 << 16, np.float32))
+            time.sleep(0.5)
+            assert not fut.done()  # rank 1 sends nothing: rank 0 waits in its backend
+            t0 = time.monotonic()
+            threading.Timer(0.0, w._control.abort.set, ["the test pulled the plug"]).start()
+            with pytest.raises(JobAborted, match=rf"^job '{job}' aborted: the test pulled the plug$"):
+                fut.result(timeout=10)
+            assert time.monotonic() - t0 < 2.0
+            with pytest.raises(JobAborted, match="the test pulled the plug"):
+                w.allreduce(np.ones(10, np.int32))
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+@pytest.mark.parametrize("policy", [ENGINE_POLICY, PYTHON_POLICY], ids=["adaptive", "fixed"])
+def test_the_engine_follows_the_policy_it_is_given(lab8, switch, policy, monkeypatch):
+    """The C engine implements both kinds of policy (worker/stream.c)."""
+    from switchml_xdp import Worker
+    from switchml_xdp.worker.afxdp_backend import AfxdpBackend
+
+    reason = _backend_unavailable("afxdp")
+    if reason:
+        pytest.skip(f"afxdp: {reason}")
+    monkeypatch.setattr(AfxdpBackend, "default_policy", policy)
+    with lab8.enter(lab8.workers[0]):
+        w = Worker(lab8.switch.ip, f"policy-{policy.adaptive}", 0, 1, backend="afxdp",
+                   verbose=False)
+    with w:
+        a = np.arange(1 << 16, dtype=np.int32)
+        w.allreduce(a)
+        assert a[-1] == (1 << 16) - 1
+        stats = w.stats()
+    if policy.adaptive:
+        assert stats["srtt_us"] > 0 and stats["rto_us"] >= policy.min_s * 1e6
+    else:
+        assert stats["srtt_us"] == 0 and stats["rto_us"] == round(policy.initial_s * 1e6)

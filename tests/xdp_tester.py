@@ -1,0 +1,239 @@
+"""Unit-testing the XDP programs of xdp/ without a network: a loaded program is
+handed one frame at a time through BPF_PROG_TEST_RUN (switchml_xdp.bpf.test_run)
+and the test looks at its verdict, the frame it wrote and its counters.
+
+    require_bpf()                                # skips without root, bcc or BTF
+    sw = SwitchTester(k=8)                       # compiles xdp/swml_switch.c once
+    job = sw.add_job(world=2)                    # through SwitchMaps, as the daemon does
+    assert sw.run(sw.data(job, rank=0, values=v0)).action == Action.DROP
+    out = sw.run(sw.data(job, rank=1, values=v1))
+    assert out.action == Action.TX and list(sw.result(out).values) == list(v0 + v1)
+    assert sw.counters()["completed"] == 1
+
+Each tester owns a unique pin directory under bpf.PIN_ROOT (removed by close()),
+so tests never meet a real switch's maps. reset() empties jobs and slots and
+restarts the counters from zero, so one compile serves a whole test module.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from conftest import NO_LAB
+from frames import Endpoint, UdpFrame, parse_udp_frame, udp_frame
+from switchml_xdp import bpf, wire
+from switchml_xdp.switch.maps import JobEntry, SwitchMaps
+from switchml_xdp.worker.afxdp_backend import compile_redirect
+from switchml_xdp.worker.control import JobInfo
+
+
+class Action(IntEnum):
+    """enum xdp_action (include/uapi/linux/bpf.h)."""
+    ABORTED = 0
+    DROP = 1
+    PASS = 2
+    TX = 3
+    REDIRECT = 4
+
+
+class Run(NamedTuple):
+    """What one run of the program did: its verdict, and the frame as it left it."""
+    action: Action
+    frame: bytes
+
+
+def require_bpf() -> None:
+    """Skip the calling test (or fixture) where programs cannot be loaded: root, bcc, BTF."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+
+
+class XdpTester:
+    """A loaded XDP program, run on frames; closed at the end of a `with`."""
+
+    def __init__(self, prog: bpf.Program):
+        self.prog = prog
+
+    def run(self, frame: bytes) -> Run:
+        action, out, _ = bpf.test_run(self.prog.fd, frame)
+        return Run(Action(action), out)
+
+    def close(self) -> None:
+        self.prog.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the switch's maps hold it; members come from SwitchTester.member()."""
+    id: int
+    world: int
+    slot_base: int
+    slot_count: int
+    group: Endpoint  # where its RESULTs go: multicast group MAC/IP, result port
+
+
+@dataclass(frozen=True)
+class Result:
+    """A swml datagram taken out of a frame the switch sent."""
+    frame: UdpFrame
+    header: np.void  # wire.unpack_header's record (fields as in struct swml_hdr)
+    values: np.ndarray  # int32
+
+    @property
+    def type(self) -> int:
+        return int(self.header["ver_type"]) & 0x0F
+
+    @property
+    def version(self) -> int:
+        return int(self.header["ver_type"]) >> 4
+
+
+class SwitchTester(XdpTester):
+    """xdp/swml_switch.c specialised for k elements, `slots` slots and `port`,
+    with its maps in a pin directory of its own."""
+
+    SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.255.0.1"
+
+    def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT):
+        self.k, self.slots, self.port = k, slots, port
+        self.switch = Endpoint(self.SWITCH_MAC, self.SWITCH_IP, port)
+        # SwitchMaps finds an interface's maps by its name: a made-up name, a directory of our own.
+        self.pins_name = f"xdptest-{secrets.token_hex(4)}"
+        pins = bpf.pin_dir(self.pins_name)
+        bpf.ensure_bpffs(pins)
+        try:
+            super().__init__(bpf.compile_program(
+                "swml_switch.c", "swml_switch",
+                {"SWML_K": k, "SWML_SLOTS": slots, "SWML_PORT": port,
+                 "SWML_PIN_DIR": bpf.c_string(pins)}))
+            self.maps = SwitchMaps(self.pins_name, k)
+        except BaseException:
+            bpf.remove_pins(pins)
+            raise
+        self._jobs: dict[int, Job] = {}
+        self._baseline = self.maps.read_counters()
+
+    def close(self) -> None:
+        self.maps.close()
+        super().close()
+        bpf.remove_pins(bpf.pin_dir(self.pins_name))
+
+    def reset(self) -> None:
+        """No jobs, empty slots, counters from zero."""
+        for job in self._jobs.values():
+            self.maps.clear_job(job.id, job.world)
+        self._jobs.clear()
+        self.maps.reset_slots(0, self.slots)
+        self._baseline = self.maps.read_counters()
+
+    # --- the control plane's side -----------------------------------------------
+    def add_job(self, job_id: int = 1, world: int = 2, slot_base: int = 0,
+                slot_count: int = 4, result_port: int = 40000) -> Job:
+        """A job with every rank registered at member(job, rank), written as
+        the daemon writes it (SwitchMaps)."""
+        group_ip, group_mac = wire.group_of_job(job_id)
+        job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port))
+        self.maps.write_job(job_id, JobEntry(world, slot_base, slot_count, group_ip, group_mac,
+                                             result_port))
+        for rank in range(world):
+            m = self.member(job, rank)
+            self.maps.write_member(job_id, rank, m.ip, m.port)
+        self._jobs[job_id] = job
+        return job
+
+    @staticmethod
+    def member(job: Job, rank: int) -> Endpoint:
+        """The address rank `rank` of `job` is registered with (and sends from by default)."""
+        hi, lo, r = job.id >> 8, job.id & 0xFF, rank % 240  # ranks past any world: some address
+        return Endpoint(f"02:00:00:{hi:02x}:{lo:02x}:{r:02x}", f"10.{hi}.{lo}.{10 + r}", 41000 + r)
+
+    # --- frames ------------------------------------------------------------------
+    def data(self, job: Job, rank: int, slot: int = 0, values=None, *, ver: int = 0,
+             flags: int = 0, exp: int = 0, seq: int = 0, kind: int = wire.TYPE_DATA,
+             count: int | None = None, ver_type: int | None = None,
+             src: Endpoint | None = None, **breakage) -> bytes:
+        """A frame of (job, rank, slot, version) to the switch from the rank's
+        registered address: a DATA packet of `values` (default k ones). The
+        rest breaks one thing: `kind`, `count` (default len(values)) and
+        `ver_type` (the header's first byte, whole) in the swml header, `src`
+        the sender, `breakage` goes to frames.udp_frame (ip_options,
+        frag_off, ip_length, udp_length)."""
+        vals = np.ones(self.k, np.int32) if values is None else np.asarray(values, np.int32)
+        header = bytearray(wire.pack_header(kind, job.id, rank, slot, seq,
+                                            len(vals) if count is None else count,
+                                            flags | (ver & wire.FLAG_SLOT_VER), exp))
+        if ver_type is not None:
+            header[0] = ver_type
+        return udp_frame(src or self.member(job, rank), self.switch,
+                         bytes(header) + vals.astype("<i4").tobytes(), **breakage)
+
+    def round(self, job: Job, slot: int, contributions, *, ver: int = 0, exps=None,
+              flags=None) -> Run:
+        """Every rank's contribution to (slot, ver), rank order; all but the
+        last must be absorbed (XDP_DROP). The last one's Run."""
+        assert len(contributions) == job.world
+        exps, flags = exps or [0] * job.world, flags or [0] * job.world
+        for rank, values in enumerate(contributions):
+            run = self.run(self.data(job, rank, slot, values, ver=ver, exp=exps[rank],
+                                     flags=flags[rank]))
+            if rank < job.world - 1:
+                assert run.action == Action.DROP, f"rank {rank} of {job.world}: {run.action!r}"
+        return run
+
+    @staticmethod
+    def result(run: Run) -> Result:
+        frame = parse_udp_frame(run.frame)
+        header = wire.unpack_header(frame.payload)
+        return Result(frame, header, np.frombuffer(frame.payload[wire.HDR_LEN:], "<i4"))
+
+    # --- observation ---------------------------------------------------------------
+    def counters(self) -> dict[str, int]:
+        """Packets by outcome since the last reset(), by wire.COUNTER_NAMES."""
+        now = self.maps.read_counters()
+        return {name: now[name] - self._baseline[name] for name in wire.COUNTER_NAMES}
+
+    def slot_bytes(self) -> list[bytes]:
+        """Every slot's raw contents (the spin lock reads as 0)."""
+        return [bytes(self.maps.slots.lookup(i)) for i in range(self.slots)]
+
+
+class RedirectTester(XdpTester):
+    """xdp/swml_redirect.c as a worker at `local` compiles it for a job whose
+    RESULTs come from `switch` to `group` (and unicast to `local`).
+
+    Its XSKMAP stays empty (a socket needs a bound AF_XDP ring): there
+    bpf_redirect_map returns its fallback, XDP_PASS, so the program's decision
+    shows in its counters, not in the verdict."""
+
+    COUNTERS = ("redirected", "passed")  # rows SWML_RX_* of xdp/swml_redirect.c
+
+    def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint):
+        self.local, self.group, self.switch = local, group, switch
+        info = JobInfo(name="xdptest", job_id=1, world=2, rank=0, k=8, slots=4,
+                       switch_ip=switch.ip, switch_mac=switch.mac, switch_port=switch.port,
+                       group_ip=group.ip, group_mac=group.mac, port=local.port, heartbeat_s=1.0)
+        super().__init__(compile_redirect(info, local.ip))
+        self._baseline = self._read_counters()
+
+    def _read_counters(self) -> dict[str, int]:
+        table = self.prog.table("rx_counters")
+        return {name: sum(table[table.Key(row)]) for row, name in enumerate(self.COUNTERS)}
+
+    def reset(self) -> None:
+        self._baseline = self._read_counters()
+
+    def counters(self) -> dict[str, int]:
+        """Frames by decision since the last reset()."""
+        now = self._read_counters()
+        return {name: now[name] - self._baseline[name] for name in self.COUNTERS}
