@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "switchml_xdp"
@@ -130,17 +129,8 @@ def test_no_import_cycles_at_module_level():
     assert cycles(import_graph(module_level_only=True)) == []
 
 
-# Cycles closed by a late import that another change of issue 10 removes;
-# each entry names its fix. Any other cycle fails.
-KNOWN_LATE_CYCLES = {
-    # worker: afxdp_backend stops late-importing api for the MAC the Worker has.
-    ("switchml_xdp.worker.afxdp_backend", "switchml_xdp.worker.api"),
-}
-
-
 def test_no_import_cycles_including_late_imports():
-    found = {tuple(c) for c in cycles(import_graph())}
-    assert found <= KNOWN_LATE_CYCLES, f"import cycles: {sorted(found - KNOWN_LATE_CYCLES)}"
+    assert cycles(import_graph()) == []
 
 
 def test_only_the_door_imports_bcc_at_module_level():
