@@ -182,6 +182,18 @@ def send_all(sends, dest, pace=lambda sent: None) -> dict[str, int]:
     return repeated
 
 
+def send_paced(sw, sends, dest, others) -> tuple[dict[str, int], float, Pacer]:
+    """send_all(sends, dest) paced by a Pacer (others: the other senders' live
+    count); returns what was repeated, the seconds it took, and the pacer."""
+    pacer = Pacer(sw, others)
+    t0 = time.monotonic()
+    try:
+        repeated = send_all(sends, dest, pacer)
+    finally:
+        pacer.close()
+    return repeated, time.monotonic() - t0, pacer
+
+
 def ip_bytes(ip: str) -> bytes:
     return socket.inet_aton(ip)
 

@@ -14,8 +14,8 @@ from conftest import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from crafted_packets import (PAYLOAD_LEN, Pacer, SwitchModel, eth_ip_udp, ip_bytes, raw_socket,
-                             send_all, udp_socket)
+from crafted_packets import (PAYLOAD_LEN, SwitchModel, eth_ip_udp, ip_bytes, raw_socket,
+                             send_paced, udp_socket)
 from reliability_helpers import (K, OUTCOMES, PORT, StreamingJob, cdelta, int_tensor, job_name,
                                  link_drops, outcome_sum, quiet_reading, report, settle,
                                  switch_counters, upstream_drops, wrap_sum)
@@ -183,13 +183,7 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
         d0 = link_drops(lab8)
         valid.gate.set()
         valid.wait_streaming()
-        pacer = Pacer(switch, valid.live_packets_sent)
-        t0 = time.monotonic()
-        try:
-            repeated = send_all(sends, dest, pacer)
-        finally:
-            pacer.close()
-        send_s = time.monotonic() - t0
+        repeated, send_s, pacer = send_paced(switch, sends, dest, valid.live_packets_sent)
         assert not valid.results, "the valid job must still be streaming when the fuzz ends"
         assert SwitchModel.snapshot(switch) == model.jobs, "the jobs changed under the model"
         valid.stop()

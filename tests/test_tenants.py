@@ -15,7 +15,7 @@ from conftest import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from crafted_packets import Pacer, SwitchModel, ip_bytes, send_all, udp_socket
+from crafted_packets import SwitchModel, ip_bytes, send_paced, udp_socket
 from reliability_helpers import (K, PORT, StreamingJob, cdelta, job_name, link_drops,
                                  outcome_sum, report, settle, switch_counters, upstream_drops)
 from switchml_xdp import wire
@@ -106,13 +106,7 @@ def test_crafted_packets_from_another_job_change_nothing(lab8, switch):
                         expect[why] = expect.get(why, 0) + 1
                         sends.append((peer, [d], False, True))
         assert set(expect) == {"bad_rank", "bad_source"}, expect
-        pacer = Pacer(switch, job_b.live_packets_sent)
-        t0 = time.monotonic()
-        try:
-            repeated = send_all(sends, dest, pacer)
-        finally:
-            pacer.close()
-        attack_s = time.monotonic() - t0
+        repeated, attack_s, pacer = send_paced(switch, sends, dest, job_b.live_packets_sent)
         assert not job_b.results, "B must still be streaming when the attack ends"
         # A's own slots are untouched too: one exact round on A's slot 3.
         v = np.arange(K, dtype=np.int32)
