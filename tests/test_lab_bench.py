@@ -5,6 +5,7 @@ user-space switch, the TCP loss dropper, and a smoke run of the whole bench
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -132,10 +133,11 @@ def test_frames_past_the_workers_qdisc_are_shaped_per_worker(shaped_lab):
 
 
 def test_userspace_switch_reduces_exactly_and_answers_retransmissions(shaped_lab):
-    """The user-space switch speaks the protocol: int32 sums exact, a
-    retransmission to a completed slot gets a unicast shadow reply."""
+    """The user-space switch (every thread at the bench's niceness) speaks the
+    protocol: int32 sums exact, a retransmission to a completed slot gets a
+    unicast shadow reply."""
     from switchml_xdp import Worker
-    from switchml_xdp.bench.lab_bench import userspace_switch
+    from switchml_xdp.bench.lab_bench import USERSPACE_NICE, userspace_switch
 
     lab = shaped_lab
     rng = np.random.default_rng(5)
@@ -143,6 +145,8 @@ def test_userspace_switch_reduces_exactly_and_answers_retransmissions(shaped_lab
               for _ in lab.workers]
     with userspace_switch(lab, ["--elements", "256", "--lease", "2"]) as sw:
         assert "user-space process" in sw.ready_line
+        tids = os.listdir(f"/proc/{sw.proc.pid}/task")
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids} == {USERSPACE_NICE}
 
         def body(rank, host):
             with Worker(lab.switch.ip, "us-exact", rank, 2, backend="udp", verbose=False) as w:
