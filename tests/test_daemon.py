@@ -182,7 +182,7 @@ def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
     from switchml_xdp import bpf
     from switchml_xdp.switch.daemon import lock_holder, lock_path
 
-    from test_control import Raw
+    from control_helpers import Raw
 
     iface = lab1.switch.iface
     argv = SWITCH_CLI + ["up", iface]

@@ -21,7 +21,7 @@ import pytest
 
 from switchml_xdp.switch.control import MAX_CONNECTIONS_PER_IP, MAX_PENDING_JOINS_PER_IP
 
-from test_control import PORT, Raw, assert_error, job_of, join_msg, status, wait_for, wait_members
+from control_helpers import PORT, Raw, assert_error, job_of, join_msg, status, wait_for, wait_members
 
 SWITCH_CLI = [sys.executable, "-m", "switchml_xdp.cli.switch"]
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
