@@ -24,7 +24,6 @@ timer backs off from ~2 ms); they are dropped by the switch as duplicates.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -34,6 +33,9 @@ import sys
 import time
 from pathlib import Path
 
+import click
+
+from .. import bpf
 from ..switch import daemon
 from .allreduce_bench import parse_size
 from .cpu import cpu_delta, cpu_shares, machine_cpu_times
@@ -46,21 +48,22 @@ def _bin(name: str) -> str:
 
 
 def _prog_stats(ids: set[int]) -> dict[int, tuple[int, int]]:
-    """(run_cnt, run_time_ns) of the given programs, from bpftool."""
-    r = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return {}
-    return {p["id"]: (p.get("run_cnt", 0), p.get("run_time_ns", 0))
-            for p in json.loads(r.stdout) if p["id"] in ids}
+    """(run_cnt, run_time_ns) of those of the given programs that still exist."""
+    out = {}
+    for prog_id in ids:
+        try:
+            st = bpf.prog_stats(prog_id)
+        except bpf.BpfError:
+            continue  # its worker exited: the program is gone
+        out[prog_id] = (st["run_cnt"], st["run_time_ns"])
+    return out
 
 
 def _attached_prog(ns: str, iface: str) -> int | None:
-    r = subprocess.run(["ip", "-n", ns, "-j", "link", "show", "dev", iface],
-                       capture_output=True, text=True)
-    if r.returncode != 0 or not r.stdout.strip():
+    try:
+        return bpf.attachment(iface, netns=ns).prog_id or None
+    except bpf.BpfError:
         return None
-    xdp = json.loads(r.stdout)[0].get("xdp") or {}
-    return xdp.get("prog", {}).get("id") or xdp.get("prog_id")
 
 
 class ProgSampler:
@@ -165,65 +168,76 @@ def format_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m switchml_xdp.bench.afxdp_vs_udp",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", default="1,2,4", help="comma-separated world sizes")
-    ap.add_argument("--backends", default="afxdp,udp")
-    ap.add_argument("--size", default="64MiB", type=parse_size)
-    ap.add_argument("--iterations", "-n", type=int, default=5)
-    ap.add_argument("--udp-iterations", type=int, default=3,
-                    help="iterations for the (much slower) udp backend")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--elements", "-k", type=int, default=256, help="k of the switch")
-    ap.add_argument("--profile", action="store_true",
-                    help="BPF run-time stats of the switch and redirect programs, CPU split")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = ap.parse_args(argv)
+def _size(ctx, param, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _worlds(ctx, param, value: str) -> list[int]:
+    try:
+        worlds = [int(w) for w in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"comma-separated world sizes, not {value!r}") from None
+    if not all(1 <= w <= 64 for w in worlds):
+        raise click.BadParameter("world sizes are 1..64")
+    return worlds
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]},
+               help=__doc__.split("\n\n")[0])
+@click.option("--workers", default="1,2,4", show_default=True, callback=_worlds,
+              help="comma-separated world sizes, a lab for each")
+@click.option("--backends", default="afxdp,udp", show_default=True,
+              help="comma-separated worker backends to compare")
+@click.option("--size", default="64MiB", show_default=True, callback=_size,
+              help="tensor size (float32), e.g. 16MiB")
+@click.option("--iterations", "-n", default=5, show_default=True, type=click.IntRange(1),
+              help="timed iterations of the afxdp backend")
+@click.option("--udp-iterations", default=3, show_default=True, type=click.IntRange(1),
+              help="timed iterations of the (much slower) udp backend")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0),
+              help="untimed iterations first")
+@click.option("--elements", "-k", default=256, show_default=True, type=click.IntRange(1),
+              help="k of the switch")
+@click.option("--profile", is_flag=True,
+              help="BPF run-time stats of the switch and redirect programs, CPU split")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1),
+              help="seconds a run may take")
+@click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
+def main(workers, backends, size, iterations, udp_iterations, warmup, elements, profile,
+         timeout, as_json) -> None:
     if os.geteuid() != 0:
-        print("afxdp_vs_udp: needs root (network namespaces, XDP, AF_XDP)", file=sys.stderr)
-        return 2
+        raise click.ClickException("needs root (network namespaces, XDP, AF_XDP)")
     from ..lab import Lab
+    from ..lab.cluster import SwitchProcess
     from .bpf_stats import bpf_stats_enabled
 
-    worlds = [int(w) for w in args.workers.split(",")]
-    backends = args.backends.split(",")
     results = []
-    for world in worlds:
+    for world in workers:
         # A lab per world size: the bridge floods the results' multicast group to
         # every port (no IGMP snooping), so idle workers would cost every packet.
-        with Lab(workers=world) as lab:
-            sw = lab.popen(lab.switch, [_bin("swml-switch"), "up", lab.switch.iface,
-                                        "--elements", str(args.elements)],
-                           stdout=subprocess.PIPE, text=True)
-            line = sw.stdout.readline()
-            if "up on" not in line:
-                print(f"afxdp_vs_udp: the switch did not come up: {line.strip()}", file=sys.stderr)
-                return 1
-            print(line.strip(), file=sys.stderr)
-            switch_prog = (daemon.read_state(lab.switch.iface) or {}).get("prog_id")
-            with bpf_stats_enabled() if args.profile else contextlib.nullcontext():
-                for backend in backends:
-                    iters = args.iterations if backend == "afxdp" else args.udp_iterations
+        with Lab(workers=world) as lab, \
+                SwitchProcess(lab, ["--elements", str(elements)]) as sw:
+            print(sw.ready_line, file=sys.stderr)
+            switch_prog = (daemon.read_state(sw.iface) or {}).get("prog_id")
+            with bpf_stats_enabled() if profile else contextlib.nullcontext():
+                for backend in backends.split(","):
+                    iters = iterations if backend == "afxdp" else udp_iterations
                     job = f"b{backend[0]}{world}"
-                    print(f"afxdp_vs_udp: {backend} x{world}, {args.size / 2**20:.0f} MiB, "
-                          f"{args.warmup}+{iters} iterations ...", file=sys.stderr, flush=True)
-                    sampler = ProgSampler(lab, switch_prog) if args.profile else None
+                    print(f"afxdp_vs_udp: {backend} x{world}, {size / 2**20:.0f} MiB, "
+                          f"{warmup}+{iters} iterations ...", file=sys.stderr, flush=True)
+                    sampler = ProgSampler(lab, switch_prog) if profile else None
                     cpu_before = machine_cpu_times()
-                    rows = run_job(lab, world, backend, args.size, iters, args.warmup, job,
-                                   args.timeout)
+                    rows = run_job(lab, world, backend, size, iters, warmup, job, timeout)
                     res = summarize(rows)
                     if sampler:
                         res["profile"] = {"cpu": cpu_shares(cpu_delta(cpu_before, machine_cpu_times())),
                                           **sampler.finish()}
                     results.append(res)
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        print(format_table(results))
-    return 0
+    click.echo(json.dumps(results, indent=1) if as_json else format_table(results))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
