@@ -15,7 +15,9 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from types import SimpleNamespace
+
+import click
 
 from .constants import GLOO_PORT
 from .cpu import CPU_FIELDS, machine_cpu_times, self_cpu_s
@@ -134,25 +136,26 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
             "counters": {k: after[k] - before.get(k, 0) for k in after}, "gauges": impl.gauges()}
 
 
-def rank_main(argv: Sequence[str] | None = None) -> None:
-    """One rank: set up, say ready, then run what stdin asks, one JSON line each."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m switchml_xdp.bench.rank")
-    p.add_argument("--system", choices=("swml", "gloo"), required=True)
-    p.add_argument("--backend", default="udp")
-    p.add_argument("--switch", default=None)
-    p.add_argument("--job", default="bench")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--size", type=int, required=True)
-    p.add_argument("--k", type=int, default=0)
-    p.add_argument("--master", default=None)
-    p.add_argument("--master-port", type=int, default=GLOO_PORT)
-    p.add_argument("--iface", default=None)
-    p.add_argument("--cpu", action="store_true", help="sample the machine's CPU times (rank 0)")
-    p.add_argument("--check", action="store_true", help="check the first timed result")
-    a = p.parse_args(argv)
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--system", type=click.Choice(["swml", "gloo"]), required=True,
+              help="reduce through the switch or with Gloo's ring")
+@click.option("--backend", default="udp", show_default=True, help="the swml worker backend")
+@click.option("--switch", default=None, help="the switch's address (swml)")
+@click.option("--job", default="bench", show_default=True, help="the swml job name")
+@click.option("--rank", type=int, required=True, help="this rank")
+@click.option("--world", type=int, required=True, help="ranks in all")
+@click.option("--size", type=int, required=True, help="float32 elements a tensor")
+@click.option("--k", type=int, default=0, show_default=True, help="the switch's k (for the error check)")
+@click.option("--master", default=None, help="rank 0's address (Gloo's rendezvous)")
+@click.option("--master-port", type=int, default=GLOO_PORT, show_default=True,
+              help="rank 0's port (Gloo's rendezvous)")
+@click.option("--iface", default=None, help="the interface towards the switch")
+@click.option("--cpu", is_flag=True, help="sample the machine's CPU times (rank 0)")
+@click.option("--check", is_flag=True, help="check the first timed result")
+def rank_main(**options) -> None:
+    """One rank of `swml-lab bench`: set up, say ready, then run what stdin
+    asks, one JSON line each (bench/rank_group.py drives it)."""
+    a = SimpleNamespace(**options)
 
     def say(obj: dict) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
@@ -183,4 +186,4 @@ def rank_main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    rank_main(sys.argv[1:])
+    rank_main()

@@ -15,7 +15,6 @@ the whole comparison.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -24,6 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+import click
 
 MODES = ("gloo", "swml")
 RENDEZVOUS_PORT = {"gloo": 29510, "swml": 29520}
@@ -156,22 +157,21 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
             worker.close()
 
 
-def _rank_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="one rank of `swml-lab train`")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--mode", choices=MODES, required=True)
-    ap.add_argument("--master", required=True, help="address of rank 0 (Gloo's rendezvous)")
-    ap.add_argument("--switch")
-    ap.add_argument("--job")
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--config", default="{}", help="TrainConfig fields as JSON")
-    a = ap.parse_args(argv)
-    cfg = TrainConfig(**json.loads(a.config))
-    result = train_rank(a.rank, a.world, a.mode, a.master, a.switch, a.job, a.backend, cfg)
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--rank", type=int, required=True, help="this rank")
+@click.option("--world", type=int, required=True, help="ranks in all")
+@click.option("--mode", type=click.Choice(MODES), required=True, help="how gradients are reduced")
+@click.option("--master", required=True, help="address of rank 0 (Gloo's rendezvous)")
+@click.option("--switch", default=None, help="the switch's address (swml modes)")
+@click.option("--job", default=None, help="the swml job name")
+@click.option("--backend", default="auto", show_default=True, help="the swml worker backend")
+@click.option("--config", default="{}", show_default=True, help="TrainConfig fields as JSON")
+def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
+    """One rank of `swml-lab train`."""
+    cfg = TrainConfig(**json.loads(config))
+    result = train_rank(rank, world, mode, master, switch, job, backend, cfg)
     if result is not None:
         print("RESULT " + json.dumps(result), flush=True)
-    return 0
 
 
 # ----------------------------------------------------------------------- driver
@@ -305,4 +305,4 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
 
 
 if __name__ == "__main__":
-    sys.exit(_rank_main())
+    _rank_main()
