@@ -1,14 +1,12 @@
 """Packets crafted by hand for the reliability tests (test_tenants.py,
-test_fuzz.py): a model of the switch program's checks that predicts what
-it does with each, the sockets that send them, a pacer that keeps the
-switch's veth ring from overflowing, and the Ethernet/IPv4/UDP bytes of a
-raw frame."""
+test_fuzz.py): the sockets that send them, a pacer that keeps the switch's
+veth ring from overflowing, and the frames the switch receives (what
+xdp_tester.SwitchOracle predicts the switch's verdict from)."""
 from __future__ import annotations
 
 import errno
 import socket
 import time
-from contextlib import closing
 
 from frames import Endpoint, endpoint, udp_frame
 from reliability_helpers import K, PORT
@@ -17,81 +15,6 @@ from switchml_xdp.switch.maps import SwitchMaps
 
 PAYLOAD_LEN = wire.HDR_LEN + 4 * K                 # a whole DATA datagram's UDP payload
 IP_RECVERR = 11                                    # <linux/in.h>: local drops become ENOBUFS
-
-
-class SwitchModel:
-    """What xdp/swml_switch.c does with a frame, in its order of checks, given a
-    snapshot of the jobs and members maps: "passed", a drop reason, or
-    "accepted" (the packet reaches its slot, and ends as aggregated, completed,
-    shadow_reply or dup_dropped depending on the slot's state)."""
-
-    def __init__(self, sw):
-        self.port_b = PORT.to_bytes(2, "big")
-        self.jobs = self.snapshot(sw)
-
-    @staticmethod
-    def snapshot(sw) -> dict[int, tuple]:
-        jobs = {}
-        with closing(SwitchMaps(sw.iface)) as maps:
-            for j in range(wire.MAX_JOBS):
-                e = maps.read_job(j)
-                if e.active:
-                    members = []
-                    for r in range(min(e.world, wire.MAX_WORLD)):
-                        m = maps.members.lookup(j * wire.MAX_WORLD + r)
-                        members.append((m.ip.to_bytes(4, "little"), m.port.to_bytes(2, "little")))
-                    jobs[j] = (e.world, e.slot_count, members)
-        return jobs
-
-    def udp(self, payload: bytes, length: int, src_ip: bytes, sport: bytes) -> str:
-        """A datagram a kernel UDP socket sent to the switch's port (`payload`:
-        at least its first 16 bytes, `length` its real length)."""
-        return self.swml(payload, length, (28 + length).to_bytes(2, "big"),
-                         (8 + length).to_bytes(2, "big"), src_ip, sport)
-
-    def frame(self, f: bytes, n: int) -> str:
-        """A whole Ethernet frame of length n (f: at least its first 96 bytes)."""
-        if n < 14 or f[12:14] != b"\x08\x00" or n < 34:
-            return "passed"
-        ihl = f[14] & 0xF
-        if f[14] >> 4 != 4 or f[23] != socket.IPPROTO_UDP or ihl < 5:
-            return "passed"
-        if ihl != 5:
-            u = 14 + 4 * ihl
-            return "bad_ip" if n >= u + 8 and f[u + 2:u + 4] == self.port_b else "passed"
-        if n < 42 or f[36:38] != self.port_b:
-            return "passed"
-        if int.from_bytes(f[20:22], "big") & 0x3FFF:
-            return "bad_ip"
-        return self.swml(f[42:58], n - 42, f[16:18], f[38:40], f[26:30], f[34:36])
-
-    def swml(self, h: bytes, plen: int, ip_len: bytes, udp_len: bytes, saddr: bytes,
-             sport: bytes) -> str:
-        if plen < wire.HDR_LEN:
-            return "truncated"
-        if h[0] >> 4 != wire.VERSION:
-            return "bad_version"
-        if h[0] & 0xF != wire.TYPE_DATA:
-            return "bad_type"
-        if int.from_bytes(h[14:16], "big") != K:
-            return "bad_count"
-        if plen < PAYLOAD_LEN:
-            return "truncated"
-        if (int.from_bytes(ip_len, "big") != 28 + PAYLOAD_LEN or
-                int.from_bytes(udp_len, "big") != 8 + PAYLOAD_LEN):
-            return "bad_ip"
-        job = self.jobs.get(int.from_bytes(h[2:4], "big"))
-        if job is None:
-            return "unknown_job"
-        world, slot_count, members = job
-        rank = int.from_bytes(h[4:6], "big")
-        if rank >= world or rank >= wire.MAX_WORLD:
-            return "bad_rank"
-        if members[rank] != (saddr, sport):
-            return "bad_source"
-        if int.from_bytes(h[6:8], "big") >= slot_count:
-            return "bad_slot"
-        return "accepted"
 
 
 def udp_socket(lab, host, port: int) -> socket.socket:
@@ -198,9 +121,13 @@ def ip_bytes(ip: str) -> bytes:
     return socket.inet_aton(ip)
 
 
+def to_switch(lab, src: Endpoint, payload: bytes) -> bytes:
+    """The frame of a datagram from src to the switch's data port, as the
+    kernel would write it (DF, checksum over the IP header)."""
+    return udp_frame(src, endpoint(lab.switch, PORT), payload)
+
+
 def eth_ip_udp(lab, src_host, src_ip: str, sport: int, payload_len: int) -> bytearray:
-    """The 42 bytes of Ethernet | IPv4 | UDP of a datagram to the switch's data
-    port, as the kernel would write them (DF, checksum over the IP header)."""
-    frame = udp_frame(Endpoint(src_host.mac, src_ip, sport), endpoint(lab.switch, PORT),
-                      bytes(payload_len))
+    """The 42 bytes of Ethernet | IPv4 | UDP of such a datagram from src_host's MAC."""
+    frame = to_switch(lab, Endpoint(src_host.mac, src_ip, sport), bytes(payload_len))
     return bytearray(frame[:wire.ETH_LEN + wire.IP_LEN + wire.UDP_LEN])

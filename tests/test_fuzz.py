@@ -14,14 +14,15 @@ from conftest import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from crafted_packets import (PAYLOAD_LEN, SwitchModel, eth_ip_udp, ip_bytes, raw_socket,
-                             send_paced, udp_socket)
+from crafted_packets import PAYLOAD_LEN, eth_ip_udp, raw_socket, send_paced, to_switch, udp_socket
+from frames import Endpoint
 from reliability_helpers import (K, OUTCOMES, PORT, StreamingJob, cdelta, int_tensor, job_name,
                                  link_drops, outcome_sum, quiet_reading, report, settle,
                                  switch_counters, upstream_drops, wrap_sum)
 from switchml_xdp import wire
 from switchml_xdp.lab import netns
 from switchml_xdp.lab.cluster import run_ranks
+from xdp_tester import SwitchOracle, job_snapshot
 
 
 FIELDS = list(wire.HDR_DTYPE.names)  # the swml header fields a fuzz case corrupts
@@ -71,9 +72,9 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
     sockets (w4, w5), so mutations that keep a valid header reach its slots
     and the lock path; a non-member socket on w6 (mutations of the valid job
     V's packets, random bytes); a raw socket on w7 (corrupted Ethernet/IPv4/UDP
-    headers, frames cut at every offset). A model of the switch's checks
-    (SwitchModel) predicts, for every packet, whether it counts as rx and why
-    it is dropped.
+    headers, frames cut at every offset). The switch program itself, run on
+    each packet's frame with a copy of the switch's jobs (SwitchOracle),
+    predicts whether it counts as rx and why it is dropped.
 
     Exact accounting needs every frame we count as sent to reach the switch
     program: a kernel UDP socket or a raw socket reports a frame its own veth
@@ -102,12 +103,13 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
     info_f = joined_f[0][1]
     valid = StreamingJob(lab8, w[:4], job_name("fuzz-v"), PV, seed=31, min_calls=2, size_packets=60)
     dest = (lab8.switch.ip, PORT)
+    oracle = None
     try:
         valid.start(gate=False)
         assert valid.joined.wait(60) and valid.info, "the valid job did not join"
         info_v = valid.info
-        model = SwitchModel(switch)
-        assert info_v.job_id in model.jobs and info_f.job_id in model.jobs
+        oracle = SwitchOracle(switch.iface)
+        assert info_v.job_id in oracle.jobs and info_f.job_id in oracle.jobs
 
         # --- build every packet, and what the switch must do with it -------------
         t_build = time.monotonic()
@@ -119,38 +121,39 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
             expect[why] = expect.get(why, 0) + 1
             return why != "passed"
 
-        bases = [  # (socket, its IP and port, job, ranks it sends as, slots of the job)
-            (sock_x, w[6].ip, PX, info_v.job_id, lambda n: rng.integers(info_v.world, size=n), info_v.slots),
-            (sock_f[0], w[4].ip, PF, info_f.job_id, lambda n: np.zeros(n, int), info_f.slots),
-            (sock_f[1], w[5].ip, PF, info_f.job_id, lambda n: np.ones(n, int), info_f.slots),
+        def datagram(src: Endpoint, data: bytes) -> bool:
+            return expect_(oracle.outcome(to_switch(lab8, src, data)))
+
+        bases = [  # (socket, its address, job, ranks it sends as, slots of the job)
+            (sock_x, Endpoint(w[6].mac, w[6].ip, PX), info_v.job_id, lambda n: rng.integers(info_v.world, size=n), info_v.slots),
+            (sock_f[0], Endpoint(w[4].mac, w[4].ip, PF), info_f.job_id, lambda n: np.zeros(n, int), info_f.slots),
+            (sock_f[1], Endpoint(w[5].mac, w[5].ip, PF), info_f.job_id, lambda n: np.ones(n, int), info_f.slots),
         ]
         # 1. valid headers with one field corrupted (V's from a stranger, F's from its members)
         for field in FIELDS:
             off, size = wire.HDR_DTYPE.fields[field][1], wire.HDR_DTYPE.fields[field][0].itemsize
-            for (sock, ip, sport, job, ranks, slots), n in zip(bases, (N_FIELD, N_FIELD // 2,
+            for (sock, src, job, ranks, slots), n in zip(bases, (N_FIELD, N_FIELD // 2,
                                                                     N_FIELD - N_FIELD // 2)):
                 rows = headers(rng, n, job, ranks(n), slots)
                 corrupt(rng, rows, off, size)
-                blob, src, sp = rows.tobytes(), ip_bytes(ip), sport.to_bytes(2, "big")
+                blob = rows.tobytes()
                 for i in range(0, len(blob), wire.HDR_LEN):
                     h = blob[i:i + wire.HDR_LEN]
-                    sends.append((sock, [h, payload], False, expect_(model.udp(h, PAYLOAD_LEN, src, sp))))
+                    sends.append((sock, [h, payload], False, datagram(src, h + payload)))
         # 2. random bytes of random length (short ones more often), any socket
         for i in range(N_RANDOM):
-            sock, ip, sport, *_ = bases[i % 3]
+            sock, src, *_ = bases[i % 3]
             n = int(rng.integers(0, 65 if i % 2 else 1473))
             data = rng.bytes(n)
             if i % 7 == 0 and n >= 1:      # a valid version/type nibble now and then
                 data = bytes([wire.ver_type(wire.TYPE_DATA)]) + data[1:]
-            sends.append((sock, [data], False,
-                          expect_(model.udp(data, n, ip_bytes(ip), sport.to_bytes(2, "big")))))
+            sends.append((sock, [data], False, datagram(src, data)))
         # 3. a valid datagram cut at every offset 0..HDR+4k (the last one whole), and padded
-        for sock, ip, sport, job, ranks, slots in bases[:2]:
+        for sock, src, job, ranks, slots in bases[:2]:
             whole = headers(rng, 1, job, ranks(1), slots).tobytes() + payload
             for n in [*range(PAYLOAD_LEN + 1), PAYLOAD_LEN + 1, PAYLOAD_LEN + 4, PAYLOAD_LEN + 100]:
                 data = (whole + bytes(100))[:n]
-                sends.append((sock, [data], False,
-                              expect_(model.udp(data, n, ip_bytes(ip), sport.to_bytes(2, "big")))))
+                sends.append((sock, [data], False, datagram(src, data)))
         # 4. raw frames: one Ethernet/IPv4/UDP field corrupted; V's packet from w7 and
         #    F's rank-0 packet with w4's address forged, both from w7's interface
         raw_bases = [(w[7].ip, PX, info_v.job_id, 1, info_v.slots),
@@ -165,13 +168,13 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
                 for i in range(0, len(blob), width):
                     head = blob[i:i + width]
                     sends.append((raw, [head, payload], True,
-                                  expect_(model.frame(head + payload[:64], width + len(payload)))))
+                                  expect_(oracle.outcome(head + payload))))
         # 5. raw frames cut at every offset from the Ethernet header on
         for src_ip, sport, job, rank, slots in raw_bases:
             whole = bytes(eth_ip_udp(lab8, w[7], src_ip, sport, PAYLOAD_LEN)) + \
                 headers(rng, 1, job, rank, slots).tobytes() + payload
             for n in range(14, len(whole) + 1):
-                sends.append((raw, [whole[:n]], True, expect_(model.frame(whole[:96], n))))
+                sends.append((raw, [whole[:n]], True, expect_(oracle.outcome(whole[:n]))))
         order = rng.permutation(len(sends))
         sends = [sends[i] for i in order]
         build_s = time.monotonic() - t_build
@@ -185,9 +188,11 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
         valid.wait_streaming()
         repeated, send_s, pacer = send_paced(switch, sends, dest, valid.live_packets_sent)
         assert not valid.results, "the valid job must still be streaming when the fuzz ends"
-        assert SwitchModel.snapshot(switch) == model.jobs, "the jobs changed under the model"
+        assert job_snapshot(switch.iface) == oracle.jobs, "the jobs changed under the oracle"
         valid.stop()
     finally:
+        if oracle:
+            oracle.close()
         valid._stop.set()
         valid.gate.set()
         for c, _ in joined_f:

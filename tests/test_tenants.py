@@ -15,11 +15,13 @@ from conftest import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from crafted_packets import SwitchModel, ip_bytes, send_paced, udp_socket
+from crafted_packets import ip_bytes, send_paced, to_switch, udp_socket
+from frames import endpoint
 from reliability_helpers import (K, PORT, StreamingJob, cdelta, job_name, link_drops,
                                  outcome_sum, report, settle, switch_counters, upstream_drops)
 from switchml_xdp import wire
 from switchml_xdp.lab.cluster import run_ranks
+from xdp_tester import SwitchOracle
 
 
 @pytest.mark.timeout(90)
@@ -90,21 +92,21 @@ def test_crafted_packets_from_another_job_change_nothing(lab8, switch):
         job_b.wait_streaming()
         info_b = job_b.info
         assert info_b.job_id != info_a.job_id
-        model = SwitchModel(switch)
-        evil = np.full(K, 0x01010101, np.int32)
-        sends, expect = [], {}
-        for peer, host in zip(peers, hosts_a):
-            for rank in (0, 1, 2, 3, 63, 64, 65535):
-                for slot in [*range(info_b.slots), info_b.slots, 65535]:
-                    for flags in (0, wire.FLAG_SLOT_VER, wire.FLAG_RETRANS,
-                                  wire.FLAG_SLOT_VER | wire.FLAG_RETRANS):
-                        d = wire.datagram(wire.TYPE_DATA, info_b.job_id, rank, slot, slot, evil,
-                                          flags=flags, exp=100)
-                        why = model.udp(d, len(d), ip_bytes(host.ip), PA.to_bytes(2, "big"))
-                        if host == lab8.workers[1] and rank == 0:
-                            assert why == "bad_source"   # B's rank 0's own IP, A's port
-                        expect[why] = expect.get(why, 0) + 1
-                        sends.append((peer, [d], False, True))
+        with SwitchOracle(switch.iface) as oracle:
+            evil = np.full(K, 0x01010101, np.int32)
+            sends, expect = [], {}
+            for peer, host in zip(peers, hosts_a):
+                for rank in (0, 1, 2, 3, 63, 64, 65535):
+                    for slot in [*range(info_b.slots), info_b.slots, 65535]:
+                        for flags in (0, wire.FLAG_SLOT_VER, wire.FLAG_RETRANS,
+                                      wire.FLAG_SLOT_VER | wire.FLAG_RETRANS):
+                            d = wire.datagram(wire.TYPE_DATA, info_b.job_id, rank, slot, slot, evil,
+                                              flags=flags, exp=100)
+                            why = oracle.outcome(to_switch(lab8, endpoint(host, PA), d))
+                            if host == lab8.workers[1] and rank == 0:
+                                assert why == "bad_source"   # B's rank 0's own IP, A's port
+                            expect[why] = expect.get(why, 0) + 1
+                            sends.append((peer, [d], False, True))
         assert set(expect) == {"bad_rank", "bad_source"}, expect
         repeated, attack_s, pacer = send_paced(switch, sends, dest, job_b.live_packets_sent)
         assert not job_b.results, "B must still be streaming when the attack ends"

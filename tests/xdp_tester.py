@@ -13,10 +13,16 @@ and the test looks at its verdict, the frame it wrote and its counters.
 Each tester owns a unique pin directory under bpf.PIN_ROOT (removed by close()),
 so tests never meet a real switch's maps. reset() empties jobs and slots and
 restarts the counters from zero, so one compile serves a whole test module.
+
+SwitchOracle(iface) is a SwitchTester compiled and configured like the live
+switch on iface (its params, a copy of its jobs and members): outcome(frame)
+predicts the live switch's verdict on a frame (the fuzz and tenant tests).
 """
 from __future__ import annotations
 
+import ipaddress
 import secrets
+from contextlib import closing
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -25,8 +31,9 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
-from frames import Endpoint, UdpFrame, parse_udp_frame, udp_frame
+from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
 from switchml_xdp import bpf, wire
+from switchml_xdp.switch.daemon import read_state
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
 from switchml_xdp.worker.afxdp_backend import compile_redirect
 from switchml_xdp.worker.control import JobInfo
@@ -206,6 +213,59 @@ class SwitchTester(XdpTester):
     def slot_bytes(self) -> list[bytes]:
         """Every slot's raw contents (the spin lock reads as 0)."""
         return [bytes(self.maps.slots.lookup(i)) for i in range(self.slots)]
+
+
+Members = tuple[tuple[str, int], ...]  # (ip, port) by rank
+
+
+def job_snapshot(iface: str) -> dict[int, tuple[JobEntry, Members]]:
+    """The active jobs and their members in the pinned maps of switch `iface`."""
+    def ip(be32: int) -> str:
+        return str(ipaddress.IPv4Address(be32.to_bytes(4, "little")))
+
+    def port(be16: int) -> int:
+        return int.from_bytes(be16.to_bytes(2, "little"), "big")
+
+    jobs = {}
+    with closing(SwitchMaps(iface)) as maps:
+        for j in range(wire.MAX_JOBS):
+            e = maps.read_job(j)
+            if e.active:
+                members = (maps.members.lookup(j * wire.MAX_WORLD + r)
+                           for r in range(min(e.world, wire.MAX_WORLD)))
+                jobs[j] = (JobEntry(e.world, e.slot_base, e.slot_count, ip(e.group_ip),
+                                    mac_text(bytes(e.group_mac)),
+                                    port(e.result_port)),
+                           tuple((ip(m.ip), port(m.port)) for m in members))
+    return jobs
+
+
+class SwitchOracle(SwitchTester):
+    """The switch program compiled as the live switch on `iface` runs it (its
+    k, slots and port) with a copy of its jobs and members (`jobs`, as
+    job_snapshot read them): outcome(frame) says what the live switch does
+    with a frame, as far as its slots' state does not decide."""
+
+    def __init__(self, iface: str):
+        params = read_state(iface)["params"]
+        super().__init__(params["k"], params["slots"], params["port"])
+        self.jobs = job_snapshot(iface)
+        for job_id, (entry, members) in self.jobs.items():
+            self.maps.write_job(job_id, entry)
+            for rank, (ip, port) in enumerate(members):
+                self.maps.write_member(job_id, rank, ip, port)
+        self._last = self.maps.read_counters()
+
+    def outcome(self, frame: bytes) -> str:
+        """The counter row the frame moves: "passed", a drop reason, or
+        "accepted" for the rows that depend on the slot (aggregated,
+        completed, shadow_reply, dup_dropped)."""
+        self.run(frame)
+        now = self.maps.read_counters()
+        moved = [n for n in wire.COUNTER_NAMES if n != "rx" and now[n] != self._last[n]]
+        self._last = now
+        assert len(moved) == 1, (moved, frame.hex())
+        return moved[0] if moved[0] == "passed" or moved[0] in wire.DROP_REASONS else "accepted"
 
 
 class RedirectTester(XdpTester):
