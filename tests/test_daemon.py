@@ -261,3 +261,29 @@ def test_down_says_what_it_could_not_do(lab1):
     assert r.returncode == 0 and "detached XDP" in r.stdout, r.stdout + r.stderr
     assert not xdp_attached(lab1, iface) and not os.path.exists(pin_dir(iface))
     assert not os.path.exists(daemon.tokens_path(iface))
+
+
+def test_a_closed_lab_leaves_no_switch_files_even_after_a_killed_daemon():
+    """A daemon killed with SIGKILL leaves its pins, state and lock file on purpose
+    (a restarted daemon adopts them); a lab that is done with its interface
+    removes them, so runs do not pile files up in /run/swml and bpffs."""
+    from conftest import NO_LAB
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.switch.daemon import lock_path, tokens_path
+
+    with Lab(workers=1) as lab:
+        iface = lab.switch.iface
+        proc = lab.popen(lab.switch, [sys.executable, "-m", "switchml_xdp.cli.switch", "up", iface],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            if " up on " in line:
+                break
+        else:
+            pytest.fail(f"swml-switch did not come up (rc {proc.wait()})")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert os.path.exists(lock_path(iface)) and os.path.isdir(pin_dir(iface))
+    for path in (state_path(iface), tokens_path(iface), lock_path(iface), pin_dir(iface)):
+        assert not os.path.exists(path), f"{path} left behind"

@@ -7,7 +7,6 @@ processes.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -73,12 +72,8 @@ class SwitchProcess:
         from .. import bpf
         from ..switch import daemon
 
-        if daemon.lock_holder(self.iface) is None:   # no daemon of this lab's interface is alive
+        if daemon.remove_leftover_files(self.iface):   # no daemon of this interface is alive
             bpf.remove_pins(bpf.pin_dir(self.iface))
-            for path in (daemon.state_path(self.iface), daemon.tokens_path(self.iface),
-                         daemon.lock_path(self.iface)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
 
     def __enter__(self) -> "SwitchProcess":
         return self

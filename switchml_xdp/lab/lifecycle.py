@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import loss, netns
-from .addressing import PREFIX_STEM, is_namespace_of, prefix_of
+from .addressing import PREFIX_STEM, is_namespace_of, prefix_of, switch_host
 
 STATE_DIR = Path("/run/swml")
 
@@ -134,9 +134,17 @@ def lab_namespaces(prefix: str | None = None) -> list[str]:
 
 
 def remove_lab_files(prefix: str) -> None:
-    """The state file and pinned maps of lab `prefix`, once its namespaces are gone."""
+    """The state file and pinned maps of lab `prefix`, and whatever a switch
+    daemon on its switch interface left (pins, state, token and lock files),
+    once its namespaces are gone."""
+    from .. import bpf                   # late: `swml-lab down` needs neither at import
+    from ..switch import daemon
+
     state_path(prefix).unlink(missing_ok=True)
     loss.remove_pins(prefix)
+    switch_iface = switch_host(prefix).iface
+    if daemon.remove_leftover_files(switch_iface):
+        bpf.remove_pins(bpf.pin_dir(switch_iface))
 
 
 def cleanup_leftovers(prefix: str | None = None, orphans_only: bool = False) -> list[str]:

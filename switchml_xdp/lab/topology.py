@@ -259,8 +259,9 @@ class Lab:
             except OSError as e:
                 log.warning("lab %s: could not remove namespace %s: %s", self.prefix, ns, e)
         if self._created:
-            loss_mod.remove_pins(self.prefix)
-        lifecycle.state_path(self.prefix).unlink(missing_ok=True)
+            lifecycle.remove_lab_files(self.prefix)
+        else:
+            lifecycle.state_path(self.prefix).unlink(missing_ok=True)
         lifecycle.untrack(self)
         self._closed = True
 

@@ -15,6 +15,7 @@ life (the kernel releases it when the process dies, even by SIGKILL).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import json
@@ -68,6 +69,20 @@ def tokens_path(iface: str) -> str:
 
 def lock_path(iface: str) -> str:
     return f"{STATE_DIR}/{iface}.lock"
+
+
+def remove_leftover_files(iface: str) -> bool:
+    """Remove the state, token and lock files a daemon left for `iface`, unless a
+    daemon holds its lock now; returns whether they were removed. (A daemon
+    leaves its lock file on purpose: unlinking a lock another process waits on
+    would let two daemons in. Whoever retires an interface for good, the lab
+    for one, calls this.)"""
+    if lock_holder(iface) is not None:
+        return False
+    for path in (state_path(iface), tokens_path(iface), lock_path(iface)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return True
 
 
 def take_lock(iface: str) -> int:
