@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 
 import click
@@ -70,14 +69,18 @@ def down(iface):
 def _daemon_status(st: dict) -> dict | None:
     """The daemon's own `status` reply through its control port; None where
     this shell cannot reach it (another network namespace, a firewall)."""
+    from ..worker.control import ControlClient, ControlError
+
     try:
-        with socket.create_connection((st["ip"], st["control_port"]), timeout=1.0) as conn, \
-                conn.makefile("rb") as f:
-            conn.sendall(b'{"op": "status"}\n')
-            reply = json.loads(f.readline())
-    except (OSError, ValueError):
+        client = ControlClient(st["ip"], st["control_port"], connect_timeout=1.0)
+    except ControlError:
         return None
-    return reply if reply.get("ok") else None
+    try:
+        return client.status()
+    except (ControlError, OSError, ValueError):
+        return None
+    finally:
+        client.close()
 
 
 def collect_status() -> list[dict]:
