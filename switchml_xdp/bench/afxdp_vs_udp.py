@@ -212,7 +212,6 @@ def main(workers, backends, size, iterations, udp_iterations, warmup, elements, 
         raise click.ClickException("needs root (network namespaces, XDP, AF_XDP)")
     from ..lab import Lab
     from ..lab.cluster import SwitchProcess
-    from .bpf_stats import bpf_stats_enabled
 
     results = []
     for world in workers:
@@ -222,7 +221,7 @@ def main(workers, backends, size, iterations, udp_iterations, warmup, elements, 
                 SwitchProcess(lab, ["--elements", str(elements)]) as sw:
             print(sw.ready_line, file=sys.stderr)
             switch_prog = (daemon.read_state(sw.iface) or {}).get("prog_id")
-            with bpf_stats_enabled() if profile else contextlib.nullcontext():
+            with bpf.stats_enabled() if profile else contextlib.nullcontext():
                 for backend in backends.split(","):
                     iters = iterations if backend == "afxdp" else udp_iterations
                     job = f"b{backend[0]}{world}"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from ..bpf import prog_stats
-from ..bpf import stats_enabled as bpf_stats_enabled  # noqa: F401  (the benches' name)
 
 
 class ProgCost:

@@ -16,10 +16,11 @@ import time
 import click
 import numpy as np
 
+from .. import bpf
 from ..lab import Lab
 from ..lab.cluster import SwitchProcess, run_ranks
 from ..switch.daemon import read_state
-from .bpf_stats import ProgCost, bpf_stats_enabled
+from .bpf_stats import ProgCost
 
 
 def measure(k: int, workers: int, seconds: float, backend: str) -> dict:
@@ -48,7 +49,7 @@ def measure(k: int, workers: int, seconds: float, backend: str) -> dict:
                 assert a[0] == workers, "the load itself must be exact"
                 return calls, w.backend_name
 
-        with bpf_stats_enabled():
+        with bpf.stats_enabled():
             cost = ProgCost(prog_id)
             t0 = time.monotonic()
             timer = threading.Timer(seconds, stop.set)
@@ -88,7 +89,7 @@ def measure_flood(k: int, seconds: float) -> dict:
         dest = (lab.switch.ip, wire.DEFAULT_PORT)
         socks = [j[2] for j in joined]
         sent = 0
-        with bpf_stats_enabled():
+        with bpf.stats_enabled():
             cost = ProgCost(prog_id)
             t0 = time.monotonic()
             while time.monotonic() - t0 < seconds:
