@@ -26,11 +26,12 @@ import pytest
 
 from control_helpers import PORT
 from crafted_packets import raw_socket
-from frames import endpoint, udp_frame
+from frames import ETH_P_IP, endpoint, ethernet, udp_frame
 from honest_job import HonestJob
 from reliability_helpers import cdelta, switch_counters
 from switchml_xdp import wire
 from switchml_xdp.lab import netns
+from switchml_xdp.lab.cluster import run_ranks
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 FORGER = Path(__file__).with_name("forge_results.py")
@@ -181,3 +182,49 @@ def test_replaying_every_packet_a_rank_sent_changes_nothing_and_stalls_nothing(l
     honest.finish()
     d = cdelta(before, switch_counters(switch))
     assert d["stale"] > 0, d
+
+
+def test_frames_not_addressed_to_the_switch_are_not_taken(lab8, switch):
+    """A member's real DATA packet (its key, its address) sent VLAN-tagged, to
+    another MAC (a bridge floods unknown unicast) or to another IP: passed to
+    the kernel, never counted as the switch's; the same packet untagged and to
+    the switch is taken."""
+    from switchml_xdp.worker.control import ControlClient
+
+    h0, h1 = lab8.workers[:2]
+    name = job_name("addressed")
+
+    def join(rank, host):
+        c = ControlClient(lab8.switch.ip)
+        return c, c.join(name, 2, rank, host.ip, PORT, host.mac, timeout=20)
+
+    joined = run_ranks(lab8, [h0, h1], join, timeout=40)
+    info = joined[0][1]
+    try:
+        d = wire.datagram(wire.TYPE_DATA, info.job_id, 0, 0, 0, np.ones(info.k, np.int32),
+                          key=info.key)
+        to_switch = endpoint(lab8.switch, wire.DEFAULT_PORT)
+        frame = udp_frame(endpoint(h0, PORT), to_switch, d)
+        tagged = ethernet(lab8.switch.mac, h0.mac, 0x8100,
+                          bytes([0, 5]) + ETH_P_IP.to_bytes(2, "big") + frame[14:])
+        other_mac = udp_frame(endpoint(h0, PORT),
+                              dataclasses.replace(to_switch, mac="02:00:00:00:00:77"), d)
+        other_ip = udp_frame(endpoint(h0, PORT), dataclasses.replace(to_switch, ip="10.99.0.1"), d)
+        raw = raw_socket(lab8, h0)
+        try:
+            before = switch_counters(switch)
+            for f in (tagged, other_mac, other_ip):
+                raw.send(f)
+            time.sleep(0.3)
+            c = cdelta(before, switch_counters(switch))
+            assert c["rx"] == 0 and c["other_host"] == 2 and c["passed"] >= 1, c
+            raw.send(frame)
+            time.sleep(0.3)
+            c = cdelta(before, switch_counters(switch))
+            assert c["rx"] == 1 and c["aggregated"] == 1, c
+        finally:
+            raw.close()
+    finally:
+        for client, _ in joined:
+            client.leave()
+            client.close()
