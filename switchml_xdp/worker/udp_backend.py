@@ -24,7 +24,7 @@ from .abort import AbortSignal
 from .backend import Backend, LocalEnd
 from .calls import Call, CallSpan, check_length, resync_index
 from .control import JobInfo
-from .plans import make_plan
+from .plans import make_plan, packets_needed
 from .port import reserve_port
 from .retransmit import PYTHON_POLICY, RetransmitPolicy, RetransmitTimers
 
@@ -84,8 +84,9 @@ class UdpBackend(Backend):
         if self.sock.fileno() < 0:
             raise RuntimeError("the udp backend is closed")
         self.abort_signal.raise_if_set(self.info.name)
+        check_length(call, packets_needed(flat.size, flat.dtype, self.info.k, self.info.slots,
+                                          call.op_code), self.info.k)
         plan = make_plan(flat, self.info.k, self.info.slots, self.info.world, call.op_code)
-        check_length(call, plan.npackets, self.info.k)
         start = self.next_index
         try:
             self.run(plan, call)
