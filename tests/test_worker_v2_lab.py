@@ -254,5 +254,31 @@ def test_mismatch_cases_are_really_different_calls():
         assert (y.size, y.dtype, op) != (x.size, x.dtype, "sum")
 
 
-def test_the_lab_cli_has_setpriv():
-    assert subprocess.run(["setpriv", "--version"], capture_output=True).returncode == 0
+@needs_lab
+def test_bench_cli_op_verifies_min_and_max(lab8, switch):
+    import json
+    import sys
+
+    argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench", "--switch", lab8.switch.ip,
+            "--world", "2", "--size", "100KiB", "--iterations", "1", "--warmup", "1", "--verify",
+            "--json", "--backend", "udp", "--port", "48912", "-q"]
+    for op, dtype in (("min", "float32"), ("max", "int32")):
+        procs = [lab8.popen(h, argv + ["--rank", str(r), "--job", f"bench-{op}", "--op", op,
+                                       "--dtype", dtype],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r, h in enumerate(lab8.workers[:2])]
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+            res = json.loads(out)
+            assert (res["op"], res["dtype"], res["verified"], res["verify_failures"]) == \
+                (op, dtype, 2, 0)
+
+
+def test_bench_cli_refuses_an_unknown_op():
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "switchml_xdp.cli.worker", "bench", "--switch",
+                        "10.0.0.1", "--job", "j", "--rank", "0", "--world", "1", "--op", "avg"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "'avg' is not one of 'sum', 'min', 'max'" in r.stderr, r.stderr
