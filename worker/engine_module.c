@@ -267,58 +267,54 @@ out_s:
 	return ret;
 }
 
+/* One direction of the float32 MIN/MAX map over whole buffers: float32 ->
+ * int32 with op (SWML_OP_MIN/MAX), or int32 -> float32 for op < 0. */
+static PyObject *map_buffers(PyObject *io, PyObject *oo, int op)
+{
+	const char *in_kind = op < 0 ? "i" : "f", *out_kind = op < 0 ? "f" : "i";
+	Py_buffer in, out;
+	PyObject *ret = NULL;
+
+	if (get_buf(io, &in, 0, in_kind, 4, "input"))
+		return NULL;
+	if (get_buf(oo, &out, 1, out_kind, 4, "out")) {
+		PyBuffer_Release(&in);
+		return NULL;
+	}
+	if (buf_len(&out) != buf_len(&in)) {
+		PyErr_SetString(PyExc_ValueError, "out must have as many elements as the input");
+	} else {
+		if (op < 0)
+			swml_unordered_block(in.buf, buf_len(&in), out.buf);
+		else
+			swml_ordered_block(in.buf, buf_len(&in), buf_len(&in), (uint8_t)op, out.buf);
+		ret = Py_NewRef(Py_None);
+	}
+	PyBuffer_Release(&out);
+	PyBuffer_Release(&in);
+	return ret;
+}
+
 static PyObject *py_ordered(PyObject *self, PyObject *args)
 {
 	PyObject *xo, *oo;
 	unsigned char op;
-	Py_buffer x, o;
-	PyObject *ret = NULL;
 
 	if (!PyArg_ParseTuple(args, "ObO", &xo, &op, &oo))
 		return NULL;
 	if (op != SWML_OP_MIN && op != SWML_OP_MAX)
 		return PyErr_Format(PyExc_ValueError, "the order-preserving map is for MIN and MAX, "
 				    "not op %d", op);
-	if (get_buf(xo, &x, 0, "f", 4, "x"))
-		return NULL;
-	if (get_buf(oo, &o, 1, "i", 4, "out"))
-		goto out_x;
-	if (buf_len(&o) != buf_len(&x)) {
-		PyErr_SetString(PyExc_ValueError, "out must have as many elements as x");
-		goto out;
-	}
-	swml_ordered_block(x.buf, buf_len(&x), buf_len(&x), op, o.buf);
-	ret = Py_NewRef(Py_None);
-out:
-	PyBuffer_Release(&o);
-out_x:
-	PyBuffer_Release(&x);
-	return ret;
+	return map_buffers(xo, oo, op);
 }
 
 static PyObject *py_unordered(PyObject *self, PyObject *args)
 {
 	PyObject *qo, *oo;
-	Py_buffer q, o;
-	PyObject *ret = NULL;
 
 	if (!PyArg_ParseTuple(args, "OO", &qo, &oo))
 		return NULL;
-	if (get_buf(qo, &q, 0, "i", 4, "q"))
-		return NULL;
-	if (get_buf(oo, &o, 1, "f", 4, "out"))
-		goto out_q;
-	if (buf_len(&o) != buf_len(&q)) {
-		PyErr_SetString(PyExc_ValueError, "out must have as many elements as q");
-		goto out;
-	}
-	swml_unordered_block(q.buf, buf_len(&q), o.buf);
-	ret = Py_NewRef(Py_None);
-out:
-	PyBuffer_Release(&o);
-out_q:
-	PyBuffer_Release(&q);
-	return ret;
+	return map_buffers(qo, oo, -1);
 }
 
 static PyObject *py_packets(PyObject *self, PyObject *args)
