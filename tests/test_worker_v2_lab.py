@@ -282,3 +282,20 @@ def test_bench_cli_refuses_an_unknown_op():
                         "10.0.0.1", "--job", "j", "--rank", "0", "--world", "1", "--op", "avg"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "'avg' is not one of 'sum', 'min', 'max'" in r.stderr, r.stderr
+
+
+@needs_lab
+def test_an_empty_call_against_a_full_one_is_a_mismatch_too(lab8, switch):
+    from switchml_xdp import CallMismatch
+
+    def body(rank, w):
+        x = np.arange(100 * rank, dtype=np.float32)
+        t0 = time.monotonic()
+        with pytest.raises(CallMismatch, match=r"allreduce #0 of job 'mm-empty' \((0|100) float32"):
+            w.allreduce(x)
+        took = time.monotonic() - t0
+        e = np.zeros(0, np.float32)
+        assert w.allreduce(e, op="min") is e  # both empty: fine
+        return took
+
+    assert max(run_job(lab8, "mm-empty", ["udp", "afxdp"], body)) < 5.0

@@ -141,8 +141,11 @@ class Worker:
         with self._lock:
             self._control.abort.raise_if_set(self.info.name)
             t0 = time.perf_counter()
-            if array.size:
-                self._backend.allreduce(array.reshape(-1), call)
+            # An empty call still sends one packet with its tag: a rank whose
+            # call is empty while another's is not must raise CallMismatch,
+            # not wait for a stall.
+            flat = array.reshape(-1) if array.size else np.zeros(1, np.int32)
+            self._backend.allreduce(flat, call)
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0
