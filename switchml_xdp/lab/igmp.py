@@ -3,13 +3,14 @@
 Used by the namespace lab (`Lab(igmp=True)`) and the VM lab (lab/vm.py).
 
 A Linux bridge with multicast snooping learns, from the IGMP reports it sees,
-which ports want which group, and forwards a group's frames to those ports
-only. Its entries expire unless a querier keeps asking, so the bridge runs one
-itself (as libvirt networks do not, and real switches or routers do). What
-nobody has joined, a Linux bridge still floods by default; many switches do
-not ("unregistered multicast filtering"). `strict` models those: the ports
-stop flooding unknown groups, so a worker whose kernel never joined the
-result group gets no results at all. That is what tests/test_igmp.py relies on.
+which ports want which group. Once a querier exists (the bridge runs one
+itself, as real switches or routers do and libvirt networks do not), it
+forwards a group's frames to those ports only (and to multicast-router
+ports), also for groups nobody joined: a worker whose kernel never joined the
+result group gets no results by multicast. Before that (the first query
+response interval, or without a querier) it floods; stopping ports flooding
+unknown groups (`stop_flooding_unknown_groups`, as strict switches do) closes
+that gap too, so tests/test_igmp.py sees the same from the first packet.
 
 Timers are shortened (query every 5 s, startup queries every 1 s) so that a
 lab learns and re-learns within a test's time; the rules are the standard ones.
