@@ -64,7 +64,9 @@ def new_prefix() -> str:
     return PREFIX_STEM + secrets.token_hex(3)[:5]
 
 
-def _state_path(prefix: str) -> Path:
+def state_path(prefix: str) -> Path:
+    """Names the owner of VM lab `prefix`, for remove_orphans (not the
+    namespace lab's lab-*.json: `swml-lab down` has no business with VMs)."""
     return lifecycle.STATE_DIR / f"vm-{prefix}.json"
 
 
@@ -127,7 +129,8 @@ class VmLab:
             raise LabError(f"{TUNE_NIC} is missing: swml-lab vm runs from a checkout")
         remove_orphans()
         lifecycle.track(self)
-        lifecycle.write_state(f"vm-{self.prefix}", {"prefix": self.prefix, "owner_pid": os.getpid()})
+        lifecycle.STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state_path(self.prefix).write_text(json.dumps({"owner_pid": os.getpid()}) + "\n")
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir="/tmp"))
         kernel = find_guest_kernel()
         initramfs = build_initramfs(kernel, self.run_dir / "initramfs.cpio")
@@ -156,7 +159,7 @@ class VmLab:
         self.net.remove()
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        lifecycle.state_path(f"vm-{self.prefix}").unlink(missing_ok=True)
+        state_path(self.prefix).unlink(missing_ok=True)
         lifecycle.untrack(self)
 
     # -- the bench -------------------------------------------------------------------
