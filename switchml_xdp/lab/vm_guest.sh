@@ -43,6 +43,8 @@ wait_for() {
 
 say "stage two: role $SWML_ROLE, kernel $(uname -r), $(nproc) vCPUs"
 mount -t bpf bpf /sys/fs/bpf
+# devtmpfs has no /dev/fd (udev makes it): bash's <(...), which tune-nic.sh uses, needs it.
+ln -sfn /proc/self/fd /dev/fd
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 ip link set lo up
