@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,50 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
     assert not netns.ns_path(ns).exists()
     assert not run_dir.exists()
     assert prefix.startswith("swv")
+
+
+@needs_vms
+def test_a_lab_that_fails_while_booting_leaves_nothing(monkeypatch):
+    """The switch VM's qemu is started for real, then the first worker fails to start."""
+    from switchml_xdp.lab import vm as vm_mod
+
+    real_start = vm_mod.VmLab._start
+
+    def start_then_fail(self, vm, kernel, initramfs):
+        if vm.role == "worker":
+            raise RuntimeError("injected failure")
+        real_start(self, vm, kernel, initramfs)
+
+    monkeypatch.setattr(vm_mod.VmLab, "_start", start_then_fail)
+    lab = vm_mod.VmLab(workers=1, accel="tcg", out=lambda line: None)
+    with pytest.raises(RuntimeError, match="injected"), lab:
+        lab.boot()
+    assert lab.switch.proc is not None and lab.switch.proc.poll() is not None
+    assert not netns.ns_path(lab.net.ns).exists()
+    assert not lab.run_dir.exists()
+    assert not vm_mod.state_path(lab.prefix).exists()
+
+
+@needs_vms
+def test_a_lab_whose_owner_died_is_removed_by_the_next_one():
+    from switchml_xdp.lab import vm as vm_mod
+    from switchml_xdp.lab.vm_net import VmNetwork
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    prefix = vm_mod.new_prefix()
+    net = VmNetwork(prefix, vm_mod.MTU)
+    run_dir = Path("/tmp") / f"{prefix}-leftover"
+    try:
+        net.create()
+        run_dir.mkdir()
+        vm_mod.state_path(prefix).parent.mkdir(parents=True, exist_ok=True)
+        vm_mod.state_path(prefix).write_text(f'{{"owner_pid": {dead.pid}}}\n')
+        assert prefix in vm_mod.remove_orphans()
+        assert not netns.ns_path(net.ns).exists()
+        assert not run_dir.exists()
+        assert not vm_mod.state_path(prefix).exists()
+    finally:
+        net.remove()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        vm_mod.state_path(prefix).unlink(missing_ok=True)
