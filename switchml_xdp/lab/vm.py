@@ -50,8 +50,8 @@ MTU = 1500                     # vagrant/cluster.json network.mtu; native XDP ne
 QUEUES_PER_CPU = 2
 SWITCH_CPUS, WORKER_CPUS = 2, 1
 SWITCH_MEMORY_MB, WORKER_MEMORY_MB = 1024, 768
-# Under TCG on a busy machine a guest boots in ~30 s and compiles a BPF program
-# with bcc in ~35 s; everything waits up to this long for each step.
+# Under TCG on this busy 2-core machine a guest reaches its init in 8-30 s and
+# compiles a BPF program with bcc in 35-80 s; each step may take up to this long.
 STEP_TIMEOUT_S = 600
 # README's Vagrant guidance: the host must not coalesce or checksum-offload
 # towards the guest, or virtio_net refuses native XDP.
@@ -77,7 +77,6 @@ class Vm:
     cpus: int
     memory_mb: int
     proc: subprocess.Popen | None = None
-    started: float = 0.0
 
     @property
     def name(self) -> str:
@@ -127,6 +126,10 @@ class VmLab:
             raise LabError(f"cannot boot lab VMs: {why}")
         if not TUNE_NIC.exists():
             raise LabError(f"{TUNE_NIC} is missing: swml-lab vm runs from a checkout")
+        need = sum(vm.memory_mb for vm in self.vms)
+        free = _available_memory_mb()
+        if need > free:
+            raise LabError(f"{len(self.vms)} VMs need {need} MiB of memory, {free} MiB are available")
         remove_orphans()
         lifecycle.track(self)
         lifecycle.STATE_DIR.mkdir(parents=True, exist_ok=True)
@@ -176,7 +179,6 @@ class VmLab:
         self.timings["switch_ready_s"] = time.monotonic() - t0
         self._check_native_xdp()
         self.out(f"switch VM: {self.switch_ready_line}")
-        self.timings.update(self._boot_times())
         (self.run_dir / "go").touch()
         t1 = time.monotonic()
         results = []
@@ -186,6 +188,7 @@ class VmLab:
                 raise LabError(f"worker VM {vm.name} failed (status {rc}):\n{self._tail(vm)}")
             results.append(json.loads(self._read(vm, "json").strip().splitlines()[-1]))
         self.timings["bench_s"] = time.monotonic() - t1
+        self.timings.update(self._boot_times())
         (self.run_dir / "stop").touch()
         status = self._wait_file(self.switch, "rc", 60).strip()
         if status != "0":
@@ -232,7 +235,6 @@ class VmLab:
             "-device", "virtio-rng-pci",
         ]
         log = open(self.run_dir / f"{h.name}.qemu", "w")
-        vm.started = time.monotonic()
         vm.proc = netns.popen_in(self.net.ns, argv, stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, preexec_fn=_child_setup)
         log.close()
@@ -273,6 +275,13 @@ class VmLab:
                 text = path.read_text(errors="replace").splitlines()[-lines:]
                 return f"--- {path.name} ---\n" + "\n".join(text)
         return "(no output)"
+
+
+def _available_memory_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
 
 
 def _child_setup() -> None:
