@@ -64,7 +64,11 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
     for r in results:
         assert r["backend"] == "afxdp" and r["dtype"] == "float32"
         assert r["verify_failures"] == 0 and r["verified"] == 3, r   # bit-exact, every call
-    assert status, "the switch VM reported no status"
+    # The switch VM's own `swml-switch status --json`, read as the daemon stopped.
+    [switch] = status["switches"]
+    assert switch["mode"] == "native" and switch["iface"] == "eth0", switch
+    rounds = 3 * -(-(64 * 1024 // 4) // results[0]["k"])   # calls x packets a call
+    assert switch["counters"]["completed"] >= rounds, switch["counters"]
     # Nothing of the run is left: no qemu, no namespace (bridge, taps), no run directory.
     assert all(p.poll() is not None for p in procs)
     assert not netns.ns_path(ns).exists()
