@@ -28,7 +28,6 @@ except ImportError as e:  # pragma: no cover - the build failed or was skipped
 WORLD = 2
 N = 40_000                     # float32 elements: ~160 packets at k=256
 MULTICAST_SHARE = 0.9          # of accepted results; 0 when nobody joined
-AFXDP_JOINS_ITS_GROUP = True  # the worker side of issue 14; not on main yet
 
 
 def in_bridge_ns(lab, argv) -> str:
@@ -48,9 +47,6 @@ def bridge_groups(lab) -> dict[str, set[str]]:
     return groups
 
 
-@pytest.mark.xfail(not AFXDP_JOINS_ITS_GROUP, strict=True,
-                   reason="the afxdp worker does not join the result group yet (IP_ADD_MEMBERSHIP "
-                          "on its kernel socket: another engineer's part of issue 14, not on main)")
 def test_afxdp_results_arrive_by_multicast_through_an_igmp_snooping_bridge():
     from switchml_xdp import Worker, quant
     from switchml_xdp.lab import Lab
