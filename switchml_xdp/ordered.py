@@ -4,11 +4,13 @@ The switch compares int32 as signed integers (SWML_OP_MIN/MAX). A float32's
 bits, read as an int32, already sort like the floats for non-negative values;
 for negative ones the order is reversed, and flipping the 31 low bits puts it
 right. The map is its own inverse, so results are the floats' bits, not
-approximations: MIN/MAX over the switch equal np.minimum/np.maximum bit for bit.
+approximations: MIN/MAX over the switch are IEEE 754-2019 minimum/maximum,
+element by element, which is np.minimum/np.maximum except that -0.0 sorts
+just below +0.0 (numpy leaves the sign of max(-0.0, +0.0) unspecified).
 
 NaN propagates per element as in numpy: before mapping, a NaN becomes the one
 NaN that wins the op (a positive quiet NaN is above +inf for MAX, a negative
-quiet NaN below -inf for MIN). -0.0 sorts just below +0.0.
+quiet NaN below -inf for MIN).
 
 The worker's C engine implements the same map (worker/quant.c:
 swml_ordered_block); tests check the two agree bit for bit.

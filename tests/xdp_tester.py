@@ -55,6 +55,22 @@ class Run(NamedTuple):
     frame: bytes
 
 
+#: The counter rows of a packet that reached a slot.
+OUTCOMES = ("aggregated", "completed", "shadow_reply", "dup_dropped")
+
+
+def assert_accounted(c: dict[str, int]) -> None:
+    """rx = aggregated + completed + shadow_reply + dup_dropped + sum(drop reasons)
+    (docs/design-decisions.md, "What is ours")."""
+    assert c["rx"] == sum(c[name] for name in (*OUTCOMES, *wire.DROP_REASONS)), c
+
+
+def only(**counts: int) -> dict[str, int]:
+    """The whole counter table: these counts, zero elsewhere."""
+    assert set(counts) <= set(wire.COUNTER_NAMES)
+    return {name: counts.get(name, 0) for name in wire.COUNTER_NAMES}
+
+
 def require_bpf() -> None:
     """Skip the calling test (or fixture) where programs cannot be loaded: root, bcc, BTF."""
     if NO_LAB:
@@ -114,9 +130,10 @@ class SwitchTester(XdpTester):
 
     SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.255.0.1"
 
-    def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT):
+    def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT,
+                 ip: str = SWITCH_IP, mac: str = SWITCH_MAC):
         self.k, self.slots, self.port = k, slots, port
-        self.switch = Endpoint(self.SWITCH_MAC, self.SWITCH_IP, port)
+        self.switch = Endpoint(mac, ip, port)
         # SwitchMaps finds an interface's maps by its name: a made-up name, a directory of our own.
         self.pins_name = f"xdptest-{secrets.token_hex(4)}"
         pins = bpf.pin_dir(self.pins_name)
@@ -126,7 +143,7 @@ class SwitchTester(XdpTester):
                 "swml_switch.c", "swml_switch",
                 {"SWML_K": k, "SWML_SLOTS": slots, "SWML_PORT": port,
                  "SWML_PIN_DIR": bpf.c_string(pins),
-                 **address_defines(self.SWITCH_IP, self.SWITCH_MAC)}))
+                 **address_defines(ip, mac)}))
             self.maps = SwitchMaps(self.pins_name, k)
         except BaseException:
             bpf.remove_pins(pins)
@@ -264,8 +281,9 @@ class SwitchOracle(SwitchTester):
     with a frame, as far as its slots' state does not decide."""
 
     def __init__(self, iface: str):
-        params = read_state(iface)["params"]
-        super().__init__(params["k"], params["slots"], params["port"])
+        st = read_state(iface)
+        params = st["params"]
+        super().__init__(params["k"], params["slots"], params["port"], st["ip"], st["mac"])
         self.jobs = job_snapshot(iface)
         for job_id, (entry, members) in self.jobs.items():
             self.maps.write_job(job_id, entry)
@@ -273,16 +291,20 @@ class SwitchOracle(SwitchTester):
                 self.maps.write_member(job_id, rank, ip, port)
         self._last = self.maps.read_counters()
 
+    #: Rows whose choice depends on the slots' state, which the oracle does not copy.
+    SLOT_ROWS = (*OUTCOMES, "stale")
+
     def outcome(self, frame: bytes) -> str:
-        """The counter row the frame moves: "passed", a drop reason, or
-        "accepted" for the rows that depend on the slot (aggregated,
-        completed, shadow_reply, dup_dropped)."""
+        """The counter row the frame moves: "passed", "other_host", a drop
+        reason, or "accepted" for the rows that depend on the slot
+        (aggregated, completed, shadow_reply, dup_dropped, stale)."""
         self.run(frame)
         now = self.maps.read_counters()
-        moved = [n for n in wire.COUNTER_NAMES if n != "rx" and now[n] != self._last[n]]
+        moved = [n for n in wire.COUNTER_NAMES
+                 if n not in ("rx", "disagreed") and now[n] != self._last[n]]
         self._last = now
         assert len(moved) == 1, (moved, frame.hex())
-        return moved[0] if moved[0] == "passed" or moved[0] in wire.DROP_REASONS else "accepted"
+        return "accepted" if moved[0] in self.SLOT_ROWS else moved[0]
 
 
 class RedirectTester(XdpTester):

@@ -10,6 +10,7 @@ import time
 import click
 
 from .. import wire
+from ..bpf import PinnedMapError
 from ..switch import daemon
 from ..switch.dataplane import SwitchParams
 from ..switch.maps import SwitchMaps
@@ -96,7 +97,12 @@ def collect_status() -> list[dict]:
     for st in daemon.all_states():
         st = dict(st, alive=daemon.lock_holder(st["iface"]) is not None)
         if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
-            maps = SwitchMaps(st["iface"])
+            try:
+                maps = SwitchMaps(st["iface"])
+            except PinnedMapError as e:  # e.g. a switch of another version of this package
+                st["note"] = f"counters: {e}"
+                out.append(st)
+                continue
             try:
                 st["counters"] = maps.read_counters()
                 st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]

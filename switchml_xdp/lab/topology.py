@@ -333,6 +333,10 @@ class Lab:
             os.close(fd)
         br.link("set", index=net.link_index(host.peer, self.bridge_ns), address=peer_mac(host),
                 master=net.link_index(self.bridge, self.bridge_ns), state="up")
+        # A VLAN tag crossing the bridge stays in the frame, as on a wire: with
+        # veth's tag insertion offloaded it would travel beside the frame, and
+        # the receiver's XDP program would see a tagged frame untagged.
+        net.set_features(host.peer, {"tx-vlan-hw-insert": False}, self.bridge_ns)
         ipr = self._ipr(host.ns)
         i = net.link_index(host.iface, host.ns)
         ipr.link("set", index=i, address=host.mac)

@@ -172,7 +172,7 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 	struct us_slot slot = {st, job->slot_base + rel};
 	struct swml_contrib c = {.seq = ntohl(h->seq), .tag = ntohl(h->tag), .op = h->op,
 				 .flags = h->flags, .exp = h->exp};
-	struct swml_slot_result res;
+	struct swml_slot_result res = {0};
 	int32_t payload[SWML_MAX_K];
 	int disagreed = 0;
 
