@@ -231,6 +231,9 @@ def test_the_workers_port_is_refused_to_a_second_binder(lab8, switch, backend):
         w = Worker(lab8.switch.ip, f"port-{backend}", 0, 1, backend=backend, verbose=False,
                    port=port)
     with w:
+        # The held socket is a member of the job's group (IGMP reports go out).
+        maddr = lab8.run(host, ["ip", "maddr", "show", "dev", host.iface]).stdout
+        assert f"inet  {w.info.group_ip}" in maddr or f"inet {w.info.group_ip}" in maddr, maddr
         # A local unprivileged user, with every reuse option, on any address.
         for addr in ("0.0.0.0", host.ip):
             r = lab8.run(host, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
@@ -245,6 +248,7 @@ def test_the_workers_port_is_refused_to_a_second_binder(lab8, switch, backend):
         assert np.array_equal(w.allreduce(x), np.arange(10, dtype=np.int32))
     r = lab8.run(host, ["/usr/bin/python3", "-c", NOBODY_BINDS, "0.0.0.0", str(port)])
     assert r.stdout.split() == ["bound"]  # released with the Worker
+    assert w.info.group_ip not in lab8.run(host, ["ip", "maddr", "show", "dev", host.iface]).stdout
 
 
 def test_mismatch_cases_are_really_different_calls():
