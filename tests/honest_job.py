@@ -13,10 +13,9 @@ class HonestJob:
     stop, checking every sum exactly; rank 0 starts first, so the job waits at
     its barrier until `start_rank1()` (or start both with `start()`)."""
 
-    N = 4096
-
-    def __init__(self, lab, name: str, token: str, hosts, backend: str = "udp", port: int = PORT):
-        self.lab, self.name, self.token, self.hosts = lab, name, token, hosts
+    def __init__(self, lab, name: str, token: str, hosts, backend: str = "udp", port: int = PORT,
+                 n: int = 4096):
+        self.lab, self.name, self.token, self.hosts, self.N = lab, name, token, hosts, n
         self.backend, self.port = backend, port
         self.stop = threading.Event()
         self.calls = [0, 0]
@@ -42,13 +41,17 @@ class HonestJob:
                 self.workers[rank] = w
                 base = np.arange(self.N, dtype=np.int32)
                 want = base * 1 + base * 2
-                while not self.stop.is_set():
+                while True:
                     a = base * (rank + 1)
                     w.allreduce(a)
                     if not np.array_equal(a, want):
                         self.errors.append(f"rank {rank}: wrong sum at call {self.calls[rank]}")
                         return
                     self.calls[rank] += 1
+                    # Both ranks must make the same calls: agree on when to stop.
+                    flag = np.array([self.stop.is_set()], np.int32)
+                    if w.allreduce(flag, op="max")[0]:
+                        break
         except Exception as e:  # noqa: BLE001 - reported by finish()
             self.errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 

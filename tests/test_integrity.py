@@ -53,8 +53,11 @@ def backend(request):
 
 @pytest.fixture
 def honest(lab8, switch, backend):
-    """The attacked job: workers 0 and 1, reducing and checking."""
-    job = HonestJob(lab8, job_name(backend), secrets.token_hex(16), lab8.workers[:2], backend)
+    """The attacked job: workers 0 and 1, reducing and checking tensors of
+    256 packets (several windows: a call has packets in flight that an
+    attacker who hears its RESULTs can guess, tag included)."""
+    job = HonestJob(lab8, job_name(backend), secrets.token_hex(16), lab8.workers[:2], backend,
+                    n=256 * wire.DEFAULT_K)
     job.start_rank1()
     try:
         job.wait_running()
@@ -69,8 +72,9 @@ def needs_setpriv():
 
 
 def test_the_forger_knows_where_seq_is():
-    from forge_results import SEQ_AT
+    from forge_results import SEQ_AT, SLOT_AT
     assert SEQ_AT == wire.HDR_DTYPE.fields["seq"][1]
+    assert SLOT_AT == wire.HDR_DTYPE.fields["slot"][1]
 
 
 def test_forged_results_from_an_unprivileged_user_change_nothing(lab8, honest):
@@ -79,7 +83,8 @@ def test_forged_results_from_an_unprivileged_user_change_nothing(lab8, honest):
     info = honest.workers[0].info
     members = ",".join(h.ip for h in lab8.workers[:2])
     proc = lab8.popen(evil, AS_NOBODY + [sys.executable, str(FORGER), info.group_ip, str(PORT),
-                                         evil.ip, "4", str(wire.HDR_LEN), members, str(info.slots)],
+                                         evil.ip, "4", str(wire.HDR_LEN), members, str(info.slots),
+                                         str(info.slots)],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -152,7 +157,7 @@ def test_replaying_every_packet_a_rank_sent_changes_nothing_and_stalls_nothing(l
     worker ignores (not a packet of its call)."""
     h0 = lab8.workers[0]
     with netns.in_netns(lab8.bridge_ns):
-        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL: a bridge port delivers to ETH_P_IP taps only what it does not bridge
     cap.bind((h0.peer, 0))
     cap.settimeout(0.2)
     frames, t_end = [], time.monotonic() + 2.0
