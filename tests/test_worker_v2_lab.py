@@ -382,3 +382,21 @@ def test_the_engine_checks_results_again_behind_the_redirect_program(lab8, switc
             assert np.array_equal(a, total)
     stats = per_rank[0][1]
     assert sent[0] > 0 and stats["ignored"] > 0, (sent[0], stats)
+
+
+@needs_lab
+def test_a_bad_op_is_refused_before_anything_is_sent(lab8, switch):
+    def body(rank, w):
+        before = w.stats()
+        for op in ("avg", "SUM", None):
+            with pytest.raises(ValueError, match="op must be one of sum, min, max"):
+                w.allreduce(np.ones(10, np.int32), op=op)
+            with pytest.raises(ValueError, match="op must be one of sum, min, max"):
+                w.allreduce_async(np.ones(10, np.float32), op=op)
+        after = w.stats()
+        assert after["packets_sent"] == before["packets_sent"] and after["tensors"] == 0
+        x = np.arange(10, dtype=np.int32)  # call #0 still: the refused ones were no calls
+        assert np.array_equal(w.allreduce(x, op="min"), np.arange(10, dtype=np.int32))
+        return True
+
+    run_job(lab8, "bad-op", ["udp"], body)
