@@ -231,6 +231,9 @@ def test_the_workers_port_is_refused_to_a_second_binder(lab8, switch, backend):
         w = Worker(lab8.switch.ip, f"port-{backend}", 0, 1, backend=backend, verbose=False,
                    port=port)
     with w:
+        # The held socket is a member of the job's group (IGMP reports go out).
+        maddr = lab8.run(host, ["ip", "maddr", "show", "dev", host.iface]).stdout
+        assert f"inet  {w.info.group_ip}" in maddr or f"inet {w.info.group_ip}" in maddr, maddr
         # A local unprivileged user, with every reuse option, on any address.
         for addr in ("0.0.0.0", host.ip):
             r = lab8.run(host, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
@@ -245,6 +248,7 @@ def test_the_workers_port_is_refused_to_a_second_binder(lab8, switch, backend):
         assert np.array_equal(w.allreduce(x), np.arange(10, dtype=np.int32))
     r = lab8.run(host, ["/usr/bin/python3", "-c", NOBODY_BINDS, "0.0.0.0", str(port)])
     assert r.stdout.split() == ["bound"]  # released with the Worker
+    assert w.info.group_ip not in lab8.run(host, ["ip", "maddr", "show", "dev", host.iface]).stdout
 
 
 def test_mismatch_cases_are_really_different_calls():
@@ -299,3 +303,100 @@ def test_an_empty_call_against_a_full_one_is_a_mismatch_too(lab8, switch):
         return took
 
     assert max(run_job(lab8, "mm-empty", ["udp", "afxdp"], body)) < 5.0
+
+
+@needs_lab
+def test_the_engine_checks_results_again_behind_the_redirect_program(lab8, switch):
+    """RESULTs with the switch's own address and port as source (root in the
+    switch's namespace: beyond the threat model, but it gets past the redirect
+    program) that are not of the call in flight: another tag, op, job, count,
+    type or format. The afxdp engine ignores every one; the sums stay exact."""
+    import threading
+
+    from crafted_packets import raw_socket
+    from frames import Endpoint, endpoint, udp_frame
+    from switchml_xdp import wire
+    from switchml_xdp.worker.calls import call_tag
+
+    backends = ["afxdp", "afxdp"]
+    _skip_without_afxdp(backends)
+    n, calls = 60_000, 6
+    npk = -(-n // K)
+    xs = [np.random.default_rng([25, r]).integers(-1000, 1000, n).astype(np.int32) for r in range(2)]
+    joined, stop, sent = threading.Event(), threading.Event(), [0]
+    infos = {}
+
+    def forge():
+        joined.wait(30)
+        info = infos[0]
+        src = endpoint(lab8.switch, info.switch_port)
+        h0 = lab8.workers[0]
+        dsts = [endpoint(h0, info.port), Endpoint(info.group_mac, info.group_ip, info.port)]
+        evil = np.full(K, 0x7777, np.int32)
+        raw = raw_socket(lab8, lab8.switch)
+        try:
+            while not stop.is_set():
+                for c in range(calls):
+                    tag = call_tag(c, n, "int32", "sum")
+                    for p in range(0, npk, 7):
+                        i = c * npk + p
+                        f = {"seq": (info.seq_base + i) & 0xFFFFFFFF, "slot": i % info.slots,
+                             "flags": (i // info.slots) & 1, "tag": tag, "op": wire.OP_SUM}
+                        for bad in ({"tag": tag ^ 1}, {"op": wire.OP_MAX}, {"job": info.job_id + 1},
+                                    {"kind": wire.TYPE_DATA}, {"fmt": 1}):
+                            g = {**f, "job": info.job_id, "kind": wire.TYPE_RESULT, **bad}
+                            d = wire.datagram(g["kind"], g["job"], 0, g["slot"], g["seq"], evil,
+                                              flags=g["flags"], tag=g["tag"], op=g["op"],
+                                              fmt=g.get("fmt", 0))
+                            for dst in dsts:
+                                raw.send(udp_frame(src, dst, d))
+                                sent[0] += 1
+                        if stop.is_set():
+                            return
+                    time.sleep(0.001)
+        finally:
+            raw.close()
+
+    def body(rank, w):
+        infos[rank] = w.info
+        if rank == 0:
+            joined.set()
+        outs = []
+        for _ in range(calls):
+            a = xs[rank].copy()
+            w.allreduce(a)
+            outs.append(a)
+        return outs, w.stats()
+
+    t = threading.Thread(target=forge, daemon=True)
+    t.start()
+    try:
+        per_rank = run_job(lab8, "engine-recheck", backends, body)
+    finally:
+        stop.set()
+        joined.set()
+        t.join(10)
+    total = xs[0] + xs[1]
+    for outs, _ in per_rank:
+        for a in outs:
+            assert np.array_equal(a, total)
+    stats = per_rank[0][1]
+    assert sent[0] > 0 and stats["ignored"] > 0, (sent[0], stats)
+
+
+@needs_lab
+def test_a_bad_op_is_refused_before_anything_is_sent(lab8, switch):
+    def body(rank, w):
+        before = w.stats()
+        for op in ("avg", "SUM", None):
+            with pytest.raises(ValueError, match="op must be one of sum, min, max"):
+                w.allreduce(np.ones(10, np.int32), op=op)
+            with pytest.raises(ValueError, match="op must be one of sum, min, max"):
+                w.allreduce_async(np.ones(10, np.float32), op=op)
+        after = w.stats()
+        assert after["packets_sent"] == before["packets_sent"] and after["tensors"] == 0
+        x = np.arange(10, dtype=np.int32)  # call #0 still: the refused ones were no calls
+        assert np.array_equal(w.allreduce(x, op="min"), np.arange(10, dtype=np.int32))
+        return True
+
+    run_job(lab8, "bad-op", ["udp"], body)

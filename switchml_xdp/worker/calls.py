@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -60,12 +61,12 @@ class Call:
     dtype: str    # numpy's name: "float32", "int32"
     op: str       # "sum", "min", "max"
 
-    @property
+    @cached_property
     def op_code(self) -> int:
         return OPS[self.op]
 
-    @property
-    def tag(self) -> int:
+    @cached_property
+    def tag(self) -> int:  # read per packet: hashed once
         return call_tag(self.number, self.count, self.dtype, self.op)
 
     def __str__(self) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 from .. import wire
 from .abort import AbortSignal
 from .backend import Backend, LocalEnd
-from .calls import Call, CallSpan, check_length, resync_index
+from .calls import SEQ_MASK, Call, CallSpan, check_length, resync_index
 from .control import JobInfo
 from .plans import make_plan, packets_needed
 from .port import reserve_port
@@ -60,6 +60,10 @@ class UdpBackend(Backend):
         self._tx = bytearray(wire.HDR_LEN + 4 * k)
         self._rx = bytearray(2048)
         self._rx_vals = np.frombuffer(self._rx, dtype="<i4", count=k, offset=wire.HDR_LEN)
+        # Per packet, in Python: what does not change is looked up once.
+        self._data_vt, self._result_vt = wire.ver_type(wire.TYPE_DATA), wire.ver_type(wire.TYPE_RESULT)
+        self._min_len = wire.HDR_LEN + 4 * k
+        self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
 
     def close(self) -> None:
         self.sock.close()
@@ -67,14 +71,15 @@ class UdpBackend(Backend):
     def stats(self) -> dict:
         return {**self._counters, "rto_us": int(self.timers.estimator.rto * 1e6)}
 
-    def _send(self, plan, call: Call, span: CallSpan, p: int, retrans: bool) -> None:
-        i = span.start + p
-        S = self.info.slots
+    def _send(self, plan, p: int, retrans: bool) -> None:
+        """Packet p of the current call (run() set _call_fields)."""
+        op, tag, seq0, start = self._call_fields
+        info = self.info
+        i, S = start + p, info.slots
         values, exp, flags = plan.payload(p)
         flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
-        HDR.pack_into(self._tx, 0, wire.ver_type(wire.TYPE_DATA), flags, call.op_code,
-                      wire.FMT_INT32, self.info.job_id, self.info.rank, i % S, self.info.k,
-                      span.seq(p), call.tag, exp, 0, 0, self.info.key)
+        HDR.pack_into(self._tx, 0, self._data_vt, flags, op, wire.FMT_INT32, info.job_id,
+                      info.rank, i % S, info.k, (seq0 + p) & 0xFFFFFFFF, tag, exp, 0, 0, info.key)
         self._tx[wire.HDR_LEN:] = values.astype("<i4", copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self._counters["packets_sent"] += 1
@@ -103,15 +108,15 @@ class UdpBackend(Backend):
         the switch; DUPLICATE: a RESULT of a packet not in flight; RESULT or
         DISAGREED: the answer to packet `packet`. in_flight(p): packet p is
         sent and unanswered."""
-        if source != self.dest or nbytes < wire.HDR_LEN + 4 * self.info.k:
+        if source != self.dest or nbytes < self._min_len:
             return FOREIGN, -1, 0, 0
         vt, flags, op, fmt, job, _rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
             HDR.unpack_from(self._rx)
-        if (vt != wire.ver_type(wire.TYPE_RESULT) or job != self.info.job_id
-                or count != self.info.k or fmt != wire.FMT_INT32):
+        info = self.info
+        if vt != self._result_vt or job != info.job_id or count != info.k or fmt != wire.FMT_INT32:
             return FOREIGN, -1, 0, 0
-        p = span.packet_of(seq)
-        if p is None or slot != (span.start + p) % self.info.slots:
+        p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
+        if p >= span.npackets or slot != (span.start + p) % info.slots:
             return FOREIGN, -1, 0, 0
         if not in_flight(p):
             return DUPLICATE, p, flags, exp
@@ -128,6 +133,7 @@ class UdpBackend(Backend):
         S, N, lag = self.info.slots, plan.npackets, plan.lag
         base = self.next_index
         span = CallSpan(base, N, self.info.seq_base)
+        self._call_fields = (call.op_code, call.tag, span.seq(0), base)
         done = np.zeros(N, dtype=bool)
         sent = np.zeros(N, dtype=bool)
         timers = self.timers
@@ -139,7 +145,7 @@ class UdpBackend(Backend):
             return (p < S or done[p - S]) and (p < lag or done[p - lag])
 
         def send(p: int) -> None:
-            self._send(plan, call, span, p, False)
+            self._send(plan, p, False)
             sent[p] = True
             timers.sent(p)
 
@@ -156,10 +162,39 @@ class UdpBackend(Backend):
             self.abort_signal.raise_if_set(self.info.name)
             next_deadline = timers.next_deadline()
             wait = POLL_MAX_S if next_deadline is None else next_deadline - time.monotonic()
-            readable = poller.poll(max(0, min(wait, POLL_MAX_S)) * 1000)
-            # Timers and the stall clock also when datagrams keep coming: a
-            # stream of foreign ones must not stop retransmissions.
+            progress = False
+            if poller.poll(max(0, min(wait, POLL_MAX_S)) * 1000):
+                for _ in range(RX_BATCH):
+                    try:
+                        nbytes, source = self.sock.recvfrom_into(self._rx)
+                    except BlockingIOError:
+                        break
+                    verdict, p, flags, exp = self.accept(nbytes, source, call, span, in_flight)
+                    if verdict == FOREIGN:
+                        self._counters["ignored"] += 1
+                        continue
+                    if verdict == DUPLICATE:
+                        self._counters["duplicates"] += 1
+                        continue
+                    if verdict == DISAGREED:
+                        raise call.mismatch()
+                    if flags & wire.FLAG_SHADOW:
+                        self._counters["shadow_replies"] += 1
+                    timers.answered(p)
+                    plan.result(p, self._rx_vals, exp, flags)
+                    done[p] = True
+                    remaining -= 1
+                    self._counters["results"] += 1
+                    progress = True
+                    for q in (p + S, p + lag):
+                        if q < N and not sent[q] and ready(q):
+                            send(q)
             now = time.monotonic()
+            if progress:
+                last_progress = now
+                continue
+            # Idle, or only datagrams that were no results (a stream of
+            # foreign ones must not hold off retransmissions or the stall).
             if now - last_progress > self.stall_timeout:
                 raise TimeoutError(
                     f"no result from the switch for {self.stall_timeout:g} s; waiting for "
@@ -168,33 +203,6 @@ class UdpBackend(Backend):
             if next_deadline is not None and now >= next_deadline:
                 for p in timers.expired():
                     self._counters["retransmissions"] += 1
-                    self._send(plan, call, span, p, True)
-            if not readable:
-                continue
-            for _ in range(RX_BATCH):
-                try:
-                    nbytes, source = self.sock.recvfrom_into(self._rx)
-                except BlockingIOError:
-                    break
-                verdict, p, flags, exp = self.accept(nbytes, source, call, span, in_flight)
-                if verdict == FOREIGN:
-                    self._counters["ignored"] += 1
-                    continue
-                if verdict == DUPLICATE:
-                    self._counters["duplicates"] += 1
-                    continue
-                if verdict == DISAGREED:
-                    raise call.mismatch()
-                if flags & wire.FLAG_SHADOW:
-                    self._counters["shadow_replies"] += 1
-                timers.answered(p)
-                plan.result(p, self._rx_vals, exp, flags)
-                done[p] = True
-                remaining -= 1
-                self._counters["results"] += 1
-                last_progress = time.monotonic()
-                for q in (p + S, p + lag):
-                    if q < N and not sent[q] and ready(q):
-                        send(q)
+                    self._send(plan, p, True)
         self.next_index = base + N
         plan.finish()
