@@ -61,7 +61,8 @@ class UdpBackend(Backend):
         self._rx = bytearray(2048)
         self._rx_vals = np.frombuffer(self._rx, dtype="<i4", count=k, offset=wire.HDR_LEN)
         # Per packet, in Python: what does not change is looked up once.
-        self._data_vt, self._result_vt = wire.ver_type(wire.TYPE_DATA), wire.ver_type(wire.TYPE_RESULT)
+        self._data_vt = wire.ver_type(wire.TYPE_DATA)
+        self._result_vt = wire.ver_type(wire.TYPE_RESULT)
         self._min_len = wire.HDR_LEN + 4 * k
         self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
 
@@ -79,7 +80,7 @@ class UdpBackend(Backend):
         values, exp, flags = plan.payload(p)
         flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
         HDR.pack_into(self._tx, 0, self._data_vt, flags, op, wire.FMT_INT32, info.job_id,
-                      info.rank, i % S, info.k, (seq0 + p) & 0xFFFFFFFF, tag, exp, 0, 0, info.key)
+                      info.rank, i % S, info.k, (seq0 + p) & SEQ_MASK, tag, exp, 0, 0, info.key)
         self._tx[wire.HDR_LEN:] = values.astype("<i4", copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self._counters["packets_sent"] += 1
