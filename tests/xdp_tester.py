@@ -113,7 +113,7 @@ class Result:
     """A swml datagram taken out of a frame the switch sent."""
     frame: UdpFrame
     header: np.void  # wire.unpack_header's record (fields as in struct swml_hdr)
-    values: np.ndarray  # int32
+    values: np.ndarray  # int32, or int16 for a FMT_INT16 header
 
     @property
     def type(self) -> int:
@@ -202,6 +202,7 @@ class SwitchTester(XdpTester):
         len(values)) and `ver_type` (the header's first byte, whole) in the
         swml header, `src`/`dst` the sender/receiver, `breakage` goes to
         frames.udp_frame (ip_options, frag_off, ip_length, udp_length)."""
+        elem = "<i2" if fmt == wire.FMT_INT16 else "<i4"  # the payload's format on the wire
         vals = np.ones(self.k, np.int32) if values is None else np.asarray(values, np.int32)
         rnd = (ver or 0) if rnd is None else rnd
         ver = rnd % 2 if ver is None else ver
@@ -214,19 +215,21 @@ class SwitchTester(XdpTester):
         if ver_type is not None:
             header[0] = ver_type
         return udp_frame(src or self.member(job, rank), dst or self.switch,
-                         bytes(header) + vals.astype("<i4").tobytes(), **breakage)
+                         bytes(header) + vals.astype(elem).tobytes(), **breakage)
 
     def round(self, job: Job, slot: int, contributions, *, ver: int | None = None,
               rnd: int | None = None, exps=None, flags=None, op: int = wire.OP_SUM,
-              tags=None) -> Run:
+              tags=None, fmts=None) -> Run:
         """Every rank's contribution to round `rnd` (default `ver`) of `slot`,
         rank order; all but the last must be absorbed (XDP_DROP). The last one's Run."""
         assert len(contributions) == job.world
         exps, flags = exps or [0] * job.world, flags or [0] * job.world
         tags = tags or [0] * job.world
+        fmts = fmts or [wire.FMT_INT32] * job.world
         for rank, values in enumerate(contributions):
             run = self.run(self.data(job, rank, slot, values, ver=ver, rnd=rnd, exp=exps[rank],
-                                     flags=flags[rank], op=op, tag=tags[rank]))
+                                     flags=flags[rank], op=op, tag=tags[rank],
+                                     fmt=fmts[rank]))
             if rank < job.world - 1:
                 assert run.action == Action.DROP, f"rank {rank} of {job.world}: {run.action!r}"
         return run
@@ -235,7 +238,8 @@ class SwitchTester(XdpTester):
     def result(run: Run) -> Result:
         frame = parse_udp_frame(run.frame)
         header = wire.unpack_header(frame.payload)
-        return Result(frame, header, np.frombuffer(frame.payload[wire.HDR_LEN:], "<i4"))
+        elem = "<i2" if int(header["fmt"]) == wire.FMT_INT16 else "<i4"
+        return Result(frame, header, np.frombuffer(frame.payload[wire.HDR_LEN:], elem))
 
     # --- observation ---------------------------------------------------------------
     def counters(self) -> dict[str, int]:

@@ -15,7 +15,7 @@
  *   SWML_SEQ(s, v)             __u32 seq of its current round,
  *   SWML_COUNT(s, v)           __u32 contributions to it,
  *   SWML_TAG(s, v)             __u32 call tag, __u8 op,
- *   SWML_OP(s, v)
+ *   SWML_OP(s, v)              (op | fmt << 4: the round's op and payload format)
  *   SWML_EXP(s, v)             __s8 max exponent, __u8 OR of flags,
  *   SWML_FLAGS(s, v)
  *   SWML_VALS(s, v)          pointer to its k __s32 accumulators
@@ -42,6 +42,7 @@ struct swml_contrib {
 	__u32 seq;  /* its round */
 	__u32 tag;  /* its call tag */
 	__u8 op;    /* SWML_OP_*, checked < SWML_OP_NUM by the caller */
+	__u8 fmt;   /* SWML_FMT_*, checked by the caller (INT16 only with SUM) */
 	__u8 flags; /* SWML_FLAG_*: NONFINITE is kept */
 	__s8 exp;
 };
@@ -77,6 +78,39 @@ static __always_inline void swml_combine(__s32 *acc, const __s32 *in, __u32 k, _
 	}
 }
 
+/* The 16-bit format (SWML_FMT_INT16): int16 contributions sign-extended into
+ * the int32 accumulators; the result is the sum scaled back into 16 bits by
+ * the job's L = ceil(log2(world)), rounded half up (docs/quantization.md, "The
+ * 16-bit format"). Kept apart from the int32 path, which they do not slow. */
+static __always_inline __u32 swml_world_bits(__u32 world)
+{
+	/* ceil(log2(world)) for world <= SWML_MAX_WORLD = 64, without a loop */
+	return (world > 1) + (world > 2) + (world > 4) + (world > 8) + (world > 16) + (world > 32);
+}
+
+static __always_inline void swml_load16(__s32 *vals, const __s16 *in, __u32 k)
+{
+	for (__u32 i = 0; i < k; i++)
+		vals[i] = in[i];
+}
+
+static __always_inline void swml_add16(__s32 *acc, const __s16 *in, __u32 k)
+{
+	__u32 *a = (__u32 *)acc; /* wraps like the int32 SUM; cannot for world <= 2^16 */
+
+	for (__u32 i = 0; i < k; i++)
+		a[i] += (__u32)(__s32)in[i];
+}
+
+static __always_inline void swml_store16(__s16 *out, const __s32 *vals, __u32 k, __u32 world)
+{
+	__u32 shift = swml_world_bits(world);
+	__s32 half = shift ? 1 << (shift - 1) : 0;
+
+	for (__u32 i = 0; i < k; i++)
+		out[i] = (__s16)((vals[i] + half) >> shift);
+}
+
 /* Contribution `c` with payload `in` (k elements) of rank bit `bit` to version
  * `ver` of slot `s` in a job of `world` ranks (DESIGN.md "Data plane", 3, 4).
  * Returns the counter row of the outcome:
@@ -90,14 +124,17 @@ static __always_inline void swml_combine(__s32 *acc, const __s32 *in, __u32 k, _
  * sees in the RESULT. A newer round replaces the version whatever its state:
  * an honest rank sends round r + 2 of a slot version only after the result of
  * round r + 1, hence after every rank had the result of round r.
- * `in` and `out` may be the same memory (the packet's payload, in XDP). The
+ * `in` and `out` may be the same memory (the packet's payload, in XDP), k
+ * elements of c->fmt each (int32, or int16: the answer is in the packet's
+ * format; a round of another fmt than the packet's answers DISAGREE). The
  * result is copied under the lock: the read must not tear. */
 static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, __u32 world,
-					  const struct swml_contrib *c, const __s32 *in,
-					  __s32 *out, __u32 k, struct swml_slot_result *res,
+					  const struct swml_contrib *c, const void *in,
+					  void *out, __u32 k, struct swml_slot_result *res,
 					  int *disagreed)
 {
 	int outcome;
+	__u8 op_fmt = c->op | (c->fmt << 4);
 
 	SWML_SLOT_LOCK(s);
 	__u64 seen = SWML_SEEN(s, ver);
@@ -107,13 +144,16 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 		__u32 *vals = (__u32 *)SWML_VALS(s, ver);
 		const __u32 *src = (const __u32 *)in;
 
-		for (__u32 i = 0; i < k; i++)
-			vals[i] = src[i];
+		if (c->fmt == SWML_FMT_INT16)
+			swml_load16(SWML_VALS(s, ver), in, k);
+		else
+			for (__u32 i = 0; i < k; i++)
+				vals[i] = src[i];
 		SWML_SEEN(s, ver) = bit;
 		SWML_SEQ(s, ver) = c->seq;
 		SWML_COUNT(s, ver) = 1;
 		SWML_TAG(s, ver) = c->tag;
-		SWML_OP(s, ver) = c->op;
+		SWML_OP(s, ver) = op_fmt;
 		SWML_EXP(s, ver) = c->exp;
 		SWML_FLAGS(s, ver) = c->flags & SWML_FLAG_NONFINITE;
 		outcome = world <= 1 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
@@ -126,9 +166,14 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 
 		SWML_SEEN(s, ver) = seen | bit;
 		SWML_COUNT(s, ver) = n;
-		if (c->tag != SWML_TAG(s, ver) || c->op != SWML_OP(s, ver)) {
+		if (c->tag != SWML_TAG(s, ver) || op_fmt != SWML_OP(s, ver)) {
 			SWML_FLAGS(s, ver) |= SWML_FLAG_DISAGREE;
 			*disagreed = 1;
+		} else if (c->fmt == SWML_FMT_INT16) {
+			swml_add16(SWML_VALS(s, ver), in, k);
+			if (c->exp > SWML_EXP(s, ver))
+				SWML_EXP(s, ver) = c->exp;
+			SWML_FLAGS(s, ver) |= c->flags & SWML_FLAG_NONFINITE;
 		} else {
 			swml_combine(SWML_VALS(s, ver), in, k, c->op);
 			if (c->exp > SWML_EXP(s, ver))
@@ -139,12 +184,19 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 	}
 	if (outcome == SWML_CNT_COMPLETED || outcome == SWML_CNT_SHADOW_REPLY) {
 		const __s32 *vals = SWML_VALS(s, ver);
+		__s32 *out32 = out;
 
-		for (__u32 i = 0; i < k; i++)
-			out[i] = vals[i];
+		if (c->fmt == SWML_FMT_INT16)
+			swml_store16(out, vals, k, world);
+		else
+			for (__u32 i = 0; i < k; i++)
+				out32[i] = vals[i];
 		res->flags = ver | SWML_FLAGS(s, ver);
+		if ((SWML_OP(s, ver) >> 4) != c->fmt) /* a shadow reply in another format */
+			res->flags |= SWML_FLAG_DISAGREE;
 		res->exp = SWML_EXP(s, ver);
-		res->op = SWML_OP(s, ver);
+		res->op = SWML_OP(s, ver) & 0x0f;
+
 		res->tag = SWML_TAG(s, ver);
 	}
 	SWML_SLOT_UNLOCK(s);

@@ -63,6 +63,7 @@
 #endif
 
 #define SWML_PAYLOAD_LEN (SWML_K * 4)
+#define SWML_PAYLOAD_LEN16 (SWML_K * 2) /* SWML_FMT_INT16 */
 
 /* Pinned: `status`, `down` and a restarted daemon open them by path; a reload
  * on the same interface re-uses them (bcc opens an existing pin). */
@@ -133,6 +134,37 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	swml_result_hdr(h, res, unicast);
 }
 
+/* The datagram's lengths for a payload of `len` bytes: SWML_CNT_RX when they
+ * are right, else the counter row to drop it under. */
+static __always_inline int swml_length_ok(const struct iphdr *ip, const struct udphdr *udp,
+					  const void *payload, const void *data_end, __u32 len)
+{
+	if (payload + len > data_end)
+		return SWML_CNT_TRUNCATED;
+	if (ip->tot_len != bpf_htons(SWML_IP_LEN + SWML_UDP_LEN + SWML_HDR_LEN + len) ||
+	    udp->len != bpf_htons(SWML_UDP_LEN + SWML_HDR_LEN + len))
+		return SWML_CNT_BAD_IP;
+	return SWML_CNT_RX;
+}
+
+/* The slot step of an SWML_FMT_INT16 packet, rewritten in place (the RESULT
+ * is as long as the DATA). Its own call site, with the fmt a constant and the
+ * payload bounds checked again here, so that the verifier sees k int16
+ * accesses within what it knows of the packet. */
+static __always_inline int swml_step16(struct swml_slot *s, struct swml_hdr *h,
+				       void *data_end, __u32 world, __u32 rank,
+				       struct swml_contrib *c, struct swml_slot_result *res,
+				       int *disagreed)
+{
+	__s16 *payload = (void *)(h + 1);
+
+	if ((void *)payload + SWML_PAYLOAD_LEN16 > data_end)
+		return SWML_CNT_STALE; /* cannot happen: checked by swml_length_ok */
+	c->fmt = SWML_FMT_INT16;
+	return swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank, world, c, payload,
+			      payload, SWML_K, res, disagreed);
+}
+
 /* Is the frame addressed to this box (its MAC and IP), not flooded or routed
  * past it? */
 static __always_inline int swml_to_us(const struct ethhdr *eth, const struct iphdr *ip)
@@ -181,11 +213,11 @@ int swml_switch(struct xdp_md *ctx)
 	if (h->count != bpf_htons(SWML_K))
 		return swml_drop(SWML_CNT_BAD_COUNT);
 	payload = (void *)(h + 1);
-	if ((void *)payload + SWML_PAYLOAD_LEN > data_end)
-		return swml_drop(SWML_CNT_TRUNCATED);
-	if (ip->tot_len != bpf_htons(SWML_IP_LEN + SWML_UDP_LEN + SWML_HDR_LEN + SWML_PAYLOAD_LEN) ||
-	    udp->len != bpf_htons(SWML_UDP_LEN + SWML_HDR_LEN + SWML_PAYLOAD_LEN))
-		return swml_drop(SWML_CNT_BAD_IP);
+	int fmt16 = h->fmt == SWML_FMT_INT16;
+	int length_ok = fmt16 ? swml_length_ok(ip, udp, payload, data_end, SWML_PAYLOAD_LEN16)
+			      : swml_length_ok(ip, udp, payload, data_end, SWML_PAYLOAD_LEN);
+	if (length_ok != SWML_CNT_RX)
+		return swml_drop(length_ok);
 
 	u32 job_id = bpf_ntohs(h->job);
 	struct swml_job *job = jobs.lookup(&job_id);
@@ -203,7 +235,8 @@ int swml_switch(struct xdp_md *ctx)
 	u32 rel_slot = bpf_ntohs(h->slot);
 	if (rel_slot >= job->slot_count)
 		return swml_drop(SWML_CNT_BAD_SLOT);
-	if (h->op >= SWML_OP_NUM || h->fmt != SWML_FMT_INT32)
+	if (h->op >= SWML_OP_NUM || (h->fmt != SWML_FMT_INT32 && !fmt16) ||
+	    (fmt16 && h->op != SWML_OP_SUM))
 		return swml_drop(SWML_CNT_BAD_OP);
 	u32 slot_idx = job->slot_base + rel_slot;
 	struct swml_slot *s = slots.lookup(&slot_idx);
@@ -220,8 +253,10 @@ int swml_switch(struct xdp_md *ctx)
 	};
 	struct swml_slot_result res = {};
 	int disagreed = 0;
-	int outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank, job->world,
-				     &c, payload, payload, SWML_K, &res, &disagreed);
+	int outcome = fmt16 ? swml_step16(s, h, data_end, job->world, rank, &c, &res, &disagreed)
+			    : swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank,
+					     job->world, &c, payload, payload, SWML_K, &res,
+					     &disagreed);
 
 	swml_count(outcome);
 	if (disagreed)

@@ -40,7 +40,10 @@
 
 /* fmt: the payload format, k elements of it. */
 #define SWML_FMT_INT32 0 /* little-endian int32 */
-#define SWML_FMT_NUM 1
+#define SWML_FMT_INT16 1 /* little-endian int16, SUM only: the switch adds them into its
+			    int32 slot and returns (sum + 2^(L-1)) >> L, L = ceil(log2(world))
+			    (docs/quantization.md, "The 16-bit format") */
+#define SWML_FMT_NUM 2
 
 /* Rounds: seq is the packet's index in the job's stream, modulo 2^32; every
  * rank sends the same seq for the same (slot, round). The switch keeps the seq
@@ -61,6 +64,9 @@
  * (1500 - 20 IPv4 - 8 UDP - 32 swml = 1440 bytes = 360 int32). */
 #define SWML_DEFAULT_K 256
 #define SWML_MAX_K 360
+/* k is one per switch, whatever the format; an int16 packet of k elements is
+ * k x 2 payload bytes, and the most that would fit the MTU in int16 is: */
+#define SWML_MAX_K_INT16 720
 #define SWML_DEFAULT_SLOTS 1024
 
 /* Header sizes in bytes (no IP options, no VLAN). */
