@@ -108,7 +108,9 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 {
 	struct swml_hdr *h = (struct swml_hdr *)buf;
 	uint64_t *cnt = st->counters;
-	uint32_t k = st->k, payload_len = 4 * k;
+	uint32_t k = st->k;
+	int fmt16 = len >= SWML_HDR_LEN && h->fmt == SWML_FMT_INT16;
+	uint32_t payload_len = (fmt16 ? 2 : 4) * k; /* as the switch program's length checks */
 
 	cnt[SWML_CNT_RX]++;
 	if (len < SWML_HDR_LEN) {
@@ -164,14 +166,15 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		cnt[SWML_CNT_BAD_SLOT]++;
 		return 0;
 	}
-	if (h->op >= SWML_OP_NUM || h->fmt != SWML_FMT_INT32) {
+	if (h->op >= SWML_OP_NUM || (h->fmt != SWML_FMT_INT32 && !fmt16) ||
+	    (fmt16 && h->op != SWML_OP_SUM)) {
 		cnt[SWML_CNT_BAD_OP]++;
 		return 0;
 	}
 	uint32_t ver = h->flags & SWML_FLAG_SLOT_VER;
 	struct us_slot slot = {st, job->slot_base + rel};
 	struct swml_contrib c = {.seq = ntohl(h->seq), .tag = ntohl(h->tag), .op = h->op,
-				 .flags = h->flags, .exp = h->exp};
+				 .flags = h->flags, .exp = h->exp, .fmt = h->fmt};
 	struct swml_slot_result res = {0};
 	int32_t payload[SWML_MAX_K];
 	int disagreed = 0;
