@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import net, wire
 from .backend import Backend, LocalEnd
-from .calls import Call, op_code
+from .calls import Call, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
 
 BACKENDS = ("auto", "afxdp", "udp")
@@ -111,14 +111,17 @@ class Worker:
         return UdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
 
     # --- the API -------------------------------------------------------------
-    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+    def allreduce(self, array: np.ndarray, op: str = "sum", precision: str = "32") -> np.ndarray:
         """Reduce `array` over all ranks with op "sum", "min" or "max", in place
         (float32 or int32); returns it. int32 and float32 min/max are exact;
-        a float32 sum is quantized (docs/quantization.md). Raises CallMismatch
-        if the ranks did not make the same call (length, dtype or op)."""
-        return self.allreduce_async(array, op).result()
+        a float32 sum is quantized (docs/quantization.md), to 32 bits or, with
+        precision="16", to the 16-bit block format (half the bytes, bound
+        (B16)). Raises CallMismatch if the ranks did not make the same call
+        (length, dtype, op or precision)."""
+        return self.allreduce_async(array, op, precision).result()
 
-    def allreduce_async(self, array: np.ndarray, op: str = "sum") -> Future:
+    def allreduce_async(self, array: np.ndarray, op: str = "sum",
+                        precision: str = "32") -> Future:
         """Start an allreduce; the future's result is the (reduced) array."""
         op_code(op)  # a ValueError before anything is queued or sent
         if self._closed:
@@ -127,13 +130,18 @@ class Worker:
             raise TypeError(f"allreduce takes a numpy array, not {type(array).__name__}")
         if array.dtype not in (np.float32, np.int32):
             raise TypeError(f"allreduce supports float32 and int32 arrays, not {array.dtype}")
+        check_precision(precision, array.dtype, op)
+        if precision not in self._backend.precisions:
+            raise ValueError(f"the {self.backend_name} backend does not stream precision "
+                             f"{precision!r} yet (it does {', '.join(self._backend.precisions)})")
         if not array.flags.c_contiguous:
             raise ValueError("allreduce works in place and needs a C-contiguous array "
                              "(np.ascontiguousarray makes one; copy the result back)")
         if not array.flags.writeable:
             raise ValueError("allreduce works in place and needs a writeable array")
         with self._submit_lock:  # numbers in the order the calls run
-            call = Call(self._calls, self.info.name, array.size, array.dtype.name, op)
+            call = Call(self._calls, self.info.name, array.size, array.dtype.name, op,
+                        precision)
             self._calls += 1
             return self._executor.submit(self._reduce, array, call)
 

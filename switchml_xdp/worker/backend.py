@@ -43,6 +43,9 @@ class Backend(ABC):
     """A datapath that streams tensors through the job's slots on the switch."""
 
     name: ClassVar[str]
+    # Precisions of a float32 sum it streams (calls.PRECISIONS): "16" is the
+    # 16-bit block format, where the backend packs int16 payloads.
+    precisions: ClassVar[tuple[str, ...]] = ("32",)
     default_policy: ClassVar[RetransmitPolicy]
 
     @abstractmethod

@@ -45,11 +45,30 @@ def op_code(op: str) -> int:
         raise ValueError(f"op must be one of {', '.join(OPS)}, not {op!r}") from None
 
 
-def call_tag(number: int, count: int, dtype: np.dtype | str, op: str) -> int:
+def call_tag(number: int, count: int, dtype: np.dtype | str, op: str,
+             precision: str = "32") -> int:
     """The 32-bit tag of call `number` (0, 1, ... on a Worker) reducing `count`
-    elements of `dtype` with `op`: what every rank computes alike."""
-    data = _TAG_INPUT.pack(number, count, np.dtype(dtype).name.encode(), op.encode())
+    elements of `dtype` with `op` at `precision`: what every rank computes
+    alike. Precision "16" is hashed with the op ("sum/16"), so ranks that
+    disagree on it raise CallMismatch; "32" leaves the tag as it was."""
+    name = op if precision == "32" else f"{op}/{precision}"
+    data = _TAG_INPUT.pack(number, count, np.dtype(dtype).name.encode(), name.encode())
     return int.from_bytes(hashlib.blake2b(data, digest_size=4, person=b"swml-tag").digest(), "big")
+
+
+PRECISIONS = ("32", "16")
+
+
+def check_precision(precision: str, dtype: np.dtype | str, op: str) -> None:
+    """ValueError unless `precision` applies: "32" always; "16" (the 16-bit
+    block format, docs/quantization.md) only to a float32 sum, the one
+    reduction that is quantized."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision == "16" and (np.dtype(dtype) != np.float32 or op != "sum"):
+        raise ValueError(
+            f"precision '16' applies only to a float32 sum (it quantizes to 16 bits), "
+            f"not to {np.dtype(dtype).name} {op}: int32 and min/max are exact in 32 bits")
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,7 @@ class Call:
     count: int
     dtype: str    # numpy's name: "float32", "int32"
     op: str       # "sum", "min", "max"
+    precision: str = "32"  # "16": the 16-bit block format (float32 sum only)
 
     @cached_property
     def op_code(self) -> int:
@@ -67,7 +87,12 @@ class Call:
 
     @cached_property
     def tag(self) -> int:  # read per packet: hashed once
-        return call_tag(self.number, self.count, self.dtype, self.op)
+        return call_tag(self.number, self.count, self.dtype, self.op, self.precision)
+
+    @cached_property
+    def fmt(self) -> int:
+        """The payload format on the wire (SWML_FMT_*)."""
+        return wire.FMT_INT16 if self.precision == "16" else wire.FMT_INT32
 
     def __str__(self) -> str:
         return f"allreduce #{self.number} of job {self.job!r} ({self.count} {self.dtype}, {self.op})"

@@ -103,8 +103,39 @@ class Float32Plan:
                                              self.world, self.flat.size)
 
 
-def make_plan(flat: np.ndarray, k: int, slots: int, world: int, op: int = wire.OP_SUM):
-    """The plan for reducing `flat` with `op` (SWML_OP_*)."""
+class Float16Plan(Float32Plan):
+    """float32 sums in the 16-bit block format (docs/quantization.md, "The
+    16-bit format"): the same exponent round, int16 payloads quantized with
+    F16 = 13 - E, RESULTs the switch's int32 sum scaled back by L."""
+
+    def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
+        from .. import quant16
+
+        super().__init__(flat, k, slots, world)
+        self.quant16 = quant16
+        self.sums = np.zeros((self.blocks, k), dtype=np.int16)
+        self._zeros = np.zeros(k, dtype=np.int16)
+
+    def payload(self, p: int) -> tuple[np.ndarray, int, int]:
+        exp = int(self.local_exp[p]) if p < self.blocks else -128
+        b = p - self.lag
+        if b < 0:
+            return self._zeros, exp, 0
+        block = self.flat[b * self.k:(b + 1) * self.k]
+        q = self.quant16.quantize16(block, self.k, self.global_exp[b:b + 1])[0]
+        return q, exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
+
+    def finish(self) -> None:
+        self.flat[:] = self.quant16.dequantize16(self.sums, self.global_exp, self.nonfinite_any,
+                                                 self.world, self.flat.size)
+
+
+def make_plan(flat: np.ndarray, k: int, slots: int, world: int, op: int = wire.OP_SUM,
+              fmt: int = wire.FMT_INT32):
+    """The plan for reducing `flat` with `op` (SWML_OP_*) in payload format
+    `fmt` (SWML_FMT_INT16 only for a float32 sum: calls.check_precision)."""
+    if fmt == wire.FMT_INT16:
+        return Float16Plan(flat, k, slots, world)
     if flat.dtype == np.int32:
         return Int32Plan(flat, k, slots)
     if flat.dtype == np.float32:

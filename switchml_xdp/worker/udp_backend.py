@@ -40,6 +40,7 @@ FOREIGN, DUPLICATE, RESULT, DISAGREED = range(4)
 class UdpBackend(Backend):
     default_policy = PYTHON_POLICY
     name = "udp"
+    precisions = ("32", "16")
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
                  policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
@@ -57,14 +58,25 @@ class UdpBackend(Backend):
         self._counters = {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
                           "shadow_replies": 0, "ignored": 0}
         k = info.k
-        self._tx = bytearray(wire.HDR_LEN + 4 * k)
+        # One transmit buffer and one view of the received values per payload
+        # format (SWML_FMT_*: int32, int16), chosen per call.
+        self._tx_by_fmt = {wire.FMT_INT32: bytearray(wire.HDR_LEN + 4 * k),
+                           wire.FMT_INT16: bytearray(wire.HDR_LEN + 2 * k)}
+        self._elem_by_fmt = {wire.FMT_INT32: "<i4", wire.FMT_INT16: "<i2"}
         self._rx = bytearray(2048)
-        self._rx_vals = np.frombuffer(self._rx, dtype="<i4", count=k, offset=wire.HDR_LEN)
+        self._rx_vals_by_fmt = {f: np.frombuffer(self._rx, dtype=e, count=k, offset=wire.HDR_LEN)
+                                for f, e in self._elem_by_fmt.items()}
+        self._select_fmt(wire.FMT_INT32)
         # Per packet, in Python: what does not change is looked up once.
         self._data_vt = wire.ver_type(wire.TYPE_DATA)
         self._result_vt = wire.ver_type(wire.TYPE_RESULT)
-        self._min_len = wire.HDR_LEN + 4 * k
         self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
+
+    def _select_fmt(self, fmt: int) -> None:
+        """The current call's payload format: its buffers, element type, length."""
+        self._fmt, self._tx = fmt, self._tx_by_fmt[fmt]
+        self._elem, self._rx_vals = self._elem_by_fmt[fmt], self._rx_vals_by_fmt[fmt]
+        self._min_len = len(self._tx)
 
     def close(self) -> None:
         self.sock.close()
@@ -79,9 +91,9 @@ class UdpBackend(Backend):
         i, S = start + p, info.slots
         values, exp, flags = plan.payload(p)
         flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
-        HDR.pack_into(self._tx, 0, self._data_vt, flags, op, wire.FMT_INT32, info.job_id,
+        HDR.pack_into(self._tx, 0, self._data_vt, flags, op, self._fmt, info.job_id,
                       info.rank, i % S, info.k, (seq0 + p) & SEQ_MASK, tag, exp, 0, 0, info.key)
-        self._tx[wire.HDR_LEN:] = values.astype("<i4", copy=False).tobytes()
+        self._tx[wire.HDR_LEN:] = values.astype(self._elem, copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self._counters["packets_sent"] += 1
 
@@ -92,7 +104,9 @@ class UdpBackend(Backend):
         self.abort_signal.raise_if_set(self.info.name)
         check_length(call, packets_needed(flat.size, flat.dtype, self.info.k, self.info.slots,
                                           call.op_code), self.info.k)
-        plan = make_plan(flat, self.info.k, self.info.slots, self.info.world, call.op_code)
+        plan = make_plan(flat, self.info.k, self.info.slots, self.info.world, call.op_code,
+                         call.fmt)
+        self._select_fmt(call.fmt)
         start = self.next_index
         try:
             self.run(plan, call)
@@ -114,7 +128,7 @@ class UdpBackend(Backend):
         vt, flags, op, fmt, job, _rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
             HDR.unpack_from(self._rx)
         info = self.info
-        if vt != self._result_vt or job != info.job_id or count != info.k or fmt != wire.FMT_INT32:
+        if vt != self._result_vt or job != info.job_id or count != info.k or fmt != self._fmt:
             return FOREIGN, -1, 0, 0
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
