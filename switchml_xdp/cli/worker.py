@@ -38,6 +38,8 @@ def main() -> None:
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, None))
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]))
 @click.option("--op", default="sum", show_default=True, type=click.Choice(list(wire.OPS)))
+@click.option("--precision", default="32", show_default=True, type=click.Choice(["32", "16"]),
+              help="16: the 16-bit block format (float32 sum only; docs/quantization.md)")
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]))
 @click.option("--iface", default=None, help="interface towards the switch [default: from the route]")
 @click.option("--port", default=wire.DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
@@ -51,7 +53,8 @@ def main() -> None:
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, backend, iface, port,
+def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, precision, backend,
+          iface, port,
           control_port, join_timeout, token, verify, as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD."""
     from .. import Worker
@@ -64,8 +67,9 @@ def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, back
                     control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
                     token=token) as w:
             result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
-                                         progress=not quiet and sys.stderr.isatty(), op=op)
-    except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError) as e:
+                                         progress=not quiet and sys.stderr.isatty(), op=op,
+                                         precision=precision)
+    except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(result))
