@@ -123,12 +123,12 @@ class UdpBackend(Backend):
         the switch; DUPLICATE: a RESULT of a packet not in flight; RESULT or
         DISAGREED: the answer to packet `packet`. in_flight(p): packet p is
         sent and unanswered."""
-        if source != self.dest or nbytes < self._min_len:
+        if source != self.dest or nbytes < wire.HDR_LEN:
             return FOREIGN, -1, 0, 0
         vt, flags, op, fmt, job, _rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
             HDR.unpack_from(self._rx)
         info = self.info
-        if vt != self._result_vt or job != info.job_id or count != info.k or fmt != self._fmt:
+        if vt != self._result_vt or job != info.job_id or count != info.k:
             return FOREIGN, -1, 0, 0
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
@@ -138,7 +138,9 @@ class UdpBackend(Backend):
         if flags & wire.FLAG_DISAGREE:
             # The round's tag and op are another rank's: the mismatch itself.
             return DISAGREED, p, flags, exp
-        if tag != call.tag or op != call.op_code:
+        # A DISAGREE round may answer in another rank's payload format (16
+        # against 32 bits): only a result to be read must be in ours, whole.
+        if tag != call.tag or op != call.op_code or fmt != self._fmt or nbytes < self._min_len:
             return FOREIGN, p, flags, exp
         return RESULT, p, flags, exp
 
