@@ -191,15 +191,20 @@ def dequantize(
     sums = np.asarray(sums)
     if sums.dtype != np.int32 or sums.ndim != 2:
         raise ValueError("sums must be an int32 array of shape (nblocks, k)")
-    nb, k = sums.shape
-    f = shifts(exp_global, world)
+    return scale_back(sums, shifts(exp_global, world), nonfinite_any, n)
+
+
+def scale_back(ints: np.ndarray, f: np.ndarray, nonfinite_any: np.ndarray, n: int) -> np.ndarray:
+    """float32(float64(ints) * 2**-f) per block, NaN blocks, padding dropped:
+    the last step of both formats (quant16.dequantize16 too)."""
+    nb, k = ints.shape
     flags = np.asarray(nonfinite_any, dtype=bool)
     if f.shape != (nb,) or flags.shape != (nb,):
         raise ValueError("exp_global and nonfinite_any need one entry per block")
     n = int(n)
     if not (nb - 1) * k < n <= nb * k and not (n == 0 and nb == 0):
         raise ValueError(f"n={n} does not fit {nb} blocks of {k}")
-    wide = np.ldexp(sums.astype(np.float64), -f[:, None])
+    wide = np.ldexp(ints.astype(np.float64), -f[:, None])
     with np.errstate(over="ignore"):
         y = wide.astype(np.float32)
     y[flags] = np.float32(np.nan)

@@ -110,19 +110,8 @@ def dequantize16(
     results = np.asarray(results)
     if results.dtype != np.int16 or results.ndim != 2:
         raise ValueError("results must be an int16 array of shape (nblocks, k)")
-    nb, k = results.shape
-    f = shifts16(exp_global) - quant.exponent_bits(world)
-    flags = np.asarray(nonfinite_any, dtype=bool)
-    if f.shape != (nb,) or flags.shape != (nb,):
-        raise ValueError("exp_global and nonfinite_any need one entry per block")
-    n = int(n)
-    if not (nb - 1) * k < n <= nb * k and not (n == 0 and nb == 0):
-        raise ValueError(f"n={n} does not fit {nb} blocks of {k}")
-    wide = np.ldexp(results.astype(np.float64), -f[:, None])
-    with np.errstate(over="ignore"):
-        y = wide.astype(np.float32)
-    y[flags] = np.float32(np.nan)
-    return y.reshape(-1)[:n]
+    return quant.scale_back(results, shifts16(exp_global) - quant.exponent_bits(world),
+                            nonfinite_any, n)
 
 
 def simulate_allreduce16(xs: Sequence[np.ndarray], k: int) -> np.ndarray:

@@ -9,24 +9,8 @@ import numpy as np
 import pytest
 
 from switchml_xdp import quant16, wire
-from xdp_tester import Action, SwitchTester, assert_accounted, only, require_bpf
-
-K = 8
-SLOTS = 16
-
-
-@pytest.fixture(scope="module")
-def switch_prog():
-    require_bpf()
-    with SwitchTester(k=K, slots=SLOTS) as sw:
-        yield sw
-
-
-@pytest.fixture
-def sw(switch_prog):
-    switch_prog.reset()
-    yield switch_prog
-    assert_accounted(switch_prog.counters())
+from test_xdp_switch_prog import K, sw, switch_prog  # noqa: F401 (fixtures: k=8)
+from xdp_tester import Action, SwitchTester, only
 
 
 def int16_round(sw, job, contributions, **kw):

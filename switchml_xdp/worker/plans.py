@@ -87,8 +87,11 @@ class Float32Plan:
         if b < 0:
             return self._zeros, exp, 0
         block = self.flat[b * self.k:(b + 1) * self.k]
-        q = self.quant.quantize(block, self.k, self.global_exp[b:b + 1], self.world)[0]
+        q = self.quantize(block, self.global_exp[b:b + 1])
         return q, exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
+
+    def quantize(self, block: np.ndarray, exp: np.ndarray) -> np.ndarray:
+        return self.quant.quantize(block, self.k, exp, self.world)[0]
 
     def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
         if p < self.blocks:
@@ -116,14 +119,8 @@ class Float16Plan(Float32Plan):
         self.sums = np.zeros((self.blocks, k), dtype=np.int16)
         self._zeros = np.zeros(k, dtype=np.int16)
 
-    def payload(self, p: int) -> tuple[np.ndarray, int, int]:
-        exp = int(self.local_exp[p]) if p < self.blocks else -128
-        b = p - self.lag
-        if b < 0:
-            return self._zeros, exp, 0
-        block = self.flat[b * self.k:(b + 1) * self.k]
-        q = self.quant16.quantize16(block, self.k, self.global_exp[b:b + 1])[0]
-        return q, exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
+    def quantize(self, block: np.ndarray, exp: np.ndarray) -> np.ndarray:
+        return self.quant16.quantize16(block, self.k, exp)[0]
 
     def finish(self) -> None:
         self.flat[:] = self.quant16.dequantize16(self.sums, self.global_exp, self.nonfinite_any,
