@@ -250,8 +250,15 @@ def error_bound(
     nb = num_blocks(n, k)
     if e.shape != (nb,):
         raise ValueError(f"exp_global has {e.shape[0]} blocks, need {nb}")
-    quant = np.ldexp(float(world), e + L - 30)  # exact
-    quant = np.repeat(quant, k)[:n]
+    return bound_with_cast(y, np.ldexp(float(world), e + L - 30), k)  # exact
+
+
+def bound_with_cast(y: np.ndarray, per_block: np.ndarray, k: int) -> np.ndarray:
+    """A per-block quantization bound plus the float32 cast's half ulp of the
+    float32 result y, per element, rounded up; +inf where y is not finite.
+    The common tail of (B) and (B16)."""
+    n = y.size
+    quant = np.repeat(per_block, k)[:n]
     mag = np.abs(y.astype(np.float64))
     with np.errstate(invalid="ignore"):
         cast = np.maximum(np.ldexp(mag, -24), np.ldexp(1.0, -150))

@@ -139,10 +139,4 @@ def error_bound16(
     if e.shape != (nb,):
         raise ValueError(f"exp_global has {e.shape[0]} blocks, need {nb}")
     quantization = np.ldexp(float(world), e - 14) + np.ldexp(1.0, e + L - 14)
-    quantization = np.repeat(quantization, k)[:n]
-    mag = np.abs(y.astype(np.float64))
-    with np.errstate(invalid="ignore"):
-        cast = np.maximum(np.ldexp(mag, -24), np.ldexp(1.0, -150))
-    bound = np.nextafter(quantization + cast, np.inf)
-    bound[~np.isfinite(y)] = np.inf
-    return bound
+    return quant.bound_with_cast(y, quantization, k)
