@@ -44,6 +44,7 @@
 #define SWML_VALS(s, v) ((s)->vals[v])
 #define SWML_SLOT_LOCK(s) bpf_spin_lock(&(s)->lock)
 #define SWML_SLOT_UNLOCK(s) bpf_spin_unlock(&(s)->lock)
+#define SWML_PAIR_ALIGN 8 /* u64 loads at any address: see swml_slot.h */
 #include "swml_slot.h"
 
 #ifndef SWML_K
