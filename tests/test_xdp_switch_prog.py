@@ -176,7 +176,8 @@ def test_malformed_or_foreign_is_dropped_by_reason_and_touches_no_slot(sw, name)
 
 
 def test_every_drop_reason_has_a_case():
-    assert {reason for reason, _ in DROPS.values()} == set(wire.DROP_REASONS)
+    # busy (a slot another CPU holds) has its own cases: tests/test_xdp_fastpath.py
+    assert {reason for reason, _ in DROPS.values()} | {"busy"} == set(wire.DROP_REASONS)
 
 
 def test_a_job_whose_range_runs_past_the_slot_table_is_bad_slot_there(sw):

@@ -19,8 +19,9 @@
  *   SWML_EXP(s, v)             __s8 max exponent, __u8 OR of flags,
  *   SWML_FLAGS(s, v)
  *   SWML_VALS(s, v)          pointer to its k __s32 accumulators
- *   SWML_SLOT_LOCK(s)        optional: taken around the step (bpf_spin_lock)
- *   SWML_SLOT_UNLOCK(s)
+ *   SWML_SLOT_LOCK(s)        optional: takes the slot's lock for the step; 0
+ *   SWML_SLOT_UNLOCK(s)        when it cannot (the step then returns
+ *                              SWML_CNT_BUSY and touches nothing)
  *   SWML_PAIR_ALIGN          optional: the alignment to declare for a u64 of
  *                            two int32 (see swml_pair_t), default 1
  *
@@ -35,7 +36,7 @@
 #define __always_inline inline __attribute__((always_inline))
 #endif
 #ifndef SWML_SLOT_LOCK
-#define SWML_SLOT_LOCK(s)
+#define SWML_SLOT_LOCK(s) 1
 #define SWML_SLOT_UNLOCK(s)
 #endif
 
@@ -127,6 +128,7 @@ static __always_inline void swml_combine(__s32 *acc, const __s32 *in, __u32 k, _
  *   SWML_CNT_SHADOW_REPLY  a retransmission to a complete round: likewise
  *   SWML_CNT_DUP_DROPPED   a retransmission to an incomplete round
  *   SWML_CNT_STALE         a round older than the version's current one
+ *   SWML_CNT_BUSY          the slot's lock could not be had (nothing done)
  * A contribution whose tag or op differs from its round's first is not
  * combined; it marks the round DISAGREE (*disagreed = 1), which every member
  * sees in the RESULT. A newer round replaces the version whatever its state:
@@ -141,7 +143,8 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 {
 	int outcome;
 
-	SWML_SLOT_LOCK(s);
+	if (!SWML_SLOT_LOCK(s))
+		return SWML_CNT_BUSY;
 	__u64 seen = SWML_SEEN(s, ver);
 	__s32 age = (__s32)(c->seq - SWML_SEQ(s, ver));
 

@@ -32,7 +32,29 @@
 #include "swml_maps.h"
 #include "swml_parse.h"
 
-/* The per-slot step (swml_slot.h) on a map value, under its spin lock. */
+/* The slot's lock: its `busy` word, taken with a compare-and-swap and given
+ * back with an exchange (BPF atomics, both full barriers), rather than
+ * bpf_spin_lock, whose two helper calls (each saving and restoring the
+ * interrupt flag) cost 55-100 ns a packet here, a third of the program at
+ * k=256 (docs/performance.md). XDP runs in softirq: a holder is not
+ * interleaved with another packet on its own CPU, and it holds the word for
+ * one step (well under a microsecond). A packet on another CPU retries;
+ * the verifier needs a bound, so after SWML_LOCK_TRIES it gives up: the
+ * packet is dropped as `busy` (its worker sends it again). Only a stalled
+ * holder gets there: a preempted test run, PREEMPT_RT. The 64-bit word:
+ * bcc's BPF target has no 32-bit atomics. */
+#define SWML_LOCK_TRIES 1024
+
+static __always_inline int swml_slot_trylock(struct swml_slot *s)
+{
+#pragma nounroll
+	for (int i = 0; i < SWML_LOCK_TRIES; i++)
+		if (__sync_val_compare_and_swap(&s->busy, 0, 1) == 0)
+			return 1;
+	return 0;
+}
+
+/* The per-slot step (swml_slot.h) on a map value, under its lock. */
 #define SWML_SLOT_T struct swml_slot *
 #define SWML_SEEN(s, v) ((s)->seen[v])
 #define SWML_SEQ(s, v) ((s)->seq[v])
@@ -42,8 +64,8 @@
 #define SWML_EXP(s, v) ((s)->exp[v])
 #define SWML_FLAGS(s, v) ((s)->flags[v])
 #define SWML_VALS(s, v) ((s)->vals[v])
-#define SWML_SLOT_LOCK(s) bpf_spin_lock(&(s)->lock)
-#define SWML_SLOT_UNLOCK(s) bpf_spin_unlock(&(s)->lock)
+#define SWML_SLOT_LOCK(s) swml_slot_trylock(s)
+#define SWML_SLOT_UNLOCK(s) __sync_lock_test_and_set(&(s)->busy, 0)
 #define SWML_PAIR_ALIGN 8 /* u64 loads at any address: see swml_slot.h */
 #include "swml_slot.h"
 
@@ -227,7 +249,7 @@ int swml_switch(struct xdp_md *ctx)
 	swml_count(outcome);
 	if (disagreed)
 		swml_count(SWML_CNT_DISAGREED);
-	if (outcome == SWML_CNT_STALE)
+	if (outcome == SWML_CNT_STALE || outcome == SWML_CNT_BUSY)
 		return XDP_DROP;
 	struct swml_job_stats *js = job_stats.lookup(&job_id);
 	if (js) {

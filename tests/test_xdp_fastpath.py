@@ -1,0 +1,97 @@
+"""The switch program's fast paths (docs/performance.md) on crafted frames
+through BPF_PROG_TEST_RUN: the slot's lock word, the 64-bit copies of the
+payload (odd k: a last int32 alone; the int32 edges), as test_xdp_switch_prog.py
+tests the rules. The user-space data plane compiles the same xdp/swml_slot.h."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchml_xdp import wire
+from xdp_tester import Action, SwitchTester, assert_accounted, only, require_bpf
+
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+EDGES = np.array([INT32_MIN, INT32_MAX, -1, 0, 1, INT32_MIN + 1, INT32_MAX - 1], np.int32)
+
+
+@pytest.fixture(scope="module", params=[1, 7, 8])
+def switch_prog(request):
+    """k=1 and 7: the copies' odd last element; 8: pairs only."""
+    require_bpf()
+    with SwitchTester(k=request.param, slots=4) as sw:
+        yield sw
+
+
+@pytest.fixture
+def sw(switch_prog):
+    switch_prog.reset()
+    yield switch_prog
+    assert_accounted(switch_prog.counters())
+
+
+def values(k: int, seed: int) -> np.ndarray:
+    """k int32 values with the edges of the range among them."""
+    rng = np.random.default_rng(seed)
+    v = rng.integers(INT32_MIN, INT32_MAX, k, endpoint=True, dtype=np.int64).astype(np.int32)
+    v[:min(k, len(EDGES))] = np.roll(EDGES, seed)[:k]
+    return v
+
+
+def set_busy(sw: SwitchTester, slot: int, busy: int) -> None:
+    """Hold (1) or release (0) the slot's lock word, as another CPU would."""
+    s = sw.maps.slots.lookup(slot)
+    s.busy = busy
+    sw.maps.slots.update(slot, s)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_copies_and_sums_are_exact_at_the_int32_edges(sw, world):
+    job = sw.add_job(world=world)
+    for rnd in range(3):  # the first round copies in; later ones overwrite the slot versions
+        inputs = [values(sw.k, 3 * rnd + r) for r in range(world)]
+        run = sw.round(job, 1, inputs, rnd=rnd)
+        assert run.action == Action.TX
+        want = np.sum(np.asarray(inputs, np.int64), axis=0).astype(np.int64).astype(np.int32)
+        assert sw.result(run).values.tolist() == want.tolist()
+    assert sw.counters()["completed"] == 3
+
+
+def test_min_and_max_keep_the_int32_edges(sw):
+    job = sw.add_job(world=2)
+    a, b = values(sw.k, 1), values(sw.k, 2)
+    for rnd, (op, fn) in enumerate([(wire.OP_MIN, np.minimum), (wire.OP_MAX, np.maximum)]):
+        run = sw.round(job, 0, [a, b], rnd=rnd, op=op)
+        assert sw.result(run).values.tolist() == fn(a, b).tolist()
+
+
+def test_a_retransmission_gets_the_stored_result_whole(sw):
+    """The shadow reply copies the slot out (64-bit copies) into a packet that
+    carries other values: every element comes from the slot."""
+    job = sw.add_job(world=2)
+    a, b = values(sw.k, 4), values(sw.k, 5)
+    sw.round(job, 2, [a, b])
+    run = sw.run(sw.data(job, 0, 2, values(sw.k, 6)))
+    assert run.action == Action.TX
+    assert sw.result(run).values.tolist() == (a.astype(np.int64) + b).astype(np.int32).tolist()
+    assert sw.counters() == only(rx=3, aggregated=1, completed=1, shadow_reply=1)
+
+
+def test_a_slot_held_by_another_cpu_drops_the_packet_as_busy_and_changes_nothing(sw):
+    job = sw.add_job(world=2)
+    a, b = values(sw.k, 7), values(sw.k, 8)
+    assert sw.run(sw.data(job, 0, 0, a)).action == Action.DROP  # slot 0 half full
+    set_busy(sw, 0, 1)
+    before = sw.slot_bytes()
+    frame = sw.data(job, 1, 0, b)
+    run = sw.run(frame)
+    assert run.action == Action.DROP and run.frame == frame
+    assert sw.slot_bytes() == before
+    # Another slot is not held.
+    assert sw.run(sw.data(job, 0, 1, a)).action == Action.DROP
+    assert sw.counters() == only(rx=3, aggregated=2, busy=1)
+    # Released: the retransmission completes the round exactly, and gives the word back.
+    set_busy(sw, 0, 0)
+    run = sw.run(frame)
+    assert run.action == Action.TX
+    assert sw.result(run).values.tolist() == (a.astype(np.int64) + b).astype(np.int32).tolist()
+    assert sw.maps.slots.lookup(0).busy == 0
