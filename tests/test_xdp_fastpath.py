@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from switchml_xdp import wire
-from xdp_tester import Action, SwitchTester, assert_accounted, only, require_bpf
+from xdp_tester import Action, Run, SwitchTester, assert_accounted, only, require_bpf
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 EDGES = np.array([INT32_MIN, INT32_MAX, -1, 0, 1, INT32_MIN + 1, INT32_MAX - 1], np.int32)
@@ -95,3 +95,56 @@ def test_a_slot_held_by_another_cpu_drops_the_packet_as_busy_and_changes_nothing
     assert run.action == Action.TX
     assert sw.result(run).values.tolist() == (a.astype(np.int64) + b).astype(np.int32).tolist()
     assert sw.maps.slots.lookup(0).busy == 0
+
+
+def test_two_cpus_on_the_same_slots_never_tear_a_result():
+    """Two threads (the kernel runs each test run on its own CPU, where it has
+    two) stream both ranks' packets of the same rounds at once through k=256
+    slots: the lock word must keep every step whole. Rounds can replace each
+    other (a thread runs ahead), so not every round completes; every RESULT
+    that comes out must be the exact sum of its round, and every packet is
+    accounted for."""
+    require_bpf()
+    import threading
+
+    from switchml_xdp import bpf
+
+    k, slots, n = 256, 4, 3000
+    with SwitchTester(k=k, slots=slots) as sw:
+        job = sw.add_job(world=2, slot_count=slots)
+
+        def vals(seq: int, rank: int) -> np.ndarray:
+            return np.full(k, seq * 7 + rank * 2**30, np.int64).astype(np.int32)
+
+        frames = [[sw.data(job, r, seq % slots, vals(seq, r), seq=seq) for seq in range(n)]
+                  for r in (0, 1)]
+        bad: list[str] = []
+        step = threading.Barrier(2)  # every 32 packets, so that the two stay on the same rounds
+
+        def stream(rank: int) -> None:
+            for seq, frame in enumerate(frames[rank]):
+                if seq % 32 == 0:
+                    step.wait(timeout=30)
+                action, out, _ = bpf.test_run(sw.prog.fd, frame)
+                if action == Action.TX:
+                    got = sw.result(Run(Action(action), out))
+                    want = (vals(seq, 0).astype(np.int64) + vals(seq, 1)).astype(np.int32)
+                    if int(got.header["seq"]) != seq or not np.array_equal(got.values, want):
+                        bad.append(f"seq {seq}: {got.values[:4]} != {want[:4]}")
+
+        def guarded(rank: int) -> None:
+            try:
+                stream(rank)
+            except Exception as e:  # noqa: BLE001  a thread's failure fails the test
+                bad.append(repr(e))
+                step.abort()
+
+        threads = [threading.Thread(target=guarded, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        c = sw.counters()
+        assert not bad, bad[:5]
+        assert_accounted(c)
+        assert c["rx"] == 2 * n and c["completed"] > 0, c  # rounds overtaken are stale
