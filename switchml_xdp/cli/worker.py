@@ -22,6 +22,18 @@ class SizeParam(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class SweepParam(click.ParamType):
+    name = "sweep"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            return allreduce_bench.parse_sweep(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """switchml-xdp worker tools."""
@@ -34,6 +46,11 @@ def main() -> None:
 @click.option("--world", required=True, type=click.IntRange(1, None))
 @click.option("--size", default="64MiB", show_default=True, type=SizeParam(),
               help="tensor size in bytes (suffixes K, M, G, KiB, MiB, GiB)")
+@click.option("--sweep", type=SweepParam(), is_flag=False, default=None, metavar="MIN:MAX[:FACTOR]",
+              flag_value=allreduce_bench.DEFAULT_SWEEP,
+              help="every size from MIN to MAX, each FACTOR (2) times the last, instead of --size, "
+                   f"as nccl-tests prints them (time, algbw, busbw); alone: "
+                   f"{allreduce_bench.DEFAULT_SWEEP}")
 @click.option("--iterations", "-n", default=10, show_default=True, type=click.IntRange(1, None))
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, None))
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]))
@@ -51,7 +68,7 @@ def main() -> None:
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, backend, iface, port,
+def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, op, backend, iface, port,
           control_port, join_timeout, token, verify, as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD."""
     from .. import Worker
@@ -63,15 +80,19 @@ def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, back
         with Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
                     control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
                     token=token) as w:
-            result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
-                                         progress=not quiet and sys.stderr.isatty(), op=op)
+            progress = not quiet and sys.stderr.isatty()
+            if sweep:
+                rows = allreduce_bench.run_sweep(w, sweep, iterations, warmup, dtype, verify,
+                                                 progress, op)
+            else:
+                rows = [allreduce_bench.run(w, size, iterations, warmup, dtype, verify, progress, op)]
     except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json.dumps(rows if sweep else rows[0]))
     else:
-        click.echo(allreduce_bench.format_table([result]))
-    if verify and result["verify_failures"]:
+        click.echo(allreduce_bench.format_sweep(rows) if sweep else allreduce_bench.format_table(rows))
+    if verify and any(r["verify_failures"] for r in rows):
         sys.exit(1)
 
 
