@@ -14,8 +14,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
+# The switch's cost per packet (kernel BPF stats) with afxdp workers, as README's table.
 bench: setup
-	$(PY) -m switchml_xdp.bench.switch_cost
+	$(PY) -m switchml_xdp.bench.switch_cost --backend afxdp $(BENCH_COST_ARGS)
 
 # switchml-xdp (afxdp, udp), a user-space switch and Gloo on shaped lab links:
 # bench/results/lab_bench.{json,md} and PNG plots. Gloo needs torch (the

@@ -359,19 +359,26 @@ def _list_of(kind, what: str):
               metavar="MBIT", help="every worker link's rate, each way [default: 50, low enough "
                                    "that 2 cores keep up with 8 workers]")
 @click.option("--size", default="8MiB", show_default=True, help="float32 tensor size (bytes; KiB/MiB/...)")
-@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None))
-@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None))
+@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None),
+              help="timed allreduces per measurement")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None),
+              help="untimed allreduces before them")
 @click.option("--loss", "losses", default="0,0.1%,1%", show_default=True,
               callback=_list_of(float, "loss"), help="loss rates per link and direction")
 @click.option("-k", "--elements", "ks", default="64,256", show_default=True,
               callback=_list_of(int, "k"), help="elements a packet (swml systems)")
 @click.option("--systems", default="swml-afxdp,swml-udp,userspace,gloo", show_default=True,
-              callback=_list_of(str, "systems"), help="what to run")
+              callback=_list_of(str, "systems"),
+              help="what to run: swml-afxdp / swml-udp (the XDP switch, workers on the afxdp or "
+                   "udp backend), userspace (the same protocol served by a user-space switch "
+                   "process on a UDP socket instead of XDP: the baseline that shows what XDP "
+                   "buys), gloo (torch.distributed's ring allreduce over TCP)")
 @click.option("--job-slots", type=click.IntRange(8, 1024), default=None,
               help="slots a job gets on the switches [default: a window that keeps the link "
                    "busy for 3 ms, 16..512]")
-@click.option("--out", "out_dir", default="bench/results", show_default=True,
-              help="directory for lab_bench.json, lab_bench.md and the PNG plots")
+@click.option("--out", "out_dir", default=None,
+              help="directory for lab_bench.json, lab_bench.md and the PNG plots [default: a new "
+                   "./swml-lab-bench-DATE-TIME; the figures README quotes are in bench/results]")
 @click.option("--no-check", is_flag=True, help="skip checking the first result against the exact sum")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="extra environment for every rank process (e.g. SWML_AFXDP_SPIN=200)")
@@ -384,9 +391,13 @@ def _list_of(kind, what: str):
 def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, no_rto_floor, wait_quiet):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
-    on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots."""
-    import shlex
-    import sys
+    on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
+
+    The default sweep (3 worker counts x 3 loss rates x 2 k x 4 systems) takes
+    about 25 minutes on a quiet 2-core machine, longer while it waits for
+    the machine to be quiet (--wait-quiet); e.g. `-n 2 --loss 0 -k 256`
+    takes about 2 minutes."""
+    import time
 
     from switchml_xdp.bench import lab_bench
     from switchml_xdp.bench.allreduce_bench import parse_size
@@ -403,6 +414,10 @@ def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slot
         size_bytes = parse_size(size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size") from None
+    if out_dir is None:
+        out_dir = f"swml-lab-bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        if Path(out_dir).exists():
+            raise click.ClickException(f"{out_dir} exists; give --out")
     cfg = lab_bench.BenchConfig(
         workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, size=size_bytes,
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,

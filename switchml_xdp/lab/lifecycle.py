@@ -181,7 +181,7 @@ def _owner_pid(prefix: str) -> int | None:
     """The live process that uses lab `prefix` (a demo, a test session), if any."""
     state = read_state(prefix) or {}
     pid = state.get("owner_pid")
-    if pid is None or pid == os.getpid() or not _owner_alive(prefix):
+    if pid is None or not _owner_alive(prefix):
         return None
     return pid
 
