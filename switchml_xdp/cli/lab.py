@@ -396,7 +396,7 @@ def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slot
     The default sweep (3 worker counts x 3 loss rates x 2 k x 4 systems) takes
     about 25 minutes on a quiet 2-core machine, longer while it waits for
     the machine to be quiet (--wait-quiet); e.g. `-n 2 --loss 0 -k 256`
-    takes about 2 minutes."""
+    takes a few minutes."""
     import time
 
     from switchml_xdp.bench import lab_bench
