@@ -194,9 +194,9 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
         click.echo("  export SWML_TOKEN=$(openssl rand -hex 16)")
         for line in worker_commands(lab):
             click.echo(f"  {line}")
-    else:
-        click.echo(f"\nrun a command inside a host:  {_sudo()}{lab_cmd} exec NAMESPACE -- CMD")
-        click.echo(f"  e.g. {_sudo()}{lab_cmd} exec {lab.workers[0].ns} -- ping -c1 {lab.switch.ip}")
+    click.echo(f"\nrun a command inside a host:  {_sudo()}{lab_cmd} exec NAMESPACE -- CMD")
+    click.echo(f"  (the same as {' '.join(nsenter_argv('NAMESPACE', ['CMD']))}),")
+    click.echo(f"  e.g. {_sudo()}{lab_cmd} exec {lab.workers[0].ns} -- ping -c1 {lab.switch.ip}")
     click.echo(f"description: {state_path(lab.prefix)}")
     click.echo(f"remove it:   {_sudo()}{lab_cmd} down {lab.prefix}")
 
