@@ -26,11 +26,16 @@ def _daemon_status(st: dict) -> dict | None:
     except ControlError:
         return None
     try:
-        return client.status()
+        reply = client.status()
     except (ControlError, OSError, ValueError):
         return None
     finally:
         client.close()
+    # Labs give every switch the same address: from another network namespace
+    # that address may be another switch's, whose numbers are not this one's.
+    if reply.get("switch", {}).get("iface") != st["iface"]:
+        return None
+    return reply
 
 
 def _from_pins(st: dict) -> None:
@@ -62,10 +67,9 @@ def collect_status() -> list[dict]:
             st["jobs"] = reply["jobs"]
             st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
         elif st["alive"]:
-            st["note"] = (f"counters: the daemon's control port {st['ip']}:{st['control_port']} is not "
-                          f"reachable from here" + ("" if root else ", and only root can read the "
-                                                    "pinned maps (or run status in the switch's "
-                                                    "network namespace)"))
+            st["note"] = (f"counters: this switch's control port {st['ip']}:{st['control_port']} "
+                          f"cannot be reached from this network namespace (run status in the "
+                          f"switch's)" + ("" if root else "; only root can read the pinned maps"))
         st["sampled_at"] = time.monotonic()
         out.append(st)
     return out
