@@ -53,3 +53,23 @@ class Size(click.ParamType):
             return parse_size(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
+
+
+def allreduce_options(size: str, iterations: int, warmup: int, iterations_flags=("--iterations",)):
+    """--size, --iterations, --warmup, --dtype, --backend: how a benchmark
+    reduces (swml-worker bench, swml-lab demo), with each command's defaults."""
+    def decorate(f):
+        f = click.option("--backend", default="auto", show_default=True,
+                         type=click.Choice(["auto", "afxdp", "udp"]),
+                         help="datapath: afxdp (AF_XDP, root), udp (kernel sockets), "
+                              "auto (afxdp where it can)")(f)
+        f = click.option("--dtype", default="float32", show_default=True,
+                         type=click.Choice(["float32", "int32"]),
+                         help="element type (float32 is quantized to int32 on the wire)")(f)
+        f = click.option("--warmup", default=warmup, show_default=True, type=click.IntRange(0, None),
+                         help="untimed allreduces before them")(f)
+        f = click.option(*iterations_flags, "iterations", default=iterations, show_default=True,
+                         type=click.IntRange(1, None), help="timed allreduces")(f)
+        return click.option("--size", default=size, show_default=True, type=Size(),
+                            help="tensor size in bytes (suffixes K, M, G, KiB, MiB, GiB)")(f)
+    return decorate

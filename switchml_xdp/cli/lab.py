@@ -32,7 +32,7 @@ from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.netns import ns_path, nsenter_argv
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT
 
-from .common import CONTEXT, Size, version_option
+from .common import CONTEXT, allreduce_options, version_option
 
 
 @click.group(context_settings=CONTEXT)
@@ -265,16 +265,7 @@ def down(prefix: str | None, all_: bool) -> None:
 
 @main.command()
 @lab_options
-@click.option("--size", default="16MiB", show_default=True, type=Size(),
-              help="tensor size (bytes; K/M/G/KiB/MiB/GiB)")
-@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None),
-              help="timed allreduces")
-@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None),
-              help="untimed allreduces before them")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]),
-              help="element type")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]),
-              help="the workers' datapath (see `swml-worker bench --help`)")
+@allreduce_options("16MiB", iterations=5, warmup=1)
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="check every element of every result")
 def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify):

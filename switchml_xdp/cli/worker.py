@@ -8,7 +8,7 @@ import click
 
 from .. import wire
 from ..bench import allreduce_bench
-from .common import CONTEXT, IPv4Address, Size, version_option
+from .common import CONTEXT, IPv4Address, allreduce_options, version_option
 
 
 @click.group(context_settings=CONTEXT)
@@ -25,16 +25,7 @@ def main() -> None:
               help="this worker's rank, 0..WORLD-1 (each rank of the job once)")
 @click.option("--world", required=True, type=click.IntRange(1, None),
               help="number of ranks in the job (the same on every rank)")
-@click.option("--size", default="64MiB", show_default=True, type=Size(),
-              help="tensor size in bytes (suffixes K, M, G, KiB, MiB, GiB)")
-@click.option("--iterations", "-n", default=10, show_default=True, type=click.IntRange(1, None),
-              help="timed allreduces")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, None),
-              help="untimed allreduces before them")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]),
-              help="element type (float32 is quantized to int32 on the wire)")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]),
-              help="datapath: afxdp (AF_XDP, root), udp (kernel sockets), auto (afxdp where it can)")
+@allreduce_options("64MiB", iterations=10, warmup=2, iterations_flags=("--iterations", "-n"))
 @click.option("--iface", default=None, help="interface towards the switch [default: from the route]")
 @click.option("--port", default=wire.DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="this worker's UDP port (the same on every rank)")
