@@ -323,3 +323,20 @@ def test_status_and_down_for_any_user_and_the_metrics_endpoint(fresh_lab):
         finally:
             client.close()
     assert sw.proc.returncode == 0, "\n".join(sw.output[-20:])
+
+
+# ------------------------------------------------------------ bench results
+
+def test_bench_report_explains_its_failed_cells():
+    from switchml_xdp.bench.report import markdown
+
+    doc = json.loads((ROOT / "bench/results/lab_bench.json").read_text())
+    text = markdown(doc)
+    failed = [r for r in doc["results"] if r["status"].startswith("failed")
+              and r["status"] != "failed: see above"]
+    section = text.split("## Failures", 1)[1].split("## Definitions", 1)[0] if failed else ""
+    for r in failed:
+        assert f"N={r['workers']}, k={r['k']}, loss {r['loss'] * 100:g}%" in section
+    assert "not run" in text or not any(r["status"] == "failed: see above" for r in doc["results"])
+    assert (ROOT / "bench/results/lab_bench.md").read_text() == text, \
+        "bench/results/lab_bench.md is what report.markdown makes of lab_bench.json"
