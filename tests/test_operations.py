@@ -320,6 +320,16 @@ def test_status_and_down_for_any_user_and_the_metrics_endpoint(fresh_lab):
             assert re.search(rf'swml_job_members{{iface="{sw.iface}",job="ops",job_id="\d+"}} 1\.0',
                              body)
             assert re.search(rf'swml_slots_in_use{{iface="{sw.iface}"}} [1-9]', body)
+
+            # A pinned map whose values are not the size this version reads (a
+            # switch of another version) is refused, never read into a short buffer.
+            import ctypes as ct
+
+            from switchml_xdp.bpf import PinnedMap, PinnedMapError, pin_dir
+            from switchml_xdp.layout import ctype
+            bigger = ct.c_uint8 * (ct.sizeof(ctype("swml_job")) + 8)
+            with pytest.raises(PinnedMapError, match="another version"):
+                PinnedMap(f"{pin_dir(sw.iface)}/jobs", bigger)
         finally:
             client.close()
     assert sw.proc.returncode == 0, "\n".join(sw.output[-20:])

@@ -11,6 +11,7 @@ import os
 import time
 
 from .. import wire
+from ..bpf import PinnedMapError
 from ..switch import daemon
 from ..switch.maps import SwitchMaps
 from ..switch.rates import add_rates
@@ -38,15 +39,21 @@ def _daemon_status(st: dict) -> dict | None:
     return reply
 
 
-def _from_pins(st: dict) -> None:
-    """Counters (and per-job counters) straight from an XDP switch's pinned maps (root)."""
-    maps = SwitchMaps(st["iface"])
+def _from_pins(st: dict) -> bool:
+    """Counters (and per-job counters) straight from an XDP switch's pinned maps
+    (root); False, with a note, where they cannot be read."""
+    try:
+        maps = SwitchMaps(st["iface"])
+    except PinnedMapError as e:   # e.g. pinned by another version of switchml-xdp
+        st["note"] = f"counters: {e}"
+        return False
     try:
         st["counters"] = maps.read_counters()
         st["job_stats"] = daemon.read_job_stats(maps)
         st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
     finally:
         maps.close()
+    return True
 
 
 def collect_status() -> list[dict]:
@@ -59,14 +66,14 @@ def collect_status() -> list[dict]:
     root = os.geteuid() == 0
     for st in daemon.all_states():
         st = dict(st, alive=daemon.lock_holder(st["iface"]) is not None)
-        if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
-            _from_pins(st)
+        if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]) and _from_pins(st):
+            pass
         elif st["alive"] and (reply := _daemon_status(st)) is not None:
             st["counters"] = reply["counters"]
             st["job_stats"] = reply.get("job_stats")
             st["jobs"] = reply["jobs"]
             st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
-        elif st["alive"]:
+        elif st["alive"] and "note" not in st:
             st["note"] = (f"counters: this switch's control port {st['ip']}:{st['control_port']} "
                           f"cannot be reached from this network namespace (run status in the "
                           f"switch's)" + ("" if root else "; only root can read the pinned maps"))
