@@ -250,6 +250,9 @@ def down(prefix: str | None, all_: bool) -> None:
     """Remove the lab PREFIX (its namespaces, processes, switch, description)."""
     if bool(prefix) == all_:
         raise click.UsageError("give either a lab PREFIX or --all")
+    if os.geteuid() != 0:
+        raise click.ClickException("swml-lab down needs root (it removes network namespaces): "
+                                   "run it with sudo")
     with lab_errors():
         if all_:
             removed, spared = lifecycle.remove_own_labs()
