@@ -151,3 +151,30 @@ def test_up_with_switch_prints_worker_commands_that_work():
 def test_exec_refuses_what_is_not_a_lab_host():
     r = CliRunner().invoke(lab_cli.main, ["exec", "nosuchlab-w0", "--", "true"])
     assert r.exit_code == 1 and "Error:" in r.output and "Traceback" not in r.output
+
+
+@needs_lab
+@pytest.mark.lab_workers(3)
+def test_a_waiting_rank_says_which_ranks_it_waits_for(fresh_lab):
+    import time
+
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    lab = fresh_lab
+    with SwitchProcess(lab):
+        procs = []
+        for rank, host in enumerate(lab.workers):
+            argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench", "--switch",
+                    lab.switch.ip, "--job", "late", "--rank", str(rank), "--world", "3",
+                    "--size", "64KiB", "-n", "1", "--warmup", "0", "--backend", "udp", "--json"]
+            procs.append(lab.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True))
+            time.sleep(2.5)
+        errs = []
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            errs.append(err)
+    assert "waiting for the other 2 ranks to join job 'late'" in errs[0]
+    assert "job 'late': 1/3 ranks joined; waiting for ranks 1, 2" in errs[0], errs[0]
+    assert "job 'late': 2/3 ranks joined; waiting for rank 2" in errs[0], errs[0]

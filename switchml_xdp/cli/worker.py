@@ -1,6 +1,7 @@
 """`swml-worker`: a worker of a switchml-xdp job, from the command line."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -8,6 +9,7 @@ import click
 
 from .. import wire
 from ..bench import allreduce_bench
+from . import join_progress
 from .common import CONTEXT, IPv4Address, allreduce_options, version_option
 
 
@@ -50,15 +52,20 @@ def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, backend,
 
     if rank >= world:
         raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")
+    waiting = contextlib.nullcontext()
     if not quiet and world > 1:
         others = world - 1
         click.echo(f"swml-worker: rank {rank}: waiting for the other {others} rank"
                    f"{'s' if others > 1 else ''} to join job {job!r} at {switch_ip}:{control_port} "
                    f"(up to {join_timeout:g} s) ...", err=True)
+        waiting = join_progress.report(switch_ip, control_port, job, rank, world,
+                                       lambda line: click.echo(line, err=True))
     try:
-        with Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
-                    control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
-                    token=token) as w:
+        with waiting:   # the join returns when every rank has joined
+            w = Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
+                       control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
+                       token=token)
+        with w:
             result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
                                          progress=not quiet and sys.stderr.isatty())
     except (ControlError, JobAborted, TimeoutError, RuntimeError) as e:
