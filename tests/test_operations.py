@@ -350,3 +350,16 @@ def test_bench_report_explains_its_failed_cells():
     assert "not run" in text or not any(r["status"] == "failed: see above" for r in doc["results"])
     assert (ROOT / "bench/results/lab_bench.md").read_text() == text, \
         "bench/results/lab_bench.md is what report.markdown makes of lab_bench.json"
+
+
+@needs_lab
+def test_a_restart_that_stays_generic_says_why(fresh_lab):
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    crashed = SwitchProcess(fresh_lab, ["--mode", "generic"])
+    crashed.proc.kill()
+    crashed.proc.wait()
+    with SwitchProcess(fresh_lab) as again:
+        assert "generic XDP" in again.ready_line
+        assert any("taking over the previous switch, in its generic XDP mode" in line
+                   for line in again.output), again.output

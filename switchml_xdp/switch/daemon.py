@@ -208,6 +208,10 @@ class Switch:
         st = read_state(self.iface)
         self.dp.check_free(st)
         adopt = self._adoptable(st)
+        if adopt and adopt.get("mode") == "generic" and getattr(self.dp, "requested_mode", "") is None:
+            print(f"swml-switch: {self.iface}: taking over the previous switch, in its generic XDP "
+                  f"mode, so that its jobs go on; for native XDP, `swml-switch down {self.iface}` "
+                  f"first", file=sys.stderr, flush=True)
         maps = self.dp.open(self.ip, adopt)
         self.table = JobTable(maps, self.params.k, self.params.slots, self.job_slots,
                               on_change=self.write_state, require_token=self.require_token)
