@@ -55,6 +55,20 @@ class Size(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class Listen(click.ParamType):
+    """[ADDRESS:]PORT of a TCP listener, as (address, port); every address if none."""
+    name = "[ADDR:]PORT"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        from ..switch.metrics import parse_listen
+        try:
+            return parse_listen(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 def allreduce_options(size: str, iterations: int, warmup: int, iterations_flags=("--iterations",)):
     """--size, --iterations, --warmup, --dtype, --backend: how a benchmark
     reduces (swml-worker bench, swml-lab demo), with each command's defaults."""

@@ -10,23 +10,9 @@ import click
 from .. import wire
 from ..switch import daemon
 from ..switch.dataplane import SwitchParams
-from ..switch.metrics import parse_listen
 from . import status_view
-from .common import CONTEXT, version_option
+from .common import CONTEXT, Listen, version_option
 from .switch_config import config_option
-
-
-class Listen(click.ParamType):
-    """[ADDRESS:]PORT of a TCP listener."""
-    name = "[ADDR:]PORT"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return parse_listen(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
 
 
 @click.group(context_settings=CONTEXT)
