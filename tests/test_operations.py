@@ -124,6 +124,18 @@ def test_rates_are_differences_over_time():
     assert "does not count packets per job" in status_view.format_text(later)
 
 
+def test_job_stats_come_from_the_data_plane_where_it_counts_them():
+    from switchml_xdp.switch.daemon import read_job_stats
+
+    class Counting:
+        def read_job_stats(self):
+            return {3: {"packets": 10, "bytes": 1000, "results": 5, "shadow_replies": 1}}
+
+    assert read_job_stats(Counting()) == {"3": {"packets": 10, "bytes": 1000, "results": 5,
+                                                "shadow_replies": 1}}
+    assert read_job_stats(object()) is None   # a data plane without per-job counters
+
+
 def test_watch_renders_a_frame_with_rates():
     from rich.console import Console
 
