@@ -129,7 +129,7 @@ def format_text(st: dict) -> str:
         head = f"  {'id':>3} {'job':<16} {'world':>5} {'joined':>6} {'slots':<12} {'state':<8}"
         if job_rates:
             head += f" {'pkt/s':>9} {'Gbit/s':>7} {'compl/s':>8} {'retx ans/s':>10}"
-        lines.append(head)
+        lines.append(head.rstrip())
         for j in st["jobs"]:
             rng = f"{j['slot_base']}-{j['slot_base'] + j['slots'] - 1}" if j["slot_base"] is not None else "-"
             row = (f"  {j['id'] or '-':>3} {j['name']:<16} {j['world']:>5} "
