@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 
 
-.PHONY: setup demo test bench bench-lab clean
+.PHONY: setup demo test bench bench-lab clean setup-vm vm-demo vm-test
 
 setup:
 	bash scripts/setup.sh
@@ -11,7 +11,8 @@ setup:
 demo: setup
 	$(VENV)/bin/swml-lab demo -n 4 $(DEMO_ARGS)
 
-test: setup
+# setup-vm: the suite includes one VM lab run (tests/test_vm.py, ~3.5 min under TCG).
+test: setup-vm
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # The switch's cost per packet (kernel BPF stats) with afxdp workers, as README's table.
@@ -25,6 +26,18 @@ bench: setup
 # e.g. make bench-lab BENCH_ARGS="-n 2,4 --rate 100".
 bench-lab: setup
 	$(VENV)/bin/swml-lab bench $(BENCH_ARGS)
+
+# The lab in qemu VMs (switchml_xdp/lab/vm.py): switch VM + workers, virtio-net,
+# native XDP; KVM where it works, else TCG (minutes). Lower priority than the rest.
+# vm-test runs only the VM tests (make test runs them too).
+setup-vm:
+	bash scripts/setup.sh --vm
+
+vm-demo: setup-vm
+	nice -n 10 $(VENV)/bin/swml-lab vm -n 2 $(VM_ARGS)
+
+vm-test: setup-vm
+	nice -n 10 $(PY) -m pytest -ra tests/test_vm.py $(PYTEST_ARGS)
 
 clean:
 	-$(VENV)/bin/swml-lab down --all

@@ -3,7 +3,16 @@
 # Debian packages (bcc, kernel headers, libxdp/libbpf, iproute2, bpftool), a
 # virtual environment that sees Debian's bcc, and the package installed into it.
 # Running it twice is harmless: every step checks before it acts.
+# --vm: also what `swml-lab vm` needs (make vm-demo, make vm-test): qemu, Debian's
+# kernel for the guests, a static busybox for their initramfs.
 set -euo pipefail
+vm=0
+for arg in "$@"; do
+  case $arg in
+    --vm) vm=1 ;;
+    *) echo "usage: $0 [--vm]" >&2; exit 2 ;;
+  esac
+done
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SWML_VENV:-$top/.venv}
@@ -20,6 +29,9 @@ pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libb
       python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping
       python3-sklearn python3-matplotlib python3-psutil
       ruby shellcheck)  # ruby, shellcheck: the tests check vagrant/ (ruby -c, shellcheck)
+# The VM lab's guests boot linux-image-amd64 (not this machine's kernel) with this
+# machine's root over 9p; its headers are linux-headers-amd64's, installed above.
+if [ "$vm" = 1 ]; then pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -4,6 +4,7 @@ box; an XDP program is the switch, workers stream gradients to it.
     from switchml_xdp import Worker
     with Worker("10.0.0.1", "j1", rank, world) as w:
         w.allreduce(grad)          # numpy float32/int32, in place
+        w.allreduce(steps, op="max")   # "sum", "min", "max"
 """
 __version__ = "0.1.0"
 
@@ -16,7 +17,10 @@ def __getattr__(name):
     if name in ("ControlError", "JobAborted"):
         from .worker import control
         return getattr(control, name)
+    if name == "CallMismatch":
+        from .worker.calls import CallMismatch
+        return CallMismatch
     raise AttributeError(name)
 
 
-__all__ = ["Worker", "ControlError", "JobAborted"]
+__all__ = ["Worker", "ControlError", "JobAborted", "CallMismatch"]

@@ -105,6 +105,24 @@ def link_ipv4(iface: str, netns: str | None = None) -> str:
     return addrs[0].get_attr("IFA_ADDRESS")
 
 
+def set_features(iface: str, features: dict[str, bool], netns: str | None = None) -> None:
+    """Switch ethtool features ("tx-vlan-hw-insert": False, ...) of `iface`."""
+    from pyroute2.ethtool import Ethtool
+
+    link_index(iface, netns)  # a clear error for a missing interface
+    with in_netns(netns):
+        et = Ethtool()
+    try:
+        current = et.get_features(iface)
+        for name, on in features.items():
+            current.features[name].enable = on
+        et.set_features(iface, current)
+    except Exception as e:  # pyroute2 raises assorted types for unsupported features
+        raise NetError(f"cannot set {', '.join(features)} on {iface}: {e}") from None
+    finally:
+        et.close()
+
+
 def route_to(dst: str, port: int = 9) -> tuple[str, str]:
     """(local IPv4, interface) the kernel would use to reach `dst` (at `port`,
     for policy routing; nothing is sent)."""

@@ -1,9 +1,9 @@
-"""The wire format v1, derived from xdp/swml_wire.h (never written down twice):
+"""The wire format v2, derived from xdp/swml_wire.h (never written down twice):
 switchml_xdp.layout, the C compiler's reading of the header.
 
 Exposes the header's constants as module attributes (DEFAULT_PORT, TYPE_DATA,
 FLAG_SLOT_VER, CNT_RX, ...), the counter names in row order, a numpy dtype for
-the 16-byte swml header, and helpers to build and parse whole datagrams.
+the swml header, and helpers to build and parse whole datagrams.
 """
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ COUNTER_NAMES: list[str] = [
     for name, value in sorted(_D.items(), key=lambda kv: kv[1])
     if name.startswith("SWML_CNT_") and name != "SWML_CNT_NUM"
 ]
-#: Counters that are reasons to drop a malformed or foreign packet.
+#: Counters that are reasons to drop a malformed, foreign or stale packet.
 DROP_REASONS = COUNTER_NAMES[COUNTER_NAMES.index("truncated"):]
+#: The ops the switch combines with, by the name the API takes.
+OPS = {"sum": OP_SUM, "min": OP_MIN, "max": OP_MAX}  # noqa: F821
 
 #: numpy dtype of struct swml_hdr (big-endian fields, as on the wire).
 HDR_DTYPE = layout.dtype("swml_hdr")
@@ -46,10 +48,12 @@ def group_of_job(job_id: int) -> tuple[str, str]:
 
 
 def pack_header(kind: int, job: int, rank: int, slot: int, seq: int, count: int,
-                flags: int = 0, exp: int = 0) -> bytes:
+                flags: int = 0, exp: int = 0, *, key: int = 0, tag: int = 0, op: int = 0,
+                fmt: int = 0) -> bytes:
     h = np.zeros(1, HDR_DTYPE)
     h["ver_type"], h["flags"], h["job"], h["rank"] = ver_type(kind), flags, job, rank
-    h["slot"], h["seq"], h["exp"], h["count"] = slot, seq, exp, count
+    h["slot"], h["seq"], h["exp"], h["count"] = slot, seq & 0xFFFFFFFF, exp, count
+    h["key"], h["tag"], h["op"], h["fmt"] = key, tag, op, fmt
     return h.tobytes()
 
 
@@ -59,16 +63,23 @@ def unpack_header(buf: bytes | memoryview) -> np.void:
 
 
 def datagram(kind: int, job: int, rank: int, slot: int, seq: int, values: np.ndarray,
-             flags: int = 0, exp: int = 0) -> bytes:
-    """A UDP payload: header + values as little-endian int32."""
+             flags: int = 0, exp: int = 0, **fields) -> bytes:
+    """A UDP payload: header (key, tag, op, fmt as keywords) + values as
+    little-endian int32."""
     vals = np.ascontiguousarray(values, dtype="<i4")
-    return pack_header(kind, job, rank, slot, seq, len(vals), flags, exp) + vals.tobytes()
+    return pack_header(kind, job, rank, slot, seq, len(vals), flags, exp, **fields) + vals.tobytes()
 
 
 def ip_to_be32(ip: str) -> int:
     """An IPv4 address as the integer its network-order bytes read as on this host
     (what a __be32 map field holds)."""
     return int.from_bytes(ipaddress.IPv4Address(ip).packed, "little")
+
+
+def key_to_be64(key: int) -> int:
+    """A data key (the integer the header's big-endian field carries) as a
+    __be64 map field holds it on this host."""
+    return int.from_bytes(key.to_bytes(8, "big"), "little")
 
 
 def port_to_be16(port: int) -> int:

@@ -208,8 +208,14 @@ def test_data_plane_takes_a_job_only_once_all_ranks_joined(lab8, switch):
             r1.send(join_msg(name, 2, 1, h1))
             replies = [r0.recv(), r1.recv()]
             assert all(rep["ok"] and rep["job_id"] == job_id for rep in replies), replies
+            assert replies[0]["key"] == replies[1]["key"]  # the data key, told to members only
             before = counters()
-            udp.sendto(pkt, (lab8.switch.ip, wire.DEFAULT_PORT))
+            udp.sendto(pkt, (lab8.switch.ip, wire.DEFAULT_PORT))  # the same packet: no key
+            wait_for(lambda: counters()["bad_key"] == before["bad_key"] + 1,
+                     what="the running job's packet without its key to be dropped")
+            keyed = wire.datagram(wire.TYPE_DATA, job_id, 0, 0, 0, np.ones(wire.DEFAULT_K, np.int32),
+                                  key=int(replies[0]["key"], 16))
+            udp.sendto(keyed, (lab8.switch.ip, wire.DEFAULT_PORT))
             wait_for(lambda: counters()["aggregated"] == before["aggregated"] + 1,
                      what="the running job's packet to be aggregated")
             assert counters()["unknown_job"] == before["unknown_job"]

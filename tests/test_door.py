@@ -21,6 +21,7 @@ import pytest
 from conftest import NO_LAB, needs_lab
 from switchml_xdp import bpf, net
 from switchml_xdp.bpf import compile as bpf_compile
+from switchml_xdp.switch.xdp_dataplane import address_defines
 
 
 PASS = "lab/swml_pass.c"  # kernel tests skip where the lab would (root, bcc, BTF)
@@ -291,10 +292,11 @@ def test_pinned_maps_outlive_their_program():
     d = f"{bpf.PIN_ROOT}/test-door-{secrets.token_hex(3)}"
     os.makedirs(d)
     try:
-        defines = {"SWML_K": 64, "SWML_SLOTS": 8, "SWML_PIN_DIR": bpf.c_string(d)}
+        defines = {"SWML_K": 64, "SWML_SLOTS": 8, "SWML_PIN_DIR": bpf.c_string(d),
+                   **address_defines("10.0.0.1", "02:00:00:00:00:01")}
         with bpf.compile_program("swml_switch.c", "swml_switch", defines):
             pass
-        assert sorted(os.listdir(d)) == ["counters", "jobs", "members", "slots"]
+        assert sorted(os.listdir(d)) == ["counters", "job_stats", "jobs", "members", "slots"]
         with bpf.PinnedMap(f"{d}/members", ct.c_uint64) as m:
             m.update(3, ct.c_uint64(0x1234))
             assert m.lookup(3).value == 0x1234
@@ -305,6 +307,9 @@ def test_pinned_maps_outlive_their_program():
             assert all(v.value == 0 for v in c.lookup(0))
             with pytest.raises(bpf.PinnedMapError, match="per-CPU"):
                 c.update(0, ct.c_uint64(1))
+        with bpf.PinnedMap(f"{d}/job_stats", ct.c_uint64 * 4, percpu=True) as js:
+            js.zero(5)   # a per-CPU row is reset whole, on every CPU
+            assert all(list(v) == [0, 0, 0, 0] for v in js.lookup(5))
     finally:
         assert bpf.remove_pins(d) is True
     assert not os.path.exists(d)

@@ -187,10 +187,10 @@ def test_userspace_switch_reduces_exactly_and_answers_retransmissions(shaped_lab
                 socks.append(s)
             vals = np.arange(256, dtype=np.int32)
             for rank, s in enumerate(socks):
-                s.sendto(wire.datagram(wire.TYPE_DATA, info.job_id, rank, 0, 7, vals),
+                s.sendto(wire.datagram(wire.TYPE_DATA, info.job_id, rank, 0, 7, vals, key=info.key),
                          (lab.switch.ip, wire.DEFAULT_PORT))
             s = socks[0]
-            s.sendto(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 0, 7, vals,
+            s.sendto(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 0, 7, vals, key=info.key,
                                    flags=wire.FLAG_RETRANS), (lab.switch.ip, wire.DEFAULT_PORT))
             reply = s.recv(2048)        # unicast: the socket joined no group
             h = wire.unpack_header(reply)

@@ -14,7 +14,6 @@ import json
 import secrets
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from switchml_xdp.switch.control import MAX_CONNECTIONS_PER_IP, MAX_PENDING_JOINS_PER_IP
 
 from control_helpers import PORT, Raw, assert_error, job_of, join_msg, status, wait_for, wait_members
+from honest_job import HonestJob
 
 SWITCH_CLI = [sys.executable, "-m", "switchml_xdp.cli.switch"]
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -30,54 +30,6 @@ _names = itertools.count()
 
 def job_name(tag: str) -> str:
     return f"sec-{tag}-{next(_names)}"
-
-
-class HonestJob:
-    """A world-2 job of real Workers (udp backend) that reduce int32 tensors
-    until told to stop, checking every sum; rank 0 starts first, so the job
-    waits at its barrier until `start_rank1()`."""
-
-    N = 4096
-
-    def __init__(self, lab, name: str, token: str, hosts):
-        self.lab, self.name, self.token, self.hosts = lab, name, token, hosts
-        self.stop = threading.Event()
-        self.calls = [0, 0]
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._rank, args=(r,), daemon=True) for r in (0, 1)]
-        self.threads[0].start()
-
-    def start_rank1(self) -> None:
-        self.threads[1].start()
-
-    def _rank(self, rank: int) -> None:
-        from switchml_xdp import Worker
-
-        try:
-            with self.lab.enter(self.hosts[rank]), \
-                    Worker(self.lab.switch.ip, self.name, rank, 2, backend="udp", port=PORT,
-                           verbose=False, token=self.token) as w:
-                base = np.arange(self.N, dtype=np.int32)
-                want = base * 1 + base * 2
-                while not self.stop.is_set():
-                    a = base * (rank + 1)
-                    w.allreduce(a)
-                    if not np.array_equal(a, want):
-                        self.errors.append(f"rank {rank}: wrong sum at call {self.calls[rank]}")
-                        return
-                    self.calls[rank] += 1
-        except Exception as e:  # noqa: BLE001 - reported by finish()
-            self.errors.append(f"rank {rank}: {type(e).__name__}: {e}")
-
-    def finish(self) -> None:
-        before = list(self.calls)
-        wait_for(lambda: min(self.calls) > min(before) + 3 or self.errors, 20,
-                 "the honest job to keep reducing")
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        assert not self.errors, self.errors
-        assert min(self.calls) >= 5, self.calls
 
 
 def test_control_abuse_without_the_token_changes_nothing_for_a_running_job(lab8, switch):

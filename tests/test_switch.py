@@ -189,6 +189,11 @@ class Peer:
         self.sock.close()
 
 
+def data(info, rank: int, slot: int, seq: int, values, **kw) -> bytes:
+    """A DATA datagram of the joined job `info` (its data key included)."""
+    return wire.datagram(wire.TYPE_DATA, info.job_id, rank, slot, seq, values, key=info.key, **kw)
+
+
 def join_controls(lab, hosts, job, world, port):
     """Join a job by hand (control protocol only); returns (clients, infos)."""
     from switchml_xdp.worker.control import ControlClient
@@ -235,10 +240,10 @@ def test_duplicate_is_not_added_twice_and_retransmission_gets_shadow(on_switch, 
     a = np.arange(K, dtype=np.int32)
     b = np.full(K, 1000, dtype=np.int32)
     before = counters(switch)
-    peers[0].send(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 5, 5, a))
-    peers[0].send(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 5, 5, a, flags=wire.FLAG_RETRANS))
+    peers[0].send(data(info, 0, 5, 5, a))
+    peers[0].send(data(info, 0, 5, 5, a, flags=wire.FLAG_RETRANS))
     assert peers[0].recv(0.3) is None, "an incomplete slot must not answer"
-    peers[1].send(wire.datagram(wire.TYPE_DATA, info.job_id, 1, 5, 5, b))
+    peers[1].send(data(info, 1, 5, 5, b))
     for p in peers:  # the multicast RESULT reaches both ranks
         got = p.recv()
         assert got is not None, f"rank at {p.host.ip} got no RESULT"
@@ -247,7 +252,7 @@ def test_duplicate_is_not_added_twice_and_retransmission_gets_shadow(on_switch, 
         assert not hdr["flags"] & wire.FLAG_SHADOW
         np.testing.assert_array_equal(vals, a + b)  # not 2a + b
     # A retransmission to the completed slot: the stored result, to its sender only.
-    peers[0].send(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 5, 5, a, flags=wire.FLAG_RETRANS))
+    peers[0].send(data(info, 0, 5, 5, a, flags=wire.FLAG_RETRANS))
     hdr, vals = peers[0].recv()
     assert hdr["flags"] & wire.FLAG_SHADOW and hdr["seq"] == 5 and hdr["slot"] == 5
     np.testing.assert_array_equal(vals, a + b)
@@ -259,17 +264,17 @@ def test_duplicate_is_not_added_twice_and_retransmission_gets_shadow(on_switch, 
 def test_exponent_max_and_flags_or(on_switch, crafted_job_on):
     peers, info = crafted_job_on
     v = np.ones(K, dtype=np.int32)
-    peers[0].send(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 9, 77, v, exp=-3,
+    peers[0].send(data(info, 0, 9, 77, v, exp=-3,
                                 flags=wire.FLAG_NONFINITE))
-    peers[1].send(wire.datagram(wire.TYPE_DATA, info.job_id, 1, 9, 77, v, exp=12))
+    peers[1].send(data(info, 1, 9, 77, v, exp=12))
     hdr, vals = peers[1].recv()
     assert hdr["exp"] == 12 and hdr["flags"] & wire.FLAG_NONFINITE
     np.testing.assert_array_equal(vals, 2 * v)
     assert peers[0].recv()[0]["exp"] == 12  # rank 0's copy of the multicast
     # The other version of the same slot starts afresh: the first one overwrites.
-    peers[0].send(wire.datagram(wire.TYPE_DATA, info.job_id, 0, 9, 78, 5 * v, exp=-7,
+    peers[0].send(data(info, 0, 9, 78, 5 * v, exp=-7,
                                 flags=wire.FLAG_SLOT_VER))
-    peers[1].send(wire.datagram(wire.TYPE_DATA, info.job_id, 1, 9, 78, v, exp=-9,
+    peers[1].send(data(info, 1, 9, 78, v, exp=-9,
                                 flags=wire.FLAG_SLOT_VER))
     hdr, vals = peers[0].recv()
     assert hdr["exp"] == -7 and hdr["flags"] & wire.FLAG_SLOT_VER
@@ -286,21 +291,25 @@ def _frame(lab, src_host, payload: bytes, ip_len=None, udp_len=None, ihl=5) -> b
 def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, crafted_job):
     peers, info = crafted_job
     J, v = info.job_id, np.ones(K, dtype=np.int32)
-    good = wire.datagram(wire.TYPE_DATA, J, 0, 1, 1, v)
-    hdr_only = good[:wire.HDR_LEN]
+    good = data(info, 0, 1, 1, v)
     cases = {  # reason -> UDP payloads sent from rank 0's socket
-        "bad_version": [bytes([0x21]) + good[1:], bytes([0x01]) + good[1:]],
-        "bad_type": [wire.datagram(wire.TYPE_RESULT, J, 0, 1, 1, v), bytes([0x13]) + good[1:]],
-        "unknown_job": [wire.datagram(wire.TYPE_DATA, 250, 0, 1, 1, v),
-                        wire.datagram(wire.TYPE_DATA, 0, 0, 1, 1, v)],
-        "bad_rank": [wire.datagram(wire.TYPE_DATA, J, 2, 1, 1, v),
-                     wire.datagram(wire.TYPE_DATA, J, 63, 1, 1, v)],
-        "bad_slot": [wire.datagram(wire.TYPE_DATA, J, 0, info.slots, 1, v),
-                     wire.datagram(wire.TYPE_DATA, J, 0, 65535, 1, v)],
-        "bad_count": [wire.datagram(wire.TYPE_DATA, J, 0, 1, 1, np.ones(K - 1, np.int32)),
-                      hdr_only[:-2] + (K + 1).to_bytes(2, "big") + v.tobytes()],
+        "bad_version": [bytes([0x11]) + good[1:], bytes([0x31]) + good[1:]],
+        "bad_type": [bytes([wire.ver_type(wire.TYPE_RESULT)]) + good[1:],
+                     bytes([wire.ver_type(3)]) + good[1:]],
+        "unknown_job": [wire.datagram(wire.TYPE_DATA, 250, 0, 1, 1, v, key=info.key),
+                        wire.datagram(wire.TYPE_DATA, 0, 0, 1, 1, v, key=info.key)],
+        "bad_key": [wire.datagram(wire.TYPE_DATA, J, 0, 1, 1, v), data(info, 0, 1, 1, v)[:-8 - 4 * K]
+                    + (info.key ^ (1 << 63)).to_bytes(8, "big") + v.tobytes()],
+        "bad_op": [data(info, 0, 1, 1, v, op=wire.OP_NUM), data(info, 0, 1, 1, v, fmt=wire.FMT_NUM)],
+        "bad_rank": [data(info, 2, 1, 1, v),
+                     data(info, 63, 1, 1, v)],
+        "bad_slot": [data(info, 0, info.slots, 1, v),
+                     data(info, 0, 65535, 1, v)],
+        "bad_count": [data(info, 0, 1, 1, np.ones(K - 1, np.int32)),
+                      wire.pack_header(wire.TYPE_DATA, J, 0, 1, 1, K + 1, key=info.key) + v.tobytes()],
         # cut inside the swml header and inside the payload
-        "truncated": [good[:n] for n in (0, 1, 8, 15)] + [good[:n] for n in (16, 17, 100, len(good) - 1)],
+        "truncated": [good[:n] for n in (0, 1, 8, wire.HDR_LEN - 1)]
+                     + [good[:n] for n in (wire.HDR_LEN, wire.HDR_LEN + 1, 100, len(good) - 1)],
     }
     # The "truncated" payloads with a full header but short payload carry count=K.
     before = counters(switch)
@@ -309,15 +318,16 @@ def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, c
             peers[0].send(p)
     # Registered ranks sent from the wrong address: another host, another port.
     intruder = Peer(lab8, lab8.workers[2], 48900)
-    intruder.send(wire.datagram(wire.TYPE_DATA, J, 0, 1, 1, v))
+    intruder.send(data(info, 0, 1, 1, v))   # even with the key
     intruder.close()
     wrong_port = Peer(lab8, lab8.workers[0], 48901)
-    wrong_port.send(wire.datagram(wire.TYPE_DATA, J, 0, 1, 1, v))
+    wrong_port.send(data(info, 0, 1, 1, v))
     wrong_port.close()
     # Raw frames: IP options, a fragment, lying IP length, frames cut short.
     frames = [_frame(lab8, lab8.workers[0], good, ihl=6),
               _frame(lab8, lab8.workers[0], good, ip_len=20 + 8 + len(good) + 4),
-              *[_frame(lab8, lab8.workers[0], good)[:n] for n in (42, 50, 57, 58, 59, 300)]]
+              *[_frame(lab8, lab8.workers[0], good)[:n]
+                for n in (42, 50, wire.HEADERS_LEN - 1, wire.HEADERS_LEN, wire.HEADERS_LEN + 1, 300)]]
     frag = bytearray(_frame(lab8, lab8.workers[0], good))
     frag[20] |= 0x20  # More Fragments
     frames.append(bytes(frag))
@@ -339,8 +349,8 @@ def test_bad_packets_dropped_by_reason_and_valid_job_stays_exact(lab8, switch, c
     assert d["rx"] == sent, d
     assert not d.get("aggregated") and not d.get("completed"), "nothing bad may touch a slot"
     # The crafted job's slot 1 was untouched: a valid round there is exact.
-    peers[0].send(wire.datagram(wire.TYPE_DATA, J, 0, 1, 1, 3 * v))
-    peers[1].send(wire.datagram(wire.TYPE_DATA, J, 1, 1, 1, 4 * v))
+    peers[0].send(data(info, 0, 1, 1, 3 * v))
+    peers[1].send(data(info, 1, 1, 1, 4 * v))
     hdr, vals = peers[1].recv()
     np.testing.assert_array_equal(vals, 7 * v)
 
@@ -354,8 +364,8 @@ def test_bad_packets_during_a_streaming_job(lab8, switch):
     def flood():
         with lab8.enter(lab8.workers[5]):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        junk = [wire.datagram(wire.TYPE_DATA, j, r, sl, 0, np.ones(K, np.int32))
-                for j in range(1, 6) for r in (0, 1) for sl in (0, 1, 2)]
+        junk = [wire.datagram(wire.TYPE_DATA, j, r, sl, 0, np.ones(K, np.int32), key=key)
+                for j in range(1, 6) for r in (0, 1) for sl in (0, 1, 2) for key in (0, 12345)]
         while not stop.is_set():
             for p in junk:
                 s.sendto(p, (lab8.switch.ip, wire.DEFAULT_PORT))
@@ -374,7 +384,7 @@ def test_bad_packets_during_a_streaming_job(lab8, switch):
         for rank in range(4):
             np.testing.assert_array_equal(outs[rank][c], wrap_sum(call))
     d = delta(before, counters(switch))
-    assert d.get("bad_source", 0) + d.get("unknown_job", 0) + d.get("bad_rank", 0) > 0
+    assert d.get("bad_key", 0) + d.get("unknown_job", 0) > 0
 
 
 # --- the box stays a box -------------------------------------------------------

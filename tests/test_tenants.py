@@ -4,6 +4,7 @@ nothing. All tests share the session's lab (8 workers) and switch
 (conftest.py) and compare counters as deltas."""
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 
@@ -68,8 +69,10 @@ def test_crafted_packets_from_another_job_change_nothing(lab8, switch):
     on port PB; real workers) while B streams: every rank, every slot of B's
     range and two beyond it, both versions, with and without the
     retransmission flag, from A's rank 0 (another host) and from A's rank 1,
-    which is B's rank 0 too (same IP, A's port). All dropped before any slot
-    is touched: bad_rank for ranks >= B's world, bad_source for the others."""
+    which is B's rank 0 too (same IP, A's port); with A's data key (what a
+    tenant has) and with B's (as a leak would give it). All dropped before any
+    slot is touched: bad_key without B's key; with it, bad_rank for ranks >=
+    B's world, bad_source for the others."""
     from switchml_xdp.worker.control import ControlClient
 
     PA, PB = 48885, 48886
@@ -94,20 +97,24 @@ def test_crafted_packets_from_another_job_change_nothing(lab8, switch):
         assert info_b.job_id != info_a.job_id
         with SwitchOracle(switch.iface) as oracle:
             evil = np.full(K, 0x01010101, np.int32)
+            key_b = oracle.jobs[info_b.job_id][0].key
             sends, expect = [], {}
             for peer, host in zip(peers, hosts_a):
                 for rank in (0, 1, 2, 3, 63, 64, 65535):
                     for slot in [*range(info_b.slots), info_b.slots, 65535]:
-                        for flags in (0, wire.FLAG_SLOT_VER, wire.FLAG_RETRANS,
-                                      wire.FLAG_SLOT_VER | wire.FLAG_RETRANS):
+                        for flags, key in itertools.product(
+                                (0, wire.FLAG_SLOT_VER, wire.FLAG_RETRANS,
+                                 wire.FLAG_SLOT_VER | wire.FLAG_RETRANS), (info_a.key, key_b)):
                             d = wire.datagram(wire.TYPE_DATA, info_b.job_id, rank, slot, slot, evil,
-                                              flags=flags, exp=100)
+                                              flags=flags, exp=100, key=key)
                             why = oracle.outcome(to_switch(lab8, endpoint(host, PA), d))
-                            if host == lab8.workers[1] and rank == 0:
+                            if key != key_b:
+                                assert why == "bad_key"
+                            elif host == lab8.workers[1] and rank == 0:
                                 assert why == "bad_source"   # B's rank 0's own IP, A's port
                             expect[why] = expect.get(why, 0) + 1
                             sends.append((peer, [d], False, True))
-        assert set(expect) == {"bad_rank", "bad_source"}, expect
+        assert set(expect) == {"bad_key", "bad_rank", "bad_source"}, expect
         repeated, attack_s, pacer = send_paced(switch, sends, dest, job_b.live_packets_sent)
         assert not job_b.results, "B must still be streaming when the attack ends"
         # A's own slots are untouched too: one exact round on A's slot 3.
@@ -116,7 +123,8 @@ def test_crafted_packets_from_another_job_change_nothing(lab8, switch):
             peer.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                             ip_bytes(info_a.group_ip) + ip_bytes(host.ip))
         for r, peer in enumerate(peers):
-            peer.sendto(wire.datagram(wire.TYPE_DATA, info_a.job_id, r, 3, 77, (r + 1) * v), dest)
+            peer.sendto(wire.datagram(wire.TYPE_DATA, info_a.job_id, r, 3, 77, (r + 1) * v,
+                                      key=info_a.key), dest)
         for peer in peers:
             peer.settimeout(5)
             got = peer.recv(4096)

@@ -27,7 +27,7 @@ def test_generated_layout_is_fresh():
 def test_layout_is_the_compilers(k):
     defines, sizes, fields = layout_gen.compiler_view(TOP, k)
     assert defines == layout.DEFINES
-    assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_slot", "us_job", "us_member", "us_state",
+    assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_job_stats", "swml_slot", "us_job", "us_member", "us_state",
                           "swml_loss_cfg", "swml_loss_counters"}
     for struct, size in sizes.items():
         dt, ct = layout.dtype(struct, k), layout.ctype(struct, k)
@@ -44,19 +44,25 @@ def test_k_dependent_struct_needs_k():
 
 def test_header_dtype_and_struct_agree():
     packed = wire.pack_header(wire.TYPE_DATA, job=513, rank=7, slot=300, seq=2**32 - 2, count=256,
-                              flags=wire.FLAG_RETRANS, exp=-3)
-    assert len(packed) == wire.HDR_LEN == wire.HDR_STRUCT.size
+                              flags=wire.FLAG_RETRANS, exp=-3, key=0x0102030405060708,
+                              tag=0xDEADBEEF, op=wire.OP_MAX, fmt=wire.FMT_INT32)
+    assert len(packed) == wire.HDR_LEN == wire.HDR_STRUCT.size == 32
     assert wire.HDR_STRUCT.unpack(packed) == (wire.ver_type(wire.TYPE_DATA), wire.FLAG_RETRANS,
-                                              513, 7, 300, 2**32 - 2, -3, 0, 256)
+                                              wire.OP_MAX, wire.FMT_INT32, 513, 7, 300, 256,
+                                              2**32 - 2, 0xDEADBEEF, -3, 0, 0, 0x0102030405060708)
     h = wire.unpack_header(packed)
-    assert (h["job"], h["seq"], h["exp"]) == (513, 2**32 - 2, -3)
-    assert packed[2:4] == (513).to_bytes(2, "big")  # network byte order on the wire
+    assert (h["job"], h["seq"], h["exp"], h["tag"]) == (513, 2**32 - 2, -3, 0xDEADBEEF)
+    assert packed[4:6] == (513).to_bytes(2, "big")  # network byte order on the wire
+    assert packed[24:] == bytes(range(1, 9))       # the key: 8 bytes as given
+    assert wire.key_to_be64(0x0102030405060708).to_bytes(8, "little") == bytes(range(1, 9))
 
 
 def test_counter_names_follow_the_header():
     assert wire.COUNTER_NAMES[wire.CNT_RX] == "rx"
     assert len(wire.COUNTER_NAMES) == wire.CNT_NUM
-    assert wire.DROP_REASONS[0] == "truncated" and wire.DROP_REASONS[-1] == "bad_count"
+    assert wire.DROP_REASONS[0] == "truncated" and wire.DROP_REASONS[-1] == "stale"
+    assert {"bad_key", "bad_op", "stale"} <= set(wire.DROP_REASONS)
+    assert not {"other_host", "disagreed", "passed"} & set(wire.DROP_REASONS)
 
 
 def test_datagram_payload_is_little_endian_int32():

@@ -46,12 +46,16 @@ TO_THE_SOCKET = {
     "multicast result": lambda: udp_frame(SWITCH, GROUP, swml()),
     "unicast result": lambda: udp_frame(SWITCH, LOCAL, swml()),
     "shadow reply": lambda: udp_frame(SWITCH, LOCAL, swml(flags=wire.FLAG_SHADOW | 1)),
-    # The engine, not the program, checks the sender and the job.
-    "result from anyone": lambda: udp_frame(OTHER, LOCAL, swml()),
 }
 
 TO_THE_STACK = {
     "result to another worker": lambda: udp_frame(SWITCH, OTHER, swml()),
+    # Only the switch's address and port may send RESULTs (issue 11): a forged
+    # one goes to the stack, where the socket holding the port drops it unread.
+    "result from another host": lambda: udp_frame(OTHER, LOCAL, swml()),
+    "multicast result from another host": lambda: udp_frame(OTHER, GROUP, swml()),
+    "result from the switch's address, another port": lambda: udp_frame(
+        replace(SWITCH, port=SWITCH.port + 1), LOCAL, swml()),
     "result to another port": lambda: udp_frame(SWITCH, replace(LOCAL, port=LOCAL.port + 1),
                                                 swml()),
     "data, not a result": lambda: udp_frame(OTHER, LOCAL, swml(kind=wire.TYPE_DATA)),

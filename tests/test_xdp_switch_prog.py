@@ -17,11 +17,10 @@ from frames import (BROADCAST, ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint,
                     ethernet, ipv4_checksum, ipv6_udp_frame, parse_udp_frame, tcp_frame,
                     udp_frame)
 from switchml_xdp import wire
-from xdp_tester import Action, SwitchTester, require_bpf
+from xdp_tester import Action, SwitchTester, assert_accounted, only, require_bpf
 
 K = 8       # elements a packet: small frames, readable values
 SLOTS = 16
-OUTCOMES = ("aggregated", "completed", "shadow_reply", "dup_dropped")
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
@@ -38,18 +37,6 @@ def sw(switch_prog):
     switch_prog.reset()
     yield switch_prog
     assert_accounted(switch_prog.counters())
-
-
-def assert_accounted(c: dict[str, int]) -> None:
-    """rx = aggregated + completed + shadow_reply + dup_dropped + sum(drop reasons)
-    (docs/design-decisions.md, "What is ours")."""
-    assert c["rx"] == sum(c[name] for name in (*OUTCOMES, *wire.DROP_REASONS)), c
-
-
-def only(**counts: int) -> dict[str, int]:
-    """The whole counter table: these counts, zero elsewhere."""
-    assert set(counts) <= set(wire.COUNTER_NAMES)
-    return {name: counts.get(name, 0) for name in wire.COUNTER_NAMES}
 
 
 def vec(*values: int) -> np.ndarray:
@@ -133,7 +120,7 @@ DROPS = {  # name -> (counter, rank 1's contribution to slot 0 of a job of 2, br
     "udp length too short": ("bad_ip", lambda sw, job: sw.data(job, 1, udp_length=wire.UDP_LEN
                                                                 + wire.HDR_LEN + 4 * K - 4)),
     "version 0": ("bad_version", lambda sw, job: sw.data(job, 1, ver_type=wire.TYPE_DATA)),
-    "version 2": ("bad_version", lambda sw, job: sw.data(job, 1, ver_type=0x20 | wire.TYPE_DATA)),
+    "version 1": ("bad_version", lambda sw, job: sw.data(job, 1, ver_type=0x10 | wire.TYPE_DATA)),
     "version 15": ("bad_version", lambda sw, job: sw.data(job, 1, ver_type=0xF0 | wire.TYPE_DATA)),
     "type result": ("bad_type", lambda sw, job: sw.data(job, 1, kind=wire.TYPE_RESULT)),
     "type 0": ("bad_type", lambda sw, job: sw.data(job, 1, kind=0)),
@@ -157,6 +144,16 @@ DROPS = {  # name -> (counter, rank 1's contribution to slot 0 of a job of 2, br
     "rank 0's address": ("bad_source", lambda sw, job: sw.data(job, 1, src=sw.member(job, 0))),
     "slot = slot_count": ("bad_slot", lambda sw, job: sw.data(job, 1, slot=job.slot_count)),
     "slot 65535": ("bad_slot", lambda sw, job: sw.data(job, 1, slot=65535)),
+    "another key": ("bad_key", lambda sw, job: sw.data(job, 1, key=job.key ^ 1)),
+    "key zero": ("bad_key", lambda sw, job: sw.data(job, 1, key=0)),
+    "key of another job": ("bad_key", lambda sw, job: sw.data(
+        job, 1, key=sw.add_job(job_id=9, world=1, slot_base=8, key=job.key + 7).key)),
+    "op 3": ("bad_op", lambda sw, job: sw.data(job, 1, op=wire.OP_NUM)),
+    "op 255": ("bad_op", lambda sw, job: sw.data(job, 1, op=255)),
+    "format 1": ("bad_op", lambda sw, job: sw.data(job, 1, fmt=wire.FMT_NUM)),
+    "round before": ("stale", lambda sw, job: sw.data(job, 1, seq=-2 * job.slot_count & 0xFFFFFFFF,
+                                                       ver=0)),
+    "round 2^31 before": ("stale", lambda sw, job: sw.data(job, 1, seq=2**31, ver=0)),
 }
 
 
@@ -259,7 +256,9 @@ def test_the_result_goes_to_the_job_s_group_from_the_switch(sw):
     assert (res.frame.ip_length, res.frame.udp_length) == (len(last) - 14, len(last) - 34)
     assert (res.version, res.type) == (wire.VERSION, wire.TYPE_RESULT)
     h = res.header
-    assert (h["job"], h["slot"], h["seq"], h["count"], h["reserved"]) == (200, 1, 77, K, 0)
+    assert (h["job"], h["slot"], h["seq"], h["count"]) == (200, 1, 77, K)
+    assert (h["reserved0"], h["reserved1"], h["key"]) == (0, 0, 0)  # the key stays with members
+    assert (h["op"], h["fmt"], h["tag"]) == (wire.OP_SUM, wire.FMT_INT32, 0)
     assert h["flags"] == wire.FLAG_SLOT_VER
     assert list(res.values) == list(vec(6))
 
@@ -279,15 +278,15 @@ def test_exp_is_a_signed_max_and_nonfinite_resets_with_the_round(sw):
     h = sw.result(sw.round(job, 0, [vec(1)] * 2, exps=[-9, -7],
                            flags=[wire.FLAG_NONFINITE, 0])).header
     assert (h["exp"], h["flags"]) == (-7, wire.FLAG_NONFINITE)
-    sw.round(job, 0, [vec(1)] * 2, ver=1)
-    h = sw.result(sw.round(job, 0, [vec(1)] * 2, exps=[-128, 126])).header  # version 0 again
+    sw.round(job, 0, [vec(1)] * 2, rnd=1)
+    h = sw.result(sw.round(job, 0, [vec(1)] * 2, rnd=2, exps=[-128, 126])).header  # version 0 again
     assert (h["exp"], h["flags"]) == (126, 0)
 
 
 def test_world_of_one_completes_every_packet(sw):
     job = sw.add_job(world=1)
     for i in range(3):
-        run = sw.run(sw.data(job, 0, slot=0, values=vec(i), ver=i % 2))
+        run = sw.run(sw.data(job, 0, slot=0, values=vec(i), rnd=i))
         assert run.action == Action.TX and sw.result(run).values[0] == i
     assert sw.counters() == only(rx=3, completed=3)
 
@@ -299,8 +298,7 @@ def test_a_retransmission_to_a_completed_slot_gets_the_result_back_alone(sw):
     done = sw.result(sw.round(job, 3, [vec(1, 2), vec(10, 20)], ver=1,
                               flags=[wire.FLAG_NONFINITE, 0]))
     for rank in (0, 1):
-        again = sw.data(job, rank, slot=3, values=vec(99, 99), ver=1, flags=wire.FLAG_RETRANS,
-                        seq=5)
+        again = sw.data(job, rank, slot=3, values=vec(99, 99), ver=1, flags=wire.FLAG_RETRANS)
         run = sw.run(again)
         assert run.action == Action.TX
         res = sw.result(run)
@@ -309,7 +307,8 @@ def test_a_retransmission_to_a_completed_slot_gets_the_result_back_alone(sw):
         assert res.header["flags"] == (wire.FLAG_SLOT_VER | wire.FLAG_NONFINITE
                                        | wire.FLAG_SHADOW)
         assert (res.type, res.header["exp"], res.header["seq"]) == (wire.TYPE_RESULT,
-                                                                   done.header["exp"], 5)
+                                                                   done.header["exp"],
+                                                                   done.header["seq"])
         assert res.values.tobytes() == done.values.tobytes()
     assert sw.counters() == only(rx=4, aggregated=1, completed=1, shadow_reply=2)
 
@@ -328,19 +327,19 @@ def test_a_duplicate_to_an_incomplete_slot_is_dropped_and_not_added(sw):
 
 
 def test_versions_alternate_over_the_rounds_of_a_slot(sw):
-    """Round r of a slot is version r % 2; a rank's first packet of round r+1
-    forgets it in round r-1's version, so the old result stays answerable to
-    the ranks that have not moved on."""
+    """Round r of a slot is version r % 2; round r+1 starts in the other
+    version, so the old result stays answerable to the ranks that have not
+    moved on."""
     job = sw.add_job(world=2)
     previous = None
     for r in range(6):
         ver, a, b = r % 2, vec(r, 100 * r), vec(1000 * r, -r)
-        assert sw.run(sw.data(job, 0, 3, a, ver=ver)).action == Action.DROP
+        assert sw.run(sw.data(job, 0, 3, a, rnd=r)).action == Action.DROP
         if previous is not None:  # rank 1 is still in round r-1: its result is there for it
-            shadow = sw.result(sw.run(sw.data(job, 1, 3, ver=ver ^ 1, flags=wire.FLAG_RETRANS)))
+            shadow = sw.result(sw.run(sw.data(job, 1, 3, rnd=r - 1, flags=wire.FLAG_RETRANS)))
             assert shadow.header["flags"] == (ver ^ 1) | wire.FLAG_SHADOW
             assert list(shadow.values) == previous
-        res = sw.result(sw.run(sw.data(job, 1, 3, b, ver=ver)))
+        res = sw.result(sw.run(sw.data(job, 1, 3, b, rnd=r)))
         assert res.header["flags"] == ver
         assert list(res.values) == list(a + b)
         previous = list(a + b)

@@ -35,6 +35,7 @@ from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
 from switchml_xdp import bpf, wire
 from switchml_xdp.switch.daemon import read_state
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
+from switchml_xdp.switch.xdp_dataplane import address_defines
 from switchml_xdp.worker.afxdp_backend import compile_redirect
 from switchml_xdp.worker.control import JobInfo
 
@@ -52,6 +53,22 @@ class Run(NamedTuple):
     """What one run of the program did: its verdict, and the frame as it left it."""
     action: Action
     frame: bytes
+
+
+#: The counter rows of a packet that reached a slot.
+OUTCOMES = ("aggregated", "completed", "shadow_reply", "dup_dropped")
+
+
+def assert_accounted(c: dict[str, int]) -> None:
+    """rx = aggregated + completed + shadow_reply + dup_dropped + sum(drop reasons)
+    (docs/design-decisions.md, "What is ours")."""
+    assert c["rx"] == sum(c[name] for name in (*OUTCOMES, *wire.DROP_REASONS)), c
+
+
+def only(**counts: int) -> dict[str, int]:
+    """The whole counter table: these counts, zero elsewhere."""
+    assert set(counts) <= set(wire.COUNTER_NAMES)
+    return {name: counts.get(name, 0) for name in wire.COUNTER_NAMES}
 
 
 def require_bpf() -> None:
@@ -88,6 +105,7 @@ class Job:
     slot_base: int
     slot_count: int
     group: Endpoint  # where its RESULTs go: multicast group MAC/IP, result port
+    key: int         # its data key
 
 
 @dataclass(frozen=True)
@@ -112,9 +130,10 @@ class SwitchTester(XdpTester):
 
     SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.255.0.1"
 
-    def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT):
+    def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT,
+                 ip: str = SWITCH_IP, mac: str = SWITCH_MAC):
         self.k, self.slots, self.port = k, slots, port
-        self.switch = Endpoint(self.SWITCH_MAC, self.SWITCH_IP, port)
+        self.switch = Endpoint(mac, ip, port)
         # SwitchMaps finds an interface's maps by its name: a made-up name, a directory of our own.
         self.pins_name = f"xdptest-{secrets.token_hex(4)}"
         pins = bpf.pin_dir(self.pins_name)
@@ -123,7 +142,8 @@ class SwitchTester(XdpTester):
             super().__init__(bpf.compile_program(
                 "swml_switch.c", "swml_switch",
                 {"SWML_K": k, "SWML_SLOTS": slots, "SWML_PORT": port,
-                 "SWML_PIN_DIR": bpf.c_string(pins)}))
+                 "SWML_PIN_DIR": bpf.c_string(pins),
+                 **address_defines(ip, mac)}))
             self.maps = SwitchMaps(self.pins_name, k)
         except BaseException:
             bpf.remove_pins(pins)
@@ -146,13 +166,15 @@ class SwitchTester(XdpTester):
 
     # --- the control plane's side -----------------------------------------------
     def add_job(self, job_id: int = 1, world: int = 2, slot_base: int = 0,
-                slot_count: int = 4, result_port: int = 40000) -> Job:
+                slot_count: int = 4, result_port: int = 40000, key: int | None = None) -> Job:
         """A job with every rank registered at member(job, rank), written as
-        the daemon writes it (SwitchMaps)."""
+        the daemon writes it (SwitchMaps); `key` its data key (default: random)."""
         group_ip, group_mac = wire.group_of_job(job_id)
-        job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port))
+        key = secrets.randbits(64) if key is None else key
+        job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port),
+                  key)
         self.maps.write_job(job_id, JobEntry(world, slot_base, slot_count, group_ip, group_mac,
-                                             result_port))
+                                             result_port, key))
         for rank in range(world):
             m = self.member(job, rank)
             self.maps.write_member(job_id, rank, m.ip, m.port)
@@ -166,34 +188,45 @@ class SwitchTester(XdpTester):
         return Endpoint(f"02:00:00:{hi:02x}:{lo:02x}:{r:02x}", f"10.{hi}.{lo}.{10 + r}", 41000 + r)
 
     # --- frames ------------------------------------------------------------------
-    def data(self, job: Job, rank: int, slot: int = 0, values=None, *, ver: int = 0,
-             flags: int = 0, exp: int = 0, seq: int = 0, kind: int = wire.TYPE_DATA,
-             count: int | None = None, ver_type: int | None = None,
-             src: Endpoint | None = None, **breakage) -> bytes:
-        """A frame of (job, rank, slot, version) to the switch from the rank's
-        registered address: a DATA packet of `values` (default k ones). The
-        rest breaks one thing: `kind`, `count` (default len(values)) and
-        `ver_type` (the header's first byte, whole) in the swml header, `src`
-        the sender, `breakage` goes to frames.udp_frame (ip_options,
-        frag_off, ip_length, udp_length)."""
+    def data(self, job: Job, rank: int, slot: int = 0, values=None, *, ver: int | None = None,
+             rnd: int | None = None, seq: int | None = None, flags: int = 0, exp: int = 0,
+             op: int = wire.OP_SUM, tag: int = 0, key: int | None = None, fmt: int = wire.FMT_INT32,
+             kind: int = wire.TYPE_DATA, count: int | None = None, ver_type: int | None = None,
+             src: Endpoint | None = None, dst: Endpoint | None = None, **breakage) -> bytes:
+        """A frame of (job, rank, slot, round) to the switch from the rank's
+        registered address: a DATA packet of `values` (default k ones), as a
+        worker streams it: round `rnd` of the slot (default `ver`, else 0) is
+        packet rnd * slot_count + slot of the job (its seq), in version rnd % 2.
+        `seq`/`ver` given: exactly those. The rest breaks one thing: `key`
+        (default the job's), `op`, `fmt`, `tag`, `kind`, `count` (default
+        len(values)) and `ver_type` (the header's first byte, whole) in the
+        swml header, `src`/`dst` the sender/receiver, `breakage` goes to
+        frames.udp_frame (ip_options, frag_off, ip_length, udp_length)."""
         vals = np.ones(self.k, np.int32) if values is None else np.asarray(values, np.int32)
+        rnd = (ver or 0) if rnd is None else rnd
+        ver = rnd % 2 if ver is None else ver
+        seq = rnd * job.slot_count + slot if seq is None else seq
         header = bytearray(wire.pack_header(kind, job.id, rank, slot, seq,
                                             len(vals) if count is None else count,
-                                            flags | (ver & wire.FLAG_SLOT_VER), exp))
+                                            flags | (ver & wire.FLAG_SLOT_VER), exp,
+                                            key=job.key if key is None else key, tag=tag, op=op,
+                                            fmt=fmt))
         if ver_type is not None:
             header[0] = ver_type
-        return udp_frame(src or self.member(job, rank), self.switch,
+        return udp_frame(src or self.member(job, rank), dst or self.switch,
                          bytes(header) + vals.astype("<i4").tobytes(), **breakage)
 
-    def round(self, job: Job, slot: int, contributions, *, ver: int = 0, exps=None,
-              flags=None) -> Run:
-        """Every rank's contribution to (slot, ver), rank order; all but the
-        last must be absorbed (XDP_DROP). The last one's Run."""
+    def round(self, job: Job, slot: int, contributions, *, ver: int | None = None,
+              rnd: int | None = None, exps=None, flags=None, op: int = wire.OP_SUM,
+              tags=None) -> Run:
+        """Every rank's contribution to round `rnd` (default `ver`) of `slot`,
+        rank order; all but the last must be absorbed (XDP_DROP). The last one's Run."""
         assert len(contributions) == job.world
         exps, flags = exps or [0] * job.world, flags or [0] * job.world
+        tags = tags or [0] * job.world
         for rank, values in enumerate(contributions):
-            run = self.run(self.data(job, rank, slot, values, ver=ver, exp=exps[rank],
-                                     flags=flags[rank]))
+            run = self.run(self.data(job, rank, slot, values, ver=ver, rnd=rnd, exp=exps[rank],
+                                     flags=flags[rank], op=op, tag=tags[rank]))
             if rank < job.world - 1:
                 assert run.action == Action.DROP, f"rank {rank} of {job.world}: {run.action!r}"
         return run
@@ -235,7 +268,8 @@ def job_snapshot(iface: str) -> dict[int, tuple[JobEntry, Members]]:
                            for r in range(min(e.world, wire.MAX_WORLD)))
                 jobs[j] = (JobEntry(e.world, e.slot_base, e.slot_count, ip(e.group_ip),
                                     mac_text(bytes(e.group_mac)),
-                                    port(e.result_port)),
+                                    port(e.result_port),
+                                    int.from_bytes(e.key.to_bytes(8, "little"), "big")),
                            tuple((ip(m.ip), port(m.port)) for m in members))
     return jobs
 
@@ -247,8 +281,9 @@ class SwitchOracle(SwitchTester):
     with a frame, as far as its slots' state does not decide."""
 
     def __init__(self, iface: str):
-        params = read_state(iface)["params"]
-        super().__init__(params["k"], params["slots"], params["port"])
+        st = read_state(iface)
+        params = st["params"]
+        super().__init__(params["k"], params["slots"], params["port"], st["ip"], st["mac"])
         self.jobs = job_snapshot(iface)
         for job_id, (entry, members) in self.jobs.items():
             self.maps.write_job(job_id, entry)
@@ -256,16 +291,20 @@ class SwitchOracle(SwitchTester):
                 self.maps.write_member(job_id, rank, ip, port)
         self._last = self.maps.read_counters()
 
+    #: Rows whose choice depends on the slots' state, which the oracle does not copy.
+    SLOT_ROWS = (*OUTCOMES, "stale")
+
     def outcome(self, frame: bytes) -> str:
-        """The counter row the frame moves: "passed", a drop reason, or
-        "accepted" for the rows that depend on the slot (aggregated,
-        completed, shadow_reply, dup_dropped)."""
+        """The counter row the frame moves: "passed", "other_host", a drop
+        reason, or "accepted" for the rows that depend on the slot
+        (aggregated, completed, shadow_reply, dup_dropped, stale)."""
         self.run(frame)
         now = self.maps.read_counters()
-        moved = [n for n in wire.COUNTER_NAMES if n != "rx" and now[n] != self._last[n]]
+        moved = [n for n in wire.COUNTER_NAMES
+                 if n not in ("rx", "disagreed") and now[n] != self._last[n]]
         self._last = now
         assert len(moved) == 1, (moved, frame.hex())
-        return moved[0] if moved[0] == "passed" or moved[0] in wire.DROP_REASONS else "accepted"
+        return "accepted" if moved[0] in self.SLOT_ROWS else moved[0]
 
 
 class RedirectTester(XdpTester):
@@ -282,7 +321,8 @@ class RedirectTester(XdpTester):
         self.local, self.group, self.switch = local, group, switch
         info = JobInfo(name="xdptest", job_id=1, world=2, rank=0, k=8, slots=4,
                        switch_ip=switch.ip, switch_mac=switch.mac, switch_port=switch.port,
-                       group_ip=group.ip, group_mac=group.mac, port=local.port, heartbeat_s=1.0)
+                       group_ip=group.ip, group_mac=group.mac, port=local.port, heartbeat_s=1.0,
+                       key=1, seq_base=0)
         super().__init__(compile_redirect(info, local.ip))
         self._baseline = self._read_counters()
 

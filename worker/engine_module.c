@@ -4,10 +4,12 @@
  *
  *   Engine(ifname, xskmap_fd, abort, job=, rank=, world=, k=, slots=,
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
- *          queue=0, frames=4096, rto_initial=0.005, rto_min=0.002, rto_max=0.5,
- *          stall_timeout=30.0, spin=200, rto_adaptive=True)
- *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy)
- *     .allreduce(array) -> status   whole tensor, GIL released; OK/ABORTED/STALLED/...
+ *          key=, seq_base=, queue=0, frames=4096, rto_initial=0.005, rto_min=0.002,
+ *          rto_max=0.5, stall_timeout=30.0, spin=200, rto_adaptive=True)
+ *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy; key and
+ *     seq_base the join's; dst_* the switch: RESULTs come only from there)
+ *     .allreduce(array, op, tag) -> status  whole tensor, GIL released;
+ *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
  *     .next_index                   packets of the job's life so far
@@ -17,8 +19,11 @@
  *   quantize(x, k, exp_global, world, out)
  *   dequantize(sums, exp_global, nonfinite_any, world, out)
  *   exponent_bits(world)
- * The quant functions mirror switchml_xdp/quant.py so tests can compare them
- * bit for bit. All arrays go through the buffer protocol (any C-contiguous
+ *   ordered(x: float32, op, out: int32)       float32 MIN/MAX map (ordered.py)
+ *   unordered(q: int32, out: float32)         its inverse
+ *   packets(n, k, slots, is_float, op)        packets of a call (plans.py)
+ * The quant functions mirror switchml_xdp/quant.py and ordered.py so tests
+ * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
  * `abort` is a writable buffer of at least 4 bytes; a nonzero first word stops
  * a running allreduce within a few ms (the Python side raises JobAborted).
@@ -262,6 +267,71 @@ out_s:
 	return ret;
 }
 
+/* One direction of the float32 MIN/MAX map over whole buffers: float32 ->
+ * int32 with op (SWML_OP_MIN/MAX), or int32 -> float32 for op < 0. */
+static PyObject *map_buffers(PyObject *io, PyObject *oo, int op)
+{
+	const char *in_kind = op < 0 ? "i" : "f", *out_kind = op < 0 ? "f" : "i";
+	Py_buffer in, out;
+	PyObject *ret = NULL;
+
+	if (get_buf(io, &in, 0, in_kind, 4, "input"))
+		return NULL;
+	if (get_buf(oo, &out, 1, out_kind, 4, "out")) {
+		PyBuffer_Release(&in);
+		return NULL;
+	}
+	if (buf_len(&out) != buf_len(&in)) {
+		PyErr_SetString(PyExc_ValueError, "out must have as many elements as the input");
+	} else {
+		if (op < 0)
+			swml_unordered_block(in.buf, buf_len(&in), out.buf);
+		else
+			swml_ordered_block(in.buf, buf_len(&in), buf_len(&in), (uint8_t)op, out.buf);
+		ret = Py_NewRef(Py_None);
+	}
+	PyBuffer_Release(&out);
+	PyBuffer_Release(&in);
+	return ret;
+}
+
+static PyObject *py_ordered(PyObject *self, PyObject *args)
+{
+	PyObject *xo, *oo;
+	unsigned char op;
+
+	if (!PyArg_ParseTuple(args, "ObO", &xo, &op, &oo))
+		return NULL;
+	if (op != SWML_OP_MIN && op != SWML_OP_MAX)
+		return PyErr_Format(PyExc_ValueError, "the order-preserving map is for MIN and MAX, "
+				    "not op %d", op);
+	return map_buffers(xo, oo, op);
+}
+
+static PyObject *py_unordered(PyObject *self, PyObject *args)
+{
+	PyObject *qo, *oo;
+
+	if (!PyArg_ParseTuple(args, "OO", &qo, &oo))
+		return NULL;
+	return map_buffers(qo, oo, -1);
+}
+
+static PyObject *py_packets(PyObject *self, PyObject *args)
+{
+	unsigned long long n;
+	unsigned int k, slots;
+	int is_float;
+	unsigned char op;
+
+	if (!PyArg_ParseTuple(args, "KIIpb", &n, &k, &slots, &is_float, &op))
+		return NULL;
+	if (k < 1 || slots < 1)
+		return PyErr_Format(PyExc_ValueError, "k and slots must be positive");
+	return PyLong_FromUnsignedLongLong(
+		swml_stream_packets(n, k, slots, is_float ? SWML_FLOAT32 : SWML_INT32, op));
+}
+
 /* ------------------------------------------------------------------- Engine */
 
 static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what)
@@ -283,14 +353,17 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"ifname", "xskmap_fd", "abort", "job", "rank", "world", "k",
 				 "slots", "src_mac", "dst_mac", "src_ip", "dst_ip", "src_port",
-				 "dst_port", "queue", "frames", "rto_initial", "rto_min",
-				 "rto_max", "stall_timeout", "spin", "rto_adaptive", NULL};
+				 "dst_port", "key", "seq_base", "queue", "frames", "rto_initial",
+				 "rto_min", "rto_max", "stall_timeout", "spin", "rto_adaptive", NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
 	const unsigned int unset = 0xffffffffu;
 	unsigned int job = unset, rank = unset, world = unset, k = unset, slots = unset;
 	unsigned int src_port = unset, dst_port = unset, queue = 0, frames = 4096;
+	unsigned long long key = 0;
+	unsigned int seq_base = 0;
+	PyObject *key_obj = NULL, *seq_base_obj = NULL;
 	unsigned int spin = 200;
 	int rto_adaptive = 1;
 	double rto_initial = 0.005, rto_min = 0.002, rto_max = 0.5, stall_timeout = 30.0;
@@ -302,17 +375,34 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIIIddddIp", kwlist, &ifname,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIp", kwlist, &ifname,
 					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
 					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
-					 &queue, &frames, &rto_initial, &rto_min, &rto_max, &stall_timeout,
-					 &spin, &rto_adaptive))
+					 &key_obj, &seq_base_obj, &queue, &frames, &rto_initial, &rto_min,
+					 &rto_max, &stall_timeout, &spin, &rto_adaptive))
 		return -1;
 	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
-	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip) {
+	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip ||
+	    !key_obj || !seq_base_obj) {
 		PyErr_SetString(PyExc_TypeError, "Engine: job, rank, world, k, slots, src_mac, dst_mac, "
-				"src_ip, dst_ip, src_port and dst_port are required keywords");
+				"src_ip, dst_ip, src_port, dst_port, key and seq_base are required "
+				"keywords");
 		return -1;
+	}
+	/* Full 64- and 32-bit ranges, checked (the "K"/"I" formats would wrap). */
+	key = PyLong_AsUnsignedLongLong(key_obj);
+	if (PyErr_Occurred())
+		return -1;
+	{
+		unsigned long sb = PyLong_AsUnsignedLong(seq_base_obj);
+
+		if (PyErr_Occurred())
+			return -1;
+		if (sb > 0xffffffffUL) {
+			PyErr_SetString(PyExc_ValueError, "Engine: seq_base must fit 32 bits");
+			return -1;
+		}
+		seq_base = (unsigned int)sb;
 	}
 	if (job < 1 || job > 65535 || rank >= world || world < 1 || world > SWML_MAX_WORLD ||
 	    k < 1 || k > SWML_MAX_K || slots < 1 || slots > 65535 || src_port > 65535 ||
@@ -326,6 +416,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.world = world;
 	cfg.k = k;
 	cfg.slots = slots;
+	cfg.key = key;
+	cfg.seq_base = seq_base;
 	cfg.addrs.src_port = (uint16_t)src_port;
 	cfg.addrs.dst_port = (uint16_t)dst_port;
 	if (bytes_arg(src_mac, cfg.addrs.src_mac, 6, "src_mac") ||
@@ -399,12 +491,24 @@ static int check_usable(EngineObject *self)
 	return 0;
 }
 
-static PyObject *Engine_allreduce(EngineObject *self, PyObject *arg)
+static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *kw)
 {
+	static char *kwlist[] = {"array", "op", "tag", NULL};
+	PyObject *arg;
+	unsigned char op;
+	unsigned long tag;
+	struct swml_call call;
 	Py_buffer b;
 	char kind;
 	int status;
 
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Obk", kwlist, &arg, &op, &tag))
+		return NULL;
+	if (op >= SWML_OP_NUM || tag > 0xffffffffUL)
+		return PyErr_Format(PyExc_ValueError, "allreduce: op must be an SWML_OP_* and tag "
+				    "fit 32 bits");
+	call.op = op;
+	call.tag = (uint32_t)tag;
 	if (check_usable(self))
 		return NULL;
 	if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
@@ -419,7 +523,7 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *arg)
 	self->busy = 1;
 	Py_BEGIN_ALLOW_THREADS
 	status = swml_stream_run(&self->stream, b.buf, (size_t)(b.len / 4),
-				 kind == 'f' ? SWML_FLOAT32 : SWML_INT32);
+				 kind == 'f' ? SWML_FLOAT32 : SWML_INT32, &call);
 	Py_END_ALLOW_THREADS
 	self->busy = 0;
 	PyBuffer_Release(&b);
@@ -497,9 +601,10 @@ static PyObject *Engine_get_fd(EngineObject *self, void *closure)
 }
 
 static PyMethodDef Engine_methods[] = {
-	{"allreduce", (PyCFunction)Engine_allreduce, METH_O,
-	 "allreduce(array) -> status: reduce a writable C-contiguous float32/int32 buffer in "
-	 "place over the job (GIL released for the whole tensor)."},
+	{"allreduce", (PyCFunction)(void (*)(void))Engine_allreduce, METH_VARARGS | METH_KEYWORDS,
+	 "allreduce(array, op, tag) -> status: reduce a writable C-contiguous float32/int32 "
+	 "buffer in place over the job with op (SWML_OP_*), as the call tagged tag (GIL "
+	 "released for the whole tensor)."},
 	{"pending_slots", (PyCFunction)Engine_pending_slots, METH_NOARGS,
 	 "Slots that were still waiting for a result when the last allreduce failed."},
 	{"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters as a dict."},
@@ -526,6 +631,11 @@ static PyTypeObject EngineType = {
 
 static PyMethodDef module_methods[] = {
 	{"exponent_bits", py_exponent_bits, METH_VARARGS, "exponent_bits(world) -> L"},
+	{"ordered", py_ordered, METH_VARARGS,
+	 "ordered(x: float32, op, out: int32): the float32 MIN/MAX map (switchml_xdp/ordered.py)"},
+	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},
+	{"packets", py_packets, METH_VARARGS,
+	 "packets(n, k, slots, is_float, op) -> packets one call of n elements sends"},
 	{"block_exponents", py_block_exponents, METH_VARARGS,
 	 "block_exponents(x: float32, k, exp_out: int8[nb], nonfinite_out: bool[nb])"},
 	{"quantize", py_quantize, METH_VARARGS,
@@ -557,6 +667,7 @@ PyMODINIT_FUNC PyInit__engine(void)
 	    PyModule_AddIntConstant(m, "STALLED", SWML_STALLED) ||
 	    PyModule_AddIntConstant(m, "EIO", SWML_EIO) ||
 	    PyModule_AddIntConstant(m, "E2BIG", SWML_E2BIG) ||
+	    PyModule_AddIntConstant(m, "DISAGREE", SWML_DISAGREE) ||
 	    PyModule_AddIntConstant(m, "MAX_K", SWML_MAX_K)) {
 		Py_DECREF(m);
 		return NULL;

@@ -2,6 +2,8 @@
 #include "packet.h"
 
 #include <arpa/inet.h>
+#include <endian.h>
+#include <stddef.h>
 #include <string.h>
 
 static uint16_t ipv4_checksum(const uint8_t *ip)
@@ -52,18 +54,29 @@ void swml_build_template(uint8_t t[SWML_L2L4_LEN], const struct swml_addrs *a, u
 	put16(udp + 6, 0);                 /* no UDP checksum (allowed over IPv4) */
 }
 
-void swml_write_hdr(uint8_t *h, uint8_t type, uint8_t flags, uint16_t job, uint16_t rank,
-		    uint16_t slot, uint32_t seq, int8_t exp, uint16_t count)
+/* Field by field, through struct swml_hdr's offsets (swml_wire.h is the one
+ * layout): the header may sit at any alignment in the frame. */
+#define HDR_AT(h, field) ((h) + offsetof(struct swml_hdr, field))
+
+void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags,
+			 uint16_t slot, uint32_t seq, int8_t exp)
 {
-	h[0] = (SWML_VERSION << 4) | type;
-	h[1] = flags;
-	put16(h + 2, job);
-	put16(h + 4, rank);
-	put16(h + 6, slot);
-	put32(h + 8, seq);
-	h[12] = (uint8_t)exp;
-	h[13] = 0;
-	put16(h + 14, count);
+	uint64_t key_be = htobe64(id->key);
+
+	*HDR_AT(h, ver_type) = (SWML_VERSION << 4) | SWML_TYPE_DATA;
+	*HDR_AT(h, flags) = flags;
+	*HDR_AT(h, op) = id->op;
+	*HDR_AT(h, fmt) = id->fmt;
+	put16(HDR_AT(h, job), id->job);
+	put16(HDR_AT(h, rank), id->rank);
+	put16(HDR_AT(h, slot), slot);
+	put16(HDR_AT(h, count), id->count);
+	put32(HDR_AT(h, seq), seq);
+	put32(HDR_AT(h, tag), id->tag);
+	*HDR_AT(h, exp) = (uint8_t)exp;
+	*HDR_AT(h, reserved0) = 0;
+	put16(HDR_AT(h, reserved1), 0);
+	memcpy(HDR_AT(h, key), &key_be, sizeof key_be);
 }
 
 static uint16_t get16(const uint8_t *p)
@@ -71,25 +84,36 @@ static uint16_t get16(const uint8_t *p)
 	return (uint16_t)(p[0] << 8 | p[1]);
 }
 
-int swml_parse_result(const uint8_t *f, uint32_t len, uint16_t job, uint32_t k,
-		      struct swml_result *r)
+static uint32_t get32(const uint8_t *p)
 {
-	const uint8_t *ip = f + SWML_ETH_LEN, *h = f + SWML_L2L4_LEN;
+	return (uint32_t)get16(p) << 16 | get16(p + 2);
+}
+
+int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a,
+		      uint16_t job, uint32_t k, struct swml_result *r)
+{
+	const uint8_t *ip = f + SWML_ETH_LEN, *udp = ip + SWML_IP_LEN, *h = f + SWML_L2L4_LEN;
 
 	if (len < SWML_HEADERS_LEN + 4 * k)
 		return -1;
 	/* The redirect program checked IPv4 without options, UDP, our port and
-	 * address and the RESULT type; a second look costs nothing here. */
+	 * address, the switch as the source and the RESULT type; a second look
+	 * costs nothing here. */
 	if (get16(f + 12) != 0x0800 || ip[0] != 0x45 || ip[9] != 17)
 		return -1;
-	if (h[0] != ((SWML_VERSION << 4) | SWML_TYPE_RESULT) || get16(h + 2) != job ||
-	    get16(h + 14) != k)
+	if (memcmp(ip + 12, a->dst_ip, 4) || get16(udp) != a->dst_port)
 		return -1;
-	r->flags = h[1];
+	if (*HDR_AT(h, ver_type) != ((SWML_VERSION << 4) | SWML_TYPE_RESULT) ||
+	    get16(HDR_AT(h, job)) != job || get16(HDR_AT(h, count)) != k ||
+	    *HDR_AT(h, fmt) != SWML_FMT_INT32)
+		return -1;
+	r->flags = *HDR_AT(h, flags);
+	r->op = *HDR_AT(h, op);
 	r->job = job;
-	r->slot = get16(h + 6);
-	r->seq = (uint32_t)get16(h + 8) << 16 | get16(h + 10);
-	r->exp = (int8_t)h[12];
+	r->slot = get16(HDR_AT(h, slot));
+	r->seq = get32(HDR_AT(h, seq));
+	r->tag = get32(HDR_AT(h, tag));
+	r->exp = (int8_t)*HDR_AT(h, exp);
 	r->count = (uint16_t)k;
 	r->payload = h + SWML_HDR_LEN;
 	return 0;

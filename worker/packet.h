@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * packet.h - the frames the worker engine sends and receives (wire format v1,
+ * packet.h - the frames the worker engine sends and receives (wire format v2,
  * xdp/swml_wire.h): Ethernet | IPv4 (no options) | UDP | swml_hdr | k x int32.
  *
  * Everything in front of the swml header is the same for every DATA packet of
@@ -26,22 +26,32 @@ struct swml_addrs {
 /* The 42-byte Ethernet/IPv4/UDP prefix of every DATA packet with k elements. */
 void swml_build_template(uint8_t tmpl[SWML_L2L4_LEN], const struct swml_addrs *a, uint32_t k);
 
-/* Write the swml header at h (any alignment). */
-void swml_write_hdr(uint8_t *h, uint8_t type, uint8_t flags, uint16_t job, uint16_t rank,
-		    uint16_t slot, uint32_t seq, int8_t exp, uint16_t count);
+/* What every DATA packet of one call has in its swml header. */
+struct swml_data_id {
+	uint16_t job, rank, count;
+	uint8_t op, fmt;
+	uint32_t tag;
+	uint64_t key;
+};
+
+/* Write the swml header of a DATA packet at h (any alignment). */
+void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags,
+			 uint16_t slot, uint32_t seq, int8_t exp);
 
 /* A RESULT as the engine sees it; payload points into the frame (unaligned). */
 struct swml_result {
-	uint8_t flags;
+	uint8_t flags, op;
 	int8_t exp;
 	uint16_t job, slot, count;
-	uint32_t seq;
+	uint32_t seq, tag;
 	const uint8_t *payload;
 };
 
-/* Parse a received frame: 0 and *r filled if it is a v1 RESULT of `job` with
- * count k and room for k elements; -1 otherwise. */
-int swml_parse_result(const uint8_t *frame, uint32_t len, uint16_t job, uint32_t k,
-		      struct swml_result *r);
+/* Parse a received frame: 0 and *r filled if it is a v2 RESULT of `job` with
+ * count k and room for k elements, from the switch (IPv4 source a->dst_ip,
+ * UDP source port a->dst_port: where DATA goes); -1 otherwise. The caller
+ * checks seq, tag and op against the call. */
+int swml_parse_result(const uint8_t *frame, uint32_t len, const struct swml_addrs *a,
+		      uint16_t job, uint32_t k, struct swml_result *r);
 
 #endif /* SWML_PACKET_H */

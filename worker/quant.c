@@ -12,6 +12,9 @@
 #include <math.h>
 #include <string.h>
 
+#include <linux/types.h>
+#include "swml_wire.h"
+
 #define SWML_TOP_BIT 29
 #define F32_ABS_MASK 0x7fffffffu
 #define F32_MIN_NORMAL_BITS 0x00800000u
@@ -124,4 +127,45 @@ void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int
 	}
 	for (size_t i = 0; i < n; i++)
 		out[i] = (float)((double)sums[i] * scale); /* exact product, one rounding */
+}
+
+#define F32_LOW31 0x7fffffffu
+#define F32_NAN_MAX 0x7fc00000u /* +qNaN: above +inf */
+#define F32_NAN_MIN 0xffc00000u /* -qNaN: below -inf once mapped */
+
+/* The map is an involution on the bits: flip the 31 low bits iff the sign is set. */
+static inline uint32_t ordered_bits(uint32_t u)
+{
+	return u ^ ((uint32_t)((int32_t)u >> 31) & F32_LOW31);
+}
+
+SWML_CLONES
+void swml_ordered_block(const float *x, size_t n, size_t k, uint8_t op, int32_t *restrict out)
+{
+	const uint32_t nan = op == SWML_OP_MIN ? F32_NAN_MIN : F32_NAN_MAX;
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+
+		memcpy(&u, x + i, sizeof u);
+		if ((u & F32_ABS_MASK) > 0x7f800000u) /* NaN, any sign and payload */
+			u = nan;
+		u = ordered_bits(u);
+		memcpy(out + i, &u, sizeof u);
+	}
+	for (size_t i = n; i < k; i++)
+		out[i] = 0;
+}
+
+void swml_unordered_block(const void *q, size_t n, float *out)
+{
+	const uint8_t *p = q;
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+
+		memcpy(&u, p + 4 * i, sizeof u);
+		u = ordered_bits(u);
+		memcpy(out + i, &u, sizeof u);
+	}
 }

@@ -45,4 +45,14 @@ uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t 
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
 			   int nonfinite, float *out);
 
+/* float32 MIN/MAX through the switch's int32 compare, bit-identical to
+ * switchml_xdp/ordered.py: each float's bits as an int32, the 31 low bits
+ * flipped where the sign is set, so that signed int32 order is float order;
+ * every NaN first becomes the NaN that wins `op` (SWML_OP_MIN: -qNaN 0xffc00000,
+ * SWML_OP_MAX: +qNaN 0x7fc00000). n elements of x into out, zero padded to k. */
+void swml_ordered_block(const float *x, size_t n, size_t k, uint8_t op, int32_t *out);
+
+/* Its inverse: n int32 at q (any alignment) back to float32 at out. */
+void swml_unordered_block(const void *q, size_t n, float *out);
+
 #endif /* SWML_QUANT_H */

@@ -21,13 +21,19 @@
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
 
+/* How a plan's payloads are made: as int32 (as is, or a float32 through the
+ * order-preserving map), or quantized with an agreed exponent (float32 sum). */
+enum coding { C_INT32 = 0, C_ORDERED = 1, C_QUANT = 2 };
+
 struct plan {
-	enum swml_dtype dtype;
+	enum coding coding;
+	struct swml_data_id id;     /* the call's header fields */
 	uint8_t *data;
 	size_t n;
 	uint32_t k, S;
 	int L;
 	uint64_t blocks, lag, N, base;
+	uint32_t seq0;     /* the wire seq of packet 0 */
 	uint8_t *state;    /* [N] P_* */
 	int8_t *lexp;      /* [blocks] float32: local exponent of block b */
 	uint8_t *lnf;      /* [blocks] float32: block b has a non-finite element */
@@ -117,12 +123,17 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 	if (retrans)
 		flags |= SWML_FLAG_RETRANS;
 	memcpy(f, st->tmpl, SWML_L2L4_LEN);
-	if (pl->dtype == SWML_INT32) {
+	if (pl->coding == C_INT32) {
 		size_t off = (size_t)p * k, m = min_u64(k, pl->n - off);
 
 		memcpy(payload, pl->data + off * 4, m * 4);
 		if (m < k)
 			memset(payload + m, 0, (k - m) * 4);
+	} else if (pl->coding == C_ORDERED) {
+		size_t off = (size_t)p * k;
+
+		swml_ordered_block((const float *)pl->data + off, min_u64(k, pl->n - off), k,
+				   pl->id.op, payload);
 	} else {
 		exp = p < pl->blocks ? pl->lexp[p] : SWML_EXP_MIN;
 		if (p >= pl->lag) {
@@ -141,8 +152,8 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 			memset(payload, 0, (size_t)k * 4);
 		}
 	}
-	swml_write_hdr(f + SWML_L2L4_LEN, SWML_TYPE_DATA, flags, st->cfg.job, st->cfg.rank,
-		       (uint16_t)(i % pl->S), (uint32_t)i, exp, (uint16_t)k);
+	swml_write_data_hdr(f + SWML_L2L4_LEN, &pl->id, flags, (uint16_t)(i % pl->S),
+			    pl->seq0 + (uint32_t)p, exp);
 }
 
 /* A packet went onto the tx ring in slot s: start its timer. */
@@ -204,7 +215,7 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 	const uint32_t s = slot_of(pl, p);
 
 	pl->state[p] = P_SENT;
-	if (pl->dtype == SWML_FLOAT32 && p < pl->blocks) {
+	if (pl->coding == C_QUANT && p < pl->blocks) {
 		size_t off = (size_t)p * pl->k;
 		int nf;
 
@@ -244,21 +255,29 @@ static void drain_queue(struct swml_stream *st, struct plan *pl)
 	}
 }
 
-static void on_result(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
+/* A RESULT of this job from the switch: 0, or -1 if it ends the call as a
+ * disagreement. */
+static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
 {
 	const uint32_t k = pl->k;
-	uint64_t p = (uint32_t)(r->seq - (uint32_t)pl->base);
+	uint64_t p = (uint32_t)(r->seq - pl->seq0);
 	uint32_t s;
 
-	if (p >= pl->N || pl->state[p] != P_SENT) {
+	if (p >= pl->N || r->slot != slot_of(pl, p)) { /* another call's, or not ours */
+		st->stats.ignored++;
+		return 0;
+	}
+	if (pl->state[p] != P_SENT) {
 		st->stats.duplicates++;
-		return;
+		return 0;
+	}
+	if (r->flags & SWML_FLAG_DISAGREE) /* the round's tag and op are another rank's */
+		return -1;
+	if (r->tag != pl->id.tag || r->op != pl->id.op) {
+		st->stats.ignored++;
+		return 0;
 	}
 	s = slot_of(pl, p);
-	if (r->slot != s) { /* our sequence number on someone else's slot: not ours */
-		st->stats.ignored++;
-		return;
-	}
 	if (r->flags & SWML_FLAG_SHADOW)
 		st->stats.shadow_replies++;
 	if (st->cfg.rto_adaptive && !st->resent[s] && st->deadline[s] != UINT64_MAX)
@@ -274,10 +293,14 @@ static void on_result(struct swml_stream *st, struct plan *pl, const struct swml
 	pl->remaining--;
 	pl->last_progress = pl->now;
 
-	if (pl->dtype == SWML_INT32) {
+	if (pl->coding == C_INT32) {
 		size_t off = (size_t)p * k;
 
 		memcpy(pl->data + off * 4, r->payload, min_u64(k, pl->n - off) * 4);
+	} else if (pl->coding == C_ORDERED) {
+		size_t off = (size_t)p * k;
+
+		swml_unordered_block(r->payload, min_u64(k, pl->n - off), (float *)pl->data + off);
 	} else {
 		if (p < pl->blocks)
 			pl->gexp[p] = r->exp;
@@ -299,9 +322,11 @@ static void on_result(struct swml_stream *st, struct plan *pl, const struct swml
 		if (q < pl->N && pl->state[q] == P_UNSENT && ready(pl, q))
 			send_new(st, pl, q);
 	}
+	return 0;
 }
 
-static uint32_t rx_batch(struct swml_stream *st, struct plan *pl)
+/* Up to RX_BATCH frames from the rx ring; *disagree set if one ends the call. */
+static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 {
 	struct swml_xsk *x = st->xsk;
 	uint64_t addrs[RX_BATCH];
@@ -313,10 +338,14 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl)
 		struct swml_result r;
 
 		addrs[i] = d->addr;
-		if (swml_parse_result(frame, d->len, st->cfg.job, pl->k, &r) == 0)
-			on_result(st, pl, &r);
-		else
+		if (*disagree)
+			continue; /* the call is over: only hand the frames back */
+		if (swml_parse_result(frame, d->len, &st->cfg.addrs, st->cfg.job, pl->k, &r) == 0) {
+			if (on_result(st, pl, &r))
+				*disagree = 1;
+		} else {
 			st->stats.ignored++;
+		}
 	}
 	if (n) {
 		xsk_ring_cons__release(&x->rx, n);
@@ -379,43 +408,64 @@ static void flush_tx(struct swml_stream *st, int *io_error)
 		*io_error = 1;
 }
 
-int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype)
+uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_dtype dtype,
+			     uint8_t op)
+{
+	uint64_t blocks = (n + k - 1) / k;
+
+	if (dtype == SWML_FLOAT32 && op == SWML_OP_SUM)
+		return blocks + min_u64(slots, blocks);
+	return blocks;
+}
+
+/* Where the stream goes on after a failed call that started at `start`
+ * (switchml_xdp/worker/calls.py: resync_index). */
+static uint64_t resync_index(uint64_t start, uint32_t S)
+{
+	uint64_t period = 2ull * S, end = start + SWML_SEQ_RESYNC_STRIDE;
+
+	return (end + period - 1) / period * period;
+}
+
+int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype,
+		    const struct swml_call *call)
 {
 	struct plan pl = {0};
 	const uint32_t S = st->cfg.slots, k = st->cfg.k;
 	uint32_t idle = 0;
-	int status = SWML_OK, io_error = 0;
+	int status = SWML_OK, io_error = 0, disagree = 0;
 
 	st->n_pending = 0;
 	if (n == 0)
 		return SWML_OK;
-	pl.dtype = dtype;
+	pl.coding = dtype == SWML_INT32 ? C_INT32 : call->op == SWML_OP_SUM ? C_QUANT : C_ORDERED;
+	pl.id = (struct swml_data_id){ .job = st->cfg.job, .rank = st->cfg.rank, .count = (uint16_t)k,
+				       .op = call->op, .fmt = SWML_FMT_INT32, .tag = call->tag,
+				       .key = st->cfg.key };
 	pl.data = data;
 	pl.n = n;
 	pl.k = k;
 	pl.S = S;
 	pl.L = swml_exponent_bits(st->cfg.world);
 	pl.blocks = (n + k - 1) / k;
-	if (dtype == SWML_INT32) {
-		pl.lag = S;
-		pl.N = pl.blocks;
-	} else {
+	pl.N = swml_stream_packets(n, k, S, dtype, call->op);
+	if (pl.N > SWML_SEQ_RESYNC_STRIDE)
+		return SWML_E2BIG; /* refused before anything is sent: the stream stays */
+	if (pl.coding == C_QUANT) {
 		pl.lag = min_u64(S, pl.blocks);
-		pl.N = pl.blocks + pl.lag;
 		pl.lexp = malloc(pl.blocks);
 		pl.lnf = malloc(pl.blocks);
 		pl.gexp = malloc(pl.blocks);
+	} else {
+		pl.lag = S;
 	}
-	if (pl.N >= (1ull << 32)) {
-		status = SWML_E2BIG;
-		goto out;
-	}
+	pl.base = st->next_index;
+	pl.seq0 = st->cfg.seq_base + (uint32_t)pl.base;
 	pl.state = calloc(pl.N, 1);
-	if (!pl.state || (dtype == SWML_FLOAT32 && (!pl.lexp || !pl.lnf || !pl.gexp))) {
+	if (!pl.state || (pl.coding == C_QUANT && (!pl.lexp || !pl.lnf || !pl.gexp))) {
 		status = SWML_ENOMEM;
 		goto out;
 	}
-	pl.base = st->next_index;
 	pl.remaining = pl.N;
 	pl.now = pl.last_progress = now_ns();
 	pl.next_check = UINT64_MAX;
@@ -425,7 +475,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 			send_new(st, &pl, p);
 	flush_tx(st, &io_error);
 
-	while (pl.remaining && !io_error) {
+	while (pl.remaining && !io_error && !disagree) {
 		uint32_t got;
 
 		if (st->cfg.abort && __atomic_load_n(st->cfg.abort, __ATOMIC_RELAXED)) {
@@ -433,7 +483,11 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 			break;
 		}
 		pl.now = now_ns();
-		got = rx_batch(st, &pl);
+		got = rx_batch(st, &pl, &disagree);
+		if (disagree) {
+			status = SWML_DISAGREE;
+			break;
+		}
 		if (st->n_queued) {
 			swml_xsk_reclaim(st->xsk);
 			drain_queue(st, &pl);
@@ -445,13 +499,15 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 		flush_tx(st, &io_error);
 		if (st->xsk->n_free_tx < st->xsk->nframes / 4)
 			swml_xsk_reclaim(st->xsk);
-		if (got) {
-			idle = 0;
-			continue;
-		}
+		/* Also while frames keep coming: frames that are not results (a
+		 * flood of them) must not hold off the stall clock. */
 		if (pl.now - pl.last_progress > st->cfg.stall_ns) {
 			status = SWML_STALLED;
 			break;
+		}
+		if (got) {
+			idle = 0;
+			continue;
 		}
 		if (++idle > st->cfg.spin) {
 			int woken;
@@ -476,6 +532,10 @@ out:
 	if (status == SWML_OK) {
 		st->next_index += pl.N;
 		st->stats.tensors++;
+	} else if (status != SWML_ENOMEM) {
+		/* Every rank that failed this call goes on from the same packet,
+		 * past anything the call sent: the job stays usable. */
+		st->next_index = resync_index(pl.base, S);
 	}
 	free(pl.state);
 	free(pl.lexp);

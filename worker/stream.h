@@ -2,14 +2,21 @@
 /*
  * stream.h - streaming one tensor through the job's slots (the hot loop).
  *
- * The rules are those of switchml_xdp/worker/plans.py + udp_backend.py, so
- * that afxdp and udp workers can share a job:
+ * The rules are those of switchml_xdp/worker/plans.py + calls.py +
+ * udp_backend.py, so that afxdp and udp workers can share a job:
  *   packet i of the job's life (next_index + p) -> slot i mod S, version bit
- *   (i div S) mod 2, seq i; packet p may go once (p < S or result(p-S) is in)
- *   and (p < lag or result(p-lag) is in); lag = S for int32, W = min(S, blocks)
- *   for float32, which has blocks + W packets: packet p carries block p's local
- *   exponent (-128 past the last block) and block p-W quantized with the
- *   exponent the switch returned with packet p-W (zeros for p < W).
+ *   (i div S) mod 2, seq (seq_base + i) mod 2^32; packet p may go once (p < S
+ *   or result(p-S) is in) and (p < lag or result(p-lag) is in); lag = S for
+ *   int32 and float32 MIN/MAX (the order-preserving map, quant.h), W = min(S,
+ *   blocks) for a float32 SUM, which has blocks + W packets: packet p carries
+ *   block p's local exponent (-128 past the last block) and block p-W quantized
+ *   with the exponent the switch returned with packet p-W (zeros for p < W).
+ * Every DATA packet carries the job's key and the call's op and tag. A RESULT
+ * counts only from the switch's address and port, for this job, with the seq
+ * of a packet in flight on its slot and the call's tag and op; one flagged
+ * DISAGREE ends the call (SWML_DISAGREE). After any failed call next_index
+ * moves to align_up(call start + SWML_SEQ_RESYNC_STRIDE, 2 S), as on every
+ * other rank that failed it.
  * Every in-flight packet has a retransmission timer that doubles up to a cap;
  * results of packets not in flight count as duplicates.
  *
@@ -30,14 +37,23 @@ enum swml_status {
 	SWML_STALLED = 2,   /* no result for stall_ns */
 	SWML_ENOMEM = 3,
 	SWML_EIO = 4,       /* the socket failed (sendto: a hard error) */
-	SWML_E2BIG = 5,     /* more packets than a u32 sequence number can tell apart */
+	SWML_E2BIG = 5,     /* more packets than SWML_SEQ_RESYNC_STRIDE: nothing sent */
+	SWML_DISAGREE = 6,  /* a RESULT of this call says the ranks' calls differ */
 };
 
 enum swml_dtype { SWML_INT32 = 0, SWML_FLOAT32 = 1 };
 
+/* The call, as every rank describes it alike (switchml_xdp/worker/calls.py). */
+struct swml_call {
+	uint8_t op;                /* SWML_OP_* */
+	uint32_t tag;
+};
+
 struct swml_stream_cfg {
 	uint16_t job, rank;
 	uint32_t world, k, slots;
+	uint64_t key;              /* the job's data key: every DATA packet carries it */
+	uint32_t seq_base;         /* the wire seq of the job's packet 0 */
 	struct swml_addrs addrs;
 	/* Retransmission timeout, the rules of switchml_xdp/worker/retransmit.py:
 	 * rto_init_ns until the first RTT sample, then srtt + 4 rttvar (RFC 6298,
@@ -54,7 +70,7 @@ struct swml_stream_cfg {
 
 struct swml_stream_stats {
 	uint64_t packets_sent, retransmissions, results, duplicates, shadow_replies;
-	uint64_t ignored;          /* frames that were not a RESULT of this job */
+	uint64_t ignored;          /* frames that were not a RESULT of this call from the switch */
 	uint64_t tx_deferred;      /* sends that waited for a tx frame or ring slot */
 	uint64_t sleeps;           /* ppoll calls */
 	uint64_t rtt_samples;
@@ -88,8 +104,13 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 		     struct swml_xsk *xsk);
 void swml_stream_free(struct swml_stream *st);
 
-/* Reduce n elements at data (int32 or float32) in place over the job.
- * Returns an swml_status. */
-int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype);
+/* Reduce n elements at data (int32 or float32) in place over the job with
+ * call->op. Returns an swml_status. */
+int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype,
+		    const struct swml_call *call);
+
+/* The packet count of such a call (as plans.packets_needed). */
+uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_dtype dtype,
+			     uint8_t op);
 
 #endif /* SWML_STREAM_H */

@@ -16,6 +16,7 @@ struct swml_job {
 	__u32 world;        /* ranks 0..world-1 */
 	__u32 slot_base;    /* absolute index of the job's slot 0 */
 	__u32 slot_count;   /* slots in the job's range */
+	__be64 key;         /* the data key every DATA packet of the job carries */
 	__be32 group_ip;    /* multicast group of RESULTs */
 	__be16 result_port; /* UDP port the workers listen on */
 	__u8 group_mac[6];
@@ -28,18 +29,31 @@ struct swml_member {
 	__u16 pad;
 };
 
+/* job_stats[job_id] (per CPU): what the data plane did for a job, cumulative
+ * since the control plane zeroed the row when the job started. */
+struct swml_job_stats {
+	__u64 packets;        /* DATA packets that passed every check and reached a slot */
+	__u64 bytes;          /* their frame bytes */
+	__u64 results;        /* rounds completed (one RESULT to the members each) */
+	__u64 shadow_replies; /* retransmissions answered from a completed round */
+};
+
 /* slots[i]: two versions of one aggregation slot, updated under the lock.
- * count[v] runs modulo world: 0 means "complete (or never used)", so the first
- * contribution of a round is the one that finds count 0 and its rank unseen. */
+ * Version v holds one round at a time: the round whose packets carry seq[v].
+ * seen[v] == 0 means never used (the control plane zeroes a job's slots); a
+ * packet with a newer seq starts a new round there (swml_slot.h). */
 #ifdef SWML_K
 struct swml_slot {
 	struct bpf_spin_lock lock; /* 4 bytes */
 	__u32 pad0;
 	__u64 seen[2];  /* worker bitmaps, bit r = rank r contributed */
-	__u32 count[2];
+	__u32 seq[2];   /* the current round: seq of its packets (host order) */
+	__u32 count[2]; /* contributions to it; world = complete */
+	__u32 tag[2];   /* call tag of its first contribution (host order) */
+	__u8 op[2];     /* its op (SWML_OP_*) */
 	__s8 exp[2];    /* max block exponent over contributions */
-	__u8 flags[2];  /* OR of contributors' SWML_FLAG_NONFINITE */
-	__u32 pad1;
+	__u8 flags[2];  /* OR of contributors' NONFINITE, and DISAGREE */
+	__u16 pad1;
 	__s32 vals[2][SWML_K];
 };
 #endif

@@ -9,17 +9,24 @@
  *
  *   IPv4 (no options, not a fragment) / UDP to SWML_PORT, IP destination the
  *   worker's own address (a unicast shadow reply) or the job's multicast group,
+ *   IP source the switch's address and UDP source port the switch's,
  *   swml header present with ver_type RESULT         -> XSKMAP[rx queue]
  *   anything else                                     -> XDP_PASS
  *
+ * What is passed goes to the kernel stack, where the backend's socket that
+ * holds the port (switchml_xdp/worker/port.py) takes it and nobody reads it: a
+ * forged RESULT never reaches the engine.
+ *
  * The redirect falls back to XDP_PASS when no socket sits at the frame's rx
  * queue (the engine binds queue 0 only), so a frame is never lost to a missing
- * socket. The engine checks job id, length and sequence itself.
+ * socket. The engine checks source, job id, length, seq, tag and op itself.
  *
  * Specialised at load time by compiler defines:
  *   SWML_PORT       the job's UDP port (where RESULTs arrive), host order
  *   SWML_LOCAL_IP   the worker's IPv4 address, as the __be32 reads on this host
  *   SWML_GROUP_IP   the job's multicast group, likewise
+ *   SWML_SWITCH_IP  the switch's IPv4 address, likewise
+ *   SWML_SWITCH_PORT the switch's UDP port, host order
  *   SWML_XSKS       XSKMAP size (rx queues that may carry a socket)
  */
 #include <uapi/linux/bpf.h>
@@ -39,6 +46,9 @@
 #endif
 #ifndef SWML_GROUP_IP
 #error "SWML_GROUP_IP must be defined"
+#endif
+#if !defined(SWML_SWITCH_IP) || !defined(SWML_SWITCH_PORT)
+#error "SWML_SWITCH_IP and SWML_SWITCH_PORT must be defined"
 #endif
 #ifndef SWML_XSKS
 #define SWML_XSKS 64
@@ -71,6 +81,8 @@ int swml_redirect(struct xdp_md *ctx)
 	    (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT)))
 		goto pass;
 	if (ip->daddr != (__be32)SWML_LOCAL_IP && ip->daddr != (__be32)SWML_GROUP_IP)
+		goto pass;
+	if (ip->saddr != (__be32)SWML_SWITCH_IP || udp->source != bpf_htons(SWML_SWITCH_PORT))
 		goto pass;
 	h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end ||

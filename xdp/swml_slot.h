@@ -12,7 +12,10 @@
  *
  *   SWML_SLOT_T              how a slot is passed (a pointer, a small struct)
  *   SWML_SEEN(s, v)          lvalues of version v of slot s: __u64 rank bitmap,
- *   SWML_COUNT(s, v)           __u32 contributions so far (modulo world),
+ *   SWML_SEQ(s, v)             __u32 seq of its current round,
+ *   SWML_COUNT(s, v)           __u32 contributions to it,
+ *   SWML_TAG(s, v)             __u32 call tag, __u8 op,
+ *   SWML_OP(s, v)
  *   SWML_EXP(s, v)             __s8 max exponent, __u8 OR of flags,
  *   SWML_FLAGS(s, v)
  *   SWML_VALS(s, v)          pointer to its k __s32 accumulators
@@ -34,75 +37,133 @@
 #define SWML_SLOT_UNLOCK(s)
 #endif
 
-/* The slot's answer to a contribution, when there is one (*res_* set). */
-struct swml_slot_result {
-	__u8 flags; /* version | OR of the round's NONFINITE */
-	__s8 exp;   /* max exponent of the round */
+/* One contribution, as its header gives it (host order). */
+struct swml_contrib {
+	__u32 seq;  /* its round */
+	__u32 tag;  /* its call tag */
+	__u8 op;    /* SWML_OP_*, checked < SWML_OP_NUM by the caller */
+	__u8 flags; /* SWML_FLAG_*: NONFINITE is kept */
+	__s8 exp;
 };
 
-/* Contribution `in` (k elements) of rank bit `bit`, with the header's `exp`
- * and `flags`, to version `ver` of slot `s` in a job of `world` ranks.
+/* The slot's answer to a contribution, when there is one (*res set). */
+struct swml_slot_result {
+	__u8 flags; /* version | OR of the round's NONFINITE | DISAGREE */
+	__u8 op;    /* the round's op and tag */
+	__s8 exp;   /* max exponent of the round */
+	__u32 tag;
+};
+
+/* Combine k contributions into the accumulators: int32 sums wrap, as in two's
+ * complement hardware (added as unsigned: in C a signed overflow is
+ * undefined); MIN and MAX compare as signed. One loop a case: no branch on the
+ * op inside the loop. */
+static __always_inline void swml_combine(__s32 *acc, const __s32 *in, __u32 k, __u8 op)
+{
+	if (op == SWML_OP_SUM) {
+		__u32 *a = (__u32 *)acc;
+		const __u32 *b = (const __u32 *)in;
+
+		for (__u32 i = 0; i < k; i++)
+			a[i] += b[i];
+	} else if (op == SWML_OP_MIN) {
+		for (__u32 i = 0; i < k; i++)
+			if (in[i] < acc[i])
+				acc[i] = in[i];
+	} else {
+		for (__u32 i = 0; i < k; i++)
+			if (in[i] > acc[i])
+				acc[i] = in[i];
+	}
+}
+
+/* Contribution `c` with payload `in` (k elements) of rank bit `bit` to version
+ * `ver` of slot `s` in a job of `world` ranks (DESIGN.md "Data plane", 3, 4).
  * Returns the counter row of the outcome:
  *   SWML_CNT_AGGREGATED    added, the round is not complete
  *   SWML_CNT_COMPLETED     the last one: the result is in `out`, *res set
  *   SWML_CNT_SHADOW_REPLY  a retransmission to a complete round: likewise
  *   SWML_CNT_DUP_DROPPED   a retransmission to an incomplete round
+ *   SWML_CNT_STALE         a round older than the version's current one
+ * A contribution whose tag or op differs from its round's first is not
+ * combined; it marks the round DISAGREE (*disagreed = 1), which every member
+ * sees in the RESULT. A newer round replaces the version whatever its state:
+ * an honest rank sends round r + 2 of a slot version only after the result of
+ * round r + 1, hence after every rank had the result of round r.
  * `in` and `out` may be the same memory (the packet's payload, in XDP). The
  * result is copied under the lock: the read must not tear. */
 static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, __u32 world,
-					  __s8 exp, __u8 flags, const __s32 *in, __s32 *out,
-					  __u32 k, struct swml_slot_result *res)
+					  const struct swml_contrib *c, const __s32 *in,
+					  __s32 *out, __u32 k, struct swml_slot_result *res,
+					  int *disagreed)
 {
-	/* int32 sums wrap, as in two's complement hardware: add as unsigned (in
-	 * C a signed overflow is undefined). */
-	__u32 *vals = (__u32 *)SWML_VALS(s, ver);
-	const __u32 *add = (const __u32 *)in;
 	int outcome;
 
 	SWML_SLOT_LOCK(s);
-	if (!(SWML_SEEN(s, ver) & bit)) {
-		__u32 c = SWML_COUNT(s, ver);
+	__u64 seen = SWML_SEEN(s, ver);
+	__s32 age = (__s32)(c->seq - SWML_SEQ(s, ver));
 
-		SWML_SEEN(s, ver) |= bit;
-		SWML_SEEN(s, ver ^ 1) &= ~bit;
-		if (c == 0) { /* first contribution of the round overwrites */
-			for (__u32 i = 0; i < k; i++)
-				vals[i] = add[i];
-			SWML_EXP(s, ver) = exp;
-			SWML_FLAGS(s, ver) = flags & SWML_FLAG_NONFINITE;
-		} else {
-			for (__u32 i = 0; i < k; i++)
-				vals[i] += add[i];
-			if (exp > SWML_EXP(s, ver))
-				SWML_EXP(s, ver) = exp;
-			SWML_FLAGS(s, ver) |= flags & SWML_FLAG_NONFINITE;
-		}
-		c += 1;
-		if (c >= world)
-			c = 0;
-		SWML_COUNT(s, ver) = c;
-		outcome = c == 0 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
+	if (seen == 0 || age > 0) { /* empty, or a newer round: it starts here */
+		__u32 *vals = (__u32 *)SWML_VALS(s, ver);
+		const __u32 *src = (const __u32 *)in;
+
+		for (__u32 i = 0; i < k; i++)
+			vals[i] = src[i];
+		SWML_SEEN(s, ver) = bit;
+		SWML_SEQ(s, ver) = c->seq;
+		SWML_COUNT(s, ver) = 1;
+		SWML_TAG(s, ver) = c->tag;
+		SWML_OP(s, ver) = c->op;
+		SWML_EXP(s, ver) = c->exp;
+		SWML_FLAGS(s, ver) = c->flags & SWML_FLAG_NONFINITE;
+		outcome = world <= 1 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
+	} else if (age < 0) {
+		outcome = SWML_CNT_STALE;
+	} else if (seen & bit) {
+		outcome = SWML_COUNT(s, ver) >= world ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
 	} else {
-		outcome = SWML_COUNT(s, ver) == 0 ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
+		__u32 n = SWML_COUNT(s, ver) + 1;
+
+		SWML_SEEN(s, ver) = seen | bit;
+		SWML_COUNT(s, ver) = n;
+		if (c->tag != SWML_TAG(s, ver) || c->op != SWML_OP(s, ver)) {
+			SWML_FLAGS(s, ver) |= SWML_FLAG_DISAGREE;
+			*disagreed = 1;
+		} else {
+			swml_combine(SWML_VALS(s, ver), in, k, c->op);
+			if (c->exp > SWML_EXP(s, ver))
+				SWML_EXP(s, ver) = c->exp;
+			SWML_FLAGS(s, ver) |= c->flags & SWML_FLAG_NONFINITE;
+		}
+		outcome = n >= world ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
 	}
 	if (outcome == SWML_CNT_COMPLETED || outcome == SWML_CNT_SHADOW_REPLY) {
+		const __s32 *vals = SWML_VALS(s, ver);
+
 		for (__u32 i = 0; i < k; i++)
-			out[i] = (__s32)vals[i];
+			out[i] = vals[i];
 		res->flags = ver | SWML_FLAGS(s, ver);
 		res->exp = SWML_EXP(s, ver);
+		res->op = SWML_OP(s, ver);
+		res->tag = SWML_TAG(s, ver);
 	}
 	SWML_SLOT_UNLOCK(s);
 	return outcome;
 }
 
-/* Turn the swml header of an answered DATA packet into its RESULT. */
+/* Turn the swml header of an answered DATA packet into its RESULT: the round's
+ * op, tag and exponent; seq, slot, job and count stay; the key is not sent. */
 static __always_inline void swml_result_hdr(struct swml_hdr *h, const struct swml_slot_result *res,
 					    int shadow)
 {
 	h->ver_type = (SWML_VERSION << 4) | SWML_TYPE_RESULT;
 	h->flags = res->flags | (shadow ? SWML_FLAG_SHADOW : 0);
+	h->op = res->op;
+	h->tag = bpf_htonl(res->tag);
 	h->exp = res->exp;
-	h->reserved = 0;
+	h->reserved0 = 0;
+	h->reserved1 = 0;
+	h->key = 0;
 }
 
 #endif /* SWML_SLOT_H */

@@ -7,13 +7,17 @@
  *   SWML_SLOTS    aggregation slots shared by all jobs
  *   SWML_PORT     UDP port the switch listens on
  *   SWML_PIN_DIR  bpffs directory the maps are pinned in (a string literal)
+ *   SWML_SWITCH_IP      the switch's IPv4 address, as the __be32 reads on this host
+ *   SWML_SWITCH_MAC_HI  its MAC: bytes 0-3 as a __u32 reads them on this host,
+ *   SWML_SWITCH_MAC_LO  bytes 4-5 as a __u16 reads them
  *
- * Per packet of (job, rank, slot, ver), after DESIGN.md "Data plane":
+ * Per packet of (job, rank, slot, ver, round), after DESIGN.md "Data plane":
  *   not IPv4/UDP to our port          -> XDP_PASS (the box stays reachable)
- *   malformed / foreign               -> XDP_DROP, counted by reason, no slot touched
- *   rank new to seen[ver]             -> aggregate; the last one is rewritten into a
+ *   to our port, not our MAC and IP   -> XDP_PASS (flooded or forwarded: not for us)
+ *   malformed / foreign / stale       -> XDP_DROP, counted by reason, no slot touched
+ *   newer round, or rank new to it    -> aggregate; the last one is rewritten into a
  *                                        multicast RESULT and sent with XDP_TX
- *   rank already in seen[ver]         -> shadow reply if complete, else drop
+ *   rank already in the round         -> shadow reply if complete, else drop
  * The parse prologue is swml_parse.h (shared with the redirect program); the
  * step on the slot is swml_slot.h (shared with the user-space baseline,
  * switchml_xdp/switch/userspace_dp.c).
@@ -31,7 +35,10 @@
 /* The per-slot step (swml_slot.h) on a map value, under its spin lock. */
 #define SWML_SLOT_T struct swml_slot *
 #define SWML_SEEN(s, v) ((s)->seen[v])
+#define SWML_SEQ(s, v) ((s)->seq[v])
 #define SWML_COUNT(s, v) ((s)->count[v])
+#define SWML_TAG(s, v) ((s)->tag[v])
+#define SWML_OP(s, v) ((s)->op[v])
 #define SWML_EXP(s, v) ((s)->exp[v])
 #define SWML_FLAGS(s, v) ((s)->flags[v])
 #define SWML_VALS(s, v) ((s)->vals[v])
@@ -51,6 +58,9 @@
 #ifndef SWML_PIN_DIR
 #error "SWML_PIN_DIR must be defined"
 #endif
+#if !defined(SWML_SWITCH_IP) || !defined(SWML_SWITCH_MAC_HI) || !defined(SWML_SWITCH_MAC_LO)
+#error "SWML_SWITCH_IP, SWML_SWITCH_MAC_HI and SWML_SWITCH_MAC_LO must be defined"
+#endif
 
 #define SWML_PAYLOAD_LEN (SWML_K * 4)
 
@@ -61,6 +71,8 @@ BPF_TABLE_PINNED("array", u32, struct swml_member, members,
 		 SWML_MAX_JOBS * SWML_MAX_WORLD, SWML_PIN_DIR "/members");
 BPF_TABLE_PINNED("array", u32, struct swml_slot, slots, SWML_SLOTS, SWML_PIN_DIR "/slots");
 BPF_TABLE_PINNED("percpu_array", u32, u64, counters, SWML_CNT_NUM, SWML_PIN_DIR "/counters");
+BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX_JOBS,
+		 SWML_PIN_DIR "/job_stats");
 
 static __always_inline void swml_count(u32 reason)
 {
@@ -121,6 +133,15 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	swml_result_hdr(h, res, unicast);
 }
 
+/* Is the frame addressed to this box (its MAC and IP), not flooded or routed
+ * past it? */
+static __always_inline int swml_to_us(const struct ethhdr *eth, const struct iphdr *ip)
+{
+	return ip->daddr == (__be32)SWML_SWITCH_IP &&
+	       *(const __u32 *)eth->h_dest == (__u32)SWML_SWITCH_MAC_HI &&
+	       *(const __u16 *)(eth->h_dest + 4) == (__u16)SWML_SWITCH_MAC_LO;
+}
+
 int swml_switch(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -131,13 +152,19 @@ int swml_switch(struct xdp_md *ctx)
 	struct swml_hdr *h;
 	__s32 *payload;
 
-	/* 1. Is it ours? Anything we cannot attribute to our port goes to the stack. */
+	/* 1. Is it ours? Anything we cannot attribute to our port goes to the
+	 * stack, and so does what is not addressed to us (a bridge floods unknown
+	 * unicast; the stack drops it as another host's). */
 	switch (swml_parse_udp(data, data_end, bpf_htons(SWML_PORT), &ip, &udp)) {
 	case SWML_PARSE_NOT_OURS:
 		goto pass;
 	case SWML_PARSE_IP_OPTIONS:
 		swml_count(SWML_CNT_RX);
 		return swml_drop(SWML_CNT_BAD_IP);
+	}
+	if (!swml_to_us(eth, ip)) {
+		swml_count(SWML_CNT_OTHER_HOST);
+		return XDP_PASS;
 	}
 
 	/* 2. Ours from here on: every outcome below is counted. */
@@ -164,6 +191,8 @@ int swml_switch(struct xdp_md *ctx)
 	struct swml_job *job = jobs.lookup(&job_id);
 	if (!job || !job->active)
 		return swml_drop(SWML_CNT_UNKNOWN_JOB);
+	if (h->key != job->key)
+		return swml_drop(SWML_CNT_BAD_KEY);
 	u32 rank = bpf_ntohs(h->rank);
 	if (rank >= job->world || rank >= SWML_MAX_WORLD)
 		return swml_drop(SWML_CNT_BAD_RANK);
@@ -174,18 +203,38 @@ int swml_switch(struct xdp_md *ctx)
 	u32 rel_slot = bpf_ntohs(h->slot);
 	if (rel_slot >= job->slot_count)
 		return swml_drop(SWML_CNT_BAD_SLOT);
+	if (h->op >= SWML_OP_NUM || h->fmt != SWML_FMT_INT32)
+		return swml_drop(SWML_CNT_BAD_OP);
 	u32 slot_idx = job->slot_base + rel_slot;
 	struct swml_slot *s = slots.lookup(&slot_idx);
 	if (!s)
 		return swml_drop(SWML_CNT_BAD_SLOT);
 
 	/* 3./4. The slot, under its lock. */
-	u32 ver = h->flags & SWML_FLAG_SLOT_VER;
+	struct swml_contrib c = {
+		.seq = bpf_ntohl(h->seq),
+		.tag = bpf_ntohl(h->tag),
+		.op = h->op,
+		.flags = h->flags,
+		.exp = h->exp,
+	};
 	struct swml_slot_result res = {};
-	int outcome = swml_slot_step(s, ver, 1ULL << rank, job->world, h->exp, h->flags,
-				     payload, payload, SWML_K, &res);
+	int disagreed = 0;
+	int outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank, job->world,
+				     &c, payload, payload, SWML_K, &res, &disagreed);
 
 	swml_count(outcome);
+	if (disagreed)
+		swml_count(SWML_CNT_DISAGREED);
+	if (outcome == SWML_CNT_STALE)
+		return XDP_DROP;
+	struct swml_job_stats *js = job_stats.lookup(&job_id);
+	if (js) {
+		js->packets += 1;
+		js->bytes += data_end - data;
+		js->results += outcome == SWML_CNT_COMPLETED;
+		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
+	}
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
 	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);

@@ -1,19 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * swml_wire.h - the switchml-xdp wire format, v1. The single definition.
+ * swml_wire.h - the switchml-xdp wire format, v2. The single definition.
  *
  * One UDP datagram carries one packet of one slot:
- *   Ethernet | IPv4 (no options) | UDP | struct swml_hdr (16 B) | k x int32 (LE)
+ *   Ethernet | IPv4 (no options) | UDP | struct swml_hdr (32 B) | k x int32 (LE)
  *
  * Included by the switch program, the worker redirect program and the worker's
  * C engine. The Python package takes its constants and byte layout from the C
  * compiler's reading of this file (switchml_xdp/layout_gen.py, at build time):
  * keep every constant an object-like `#define SWML_NAME <integer expression>`.
+ * docs/protocol.md explains each field and what the switch checks.
  */
 #ifndef SWML_WIRE_H
 #define SWML_WIRE_H
 
-#define SWML_VERSION 1
+#define SWML_VERSION 2
 
 /* Default UDP ports: data (SwitchML's 0xBEE0) and the control protocol (TCP). */
 #define SWML_DEFAULT_PORT 48864
@@ -28,6 +29,28 @@
 #define SWML_FLAG_RETRANS 0x02   /* the worker sent this packet before */
 #define SWML_FLAG_NONFINITE 0x04 /* some input of this block was NaN/Inf */
 #define SWML_FLAG_SHADOW 0x08    /* a unicast re-send of a completed result */
+#define SWML_FLAG_DISAGREE 0x10  /* RESULT: contributions of this round carried different
+				    call tags or ops; the result is meaningless */
+
+/* op: how contributions of one round combine (int32 in the switch). */
+#define SWML_OP_SUM 0 /* wrapping two's complement sum */
+#define SWML_OP_MIN 1 /* signed minimum */
+#define SWML_OP_MAX 2 /* signed maximum */
+#define SWML_OP_NUM 3
+
+/* fmt: the payload format, k elements of it. */
+#define SWML_FMT_INT32 0 /* little-endian int32 */
+#define SWML_FMT_NUM 1
+
+/* Rounds: seq is the packet's index in the job's stream, modulo 2^32; every
+ * rank sends the same seq for the same (slot, round). The switch keeps the seq
+ * of each slot version's current round and compares in serial number
+ * arithmetic (RFC 1982): seq - current, as an int32, > 0 is a newer round,
+ * < 0 a stale packet. A stream may therefore run through the wrap of seq, and
+ * a replayed packet is told apart from a new one until the job has sent
+ * 2^31 more packets. Workers restart a job's stream after a failed call this
+ * far ahead (every rank alike), past anything the call may have sent: */
+#define SWML_SEQ_RESYNC_STRIDE 0x1000000 /* 2^24 packets: also the most one call may send */
 
 /* Per-job limits: the worker bitmap is a u64. */
 #define SWML_MAX_WORLD 64
@@ -35,53 +58,64 @@
 #define SWML_MAX_JOBS 256
 
 /* Elements per packet: default, and the most that fits a 1500-byte MTU
- * (1500 - 20 IPv4 - 8 UDP - 16 swml = 1456 bytes = 364 int32). */
+ * (1500 - 20 IPv4 - 8 UDP - 32 swml = 1440 bytes = 360 int32). */
 #define SWML_DEFAULT_K 256
-#define SWML_MAX_K 364
+#define SWML_MAX_K 360
 #define SWML_DEFAULT_SLOTS 1024
 
 /* Header sizes in bytes (no IP options, no VLAN). */
 #define SWML_ETH_LEN 14
 #define SWML_IP_LEN 20
 #define SWML_UDP_LEN 8
-#define SWML_HDR_LEN 16
-#define SWML_HEADERS_LEN 58 /* ETH + IP + UDP + swml */
+#define SWML_HDR_LEN 32
+#define SWML_HEADERS_LEN 74 /* ETH + IP + UDP + swml */
 
 /* Multicast group of job j: 239.77.(j >> 8).(j & 255), MAC 01:00:5e:4d:(j>>8):(j&255). */
 #define SWML_MCAST_PREFIX_A 239
 #define SWML_MCAST_PREFIX_B 77
 
-/* Reasons the switch drops (or passes) a packet: one counter row each. The
- * names after SWML_CNT_ are what `swml-switch status` prints. */
+/* What the switch did with a packet: one counter row each. The names after
+ * SWML_CNT_ are what `swml-switch status` prints. Rows from SWML_CNT_TRUNCATED
+ * on are the reasons a packet was dropped before it reached a slot. */
 #define SWML_CNT_RX 0             /* swml packets seen (to our port) */
 #define SWML_CNT_AGGREGATED 1     /* added into a slot, not yet complete */
-#define SWML_CNT_COMPLETED 2      /* last contribution: multicast RESULT sent */
+#define SWML_CNT_COMPLETED 2      /* last contribution: RESULT sent to the job's members */
 #define SWML_CNT_SHADOW_REPLY 3   /* retransmission answered from the shadow copy */
 #define SWML_CNT_DUP_DROPPED 4    /* retransmission to an incomplete slot */
 #define SWML_CNT_PASSED 5         /* not swml: handed to the kernel stack */
-#define SWML_CNT_TRUNCATED 6      /* shorter than the headers or than its count */
-#define SWML_CNT_BAD_IP 7         /* IP options, fragment, or wrong length */
-#define SWML_CNT_BAD_VERSION 8    /* version nibble not SWML_VERSION */
-#define SWML_CNT_BAD_TYPE 9       /* type is not DATA */
-#define SWML_CNT_UNKNOWN_JOB 10   /* no such job */
-#define SWML_CNT_BAD_RANK 11      /* rank >= world */
-#define SWML_CNT_BAD_SOURCE 12    /* source IP/port not the one registered for the rank */
-#define SWML_CNT_BAD_SLOT 13      /* slot outside the job's range */
-#define SWML_CNT_BAD_COUNT 14     /* count != k */
-#define SWML_CNT_NUM 15
+#define SWML_CNT_OTHER_HOST 6     /* to our port but not to our MAC and IP: passed */
+#define SWML_CNT_DISAGREED 7      /* also counted above: another tag or op than its round's */
+#define SWML_CNT_TRUNCATED 8      /* shorter than the headers or than its count */
+#define SWML_CNT_BAD_IP 9         /* IP options, fragment, or wrong length */
+#define SWML_CNT_BAD_VERSION 10   /* version nibble not SWML_VERSION */
+#define SWML_CNT_BAD_TYPE 11      /* type is not DATA */
+#define SWML_CNT_UNKNOWN_JOB 12   /* no such job */
+#define SWML_CNT_BAD_KEY 13       /* not the job's data key */
+#define SWML_CNT_BAD_RANK 14      /* rank >= world */
+#define SWML_CNT_BAD_SOURCE 15    /* source IP/port not the one registered for the rank */
+#define SWML_CNT_BAD_SLOT 16      /* slot outside the job's range */
+#define SWML_CNT_BAD_COUNT 17     /* count != k */
+#define SWML_CNT_BAD_OP 18        /* op or payload format unknown */
+#define SWML_CNT_STALE 19         /* a round older than the slot version's (replay, late copy) */
+#define SWML_CNT_NUM 20
 
 #ifndef SWML_NO_STRUCTS
 /* All multi-byte fields in network byte order. */
 struct swml_hdr {
-	__u8 ver_type;  /* (SWML_VERSION << 4) | SWML_TYPE_* */
-	__u8 flags;     /* SWML_FLAG_* */
-	__be16 job;     /* job id from the control plane */
-	__be16 rank;    /* worker rank, < world */
-	__be16 slot;    /* slot index relative to the job's slot range */
-	__be32 seq;     /* packet index in the job's stream; opaque, echoed */
-	__s8 exp;       /* block exponent; the switch returns the max */
-	__u8 reserved;  /* zero */
-	__be16 count;   /* int32 elements in the payload, must equal k */
+	__u8 ver_type;    /* (SWML_VERSION << 4) | SWML_TYPE_* */
+	__u8 flags;       /* SWML_FLAG_* */
+	__u8 op;          /* SWML_OP_*: equal for every contribution to a round */
+	__u8 fmt;         /* SWML_FMT_*: the payload's format */
+	__be16 job;       /* job id from the control plane */
+	__be16 rank;      /* worker rank, < world */
+	__be16 slot;      /* slot index relative to the job's slot range */
+	__be16 count;     /* elements in the payload, must equal k */
+	__be32 seq;       /* packet index in the job's stream mod 2^32: the round */
+	__be32 tag;       /* call tag: equal for every contribution to a round */
+	__s8 exp;         /* block exponent; the switch returns the max */
+	__u8 reserved0;   /* zero */
+	__be16 reserved1; /* zero */
+	__be64 key;       /* DATA: the job's data key from the join; RESULT: zero */
 } __attribute__((packed));
 #endif
 

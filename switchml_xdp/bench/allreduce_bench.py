@@ -2,8 +2,8 @@
 
 Every rank builds its tensors from (seed, rank, iteration), so with --verify
 each rank can recompute every other rank's input and check every element of
-its result: exactly for int32, and bit for bit against the numpy reference
-of the quantized sum for float32 (docs/quantization.md).
+its result: exactly for int32 and for float32 min/max, and bit for bit against
+the numpy reference of the quantized sum for float32 (docs/quantization.md).
 """
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ def make_input(dtype: str, n: int, rank: int, iteration: int, seed: int = 1) -> 
     return rng.standard_normal(n, dtype=np.float32)
 
 
-def expected(dtype: str, n: int, world: int, iteration: int, k: int) -> np.ndarray:
+def expected(dtype: str, n: int, world: int, iteration: int, k: int, op: str = "sum") -> np.ndarray:
     inputs = [make_input(dtype, n, r, iteration) for r in range(world)]
+    if op != "sum":  # exact; the inputs have no NaN and no zeros of either sign
+        return (np.min if op == "min" else np.max)(np.stack(inputs), axis=0)
     if dtype == "int32":
         return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(np.uint32).view(np.int32)
     from ..quant import simulate_allreduce
@@ -45,8 +47,9 @@ def expected(dtype: str, n: int, world: int, iteration: int, k: int) -> np.ndarr
 
 
 def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "float32",
-        verify: bool = False, progress: bool = True) -> dict:
-    """Time `iterations` allreduces of one tensor (after `warmup` untimed ones)."""
+        verify: bool = False, progress: bool = True, op: str = "sum") -> dict:
+    """Time `iterations` allreduces of one tensor with `op` (after `warmup`
+    untimed ones)."""
     n = size_bytes // 4
     info = worker.info
     times: list[float] = []
@@ -63,11 +66,12 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
             before = dict(worker.stats())  # packets and retransmissions of the timed part
         a = make_input(dtype, n, info.rank, it)
         t0 = time.perf_counter()
-        worker.allreduce(a)
+        worker.allreduce(a, op=op)
         dt = time.perf_counter() - t0
         if it >= warmup:
             times.append(dt)
-        if verify and not np.array_equal(a, expected(dtype, n, info.world, it, info.k), equal_nan=True):
+        if verify and not np.array_equal(a, expected(dtype, n, info.world, it, info.k, op),
+                                         equal_nan=True):
             bad += 1
         if bar:
             bar.update()
@@ -77,6 +81,7 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
     med = statistics.median(times)
     return {
         "rank": info.rank, "world": info.world, "backend": after["backend"], "dtype": dtype,
+        "op": op,
         "bytes": n * 4, "elements": n, "k": info.k, "slots": info.slots, "iterations": iterations,
         "tat_min_s": min(times), "tat_median_s": med, "tat_max_s": max(times),
         "goodput_gbps": n * 4 * 8 / med / 1e9, "ate_per_s": n / med,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 
@@ -84,8 +85,12 @@ def measure_flood(k: int, seconds: float) -> dict:
         info = joined[0][1]
         S = info.slots
         vals = np.ones(k, dtype=np.int32)
-        rounds = [[wire.datagram(wire.TYPE_DATA, info.job_id, r, i % S, i,
-                                 vals, flags=(i // S) & 1) for r in (0, 1)] for i in range(2 * S)]
+        rounds = [[bytearray(wire.datagram(wire.TYPE_DATA, info.job_id, r, i % S, i, vals,
+                                           flags=(i // S) & 1, key=info.key)) for r in (0, 1)]
+                  for i in range(2 * S)]
+        # Each pass is two newer rounds of every slot: seq moves on (a packet
+        # with its round's seq again would be a retransmission, not a sum).
+        seq_at, seq_fmt = wire.HDR_DTYPE.fields["seq"][1], struct.Struct("!I")
         dest = (lab.switch.ip, wire.DEFAULT_PORT)
         socks = [j[2] for j in joined]
         sent = 0
@@ -93,7 +98,10 @@ def measure_flood(k: int, seconds: float) -> dict:
             cost = ProgCost(prog_id)
             t0 = time.monotonic()
             while time.monotonic() - t0 < seconds:
-                for pair in rounds:
+                for i, pair in enumerate(rounds):
+                    seq = (sent // 2 + i) & 0xFFFFFFFF
+                    seq_fmt.pack_into(pair[0], seq_at, seq)
+                    seq_fmt.pack_into(pair[1], seq_at, seq)
                     socks[0].sendto(pair[0], dest)
                     socks[1].sendto(pair[1], dest)
                 sent += 2 * len(rounds)

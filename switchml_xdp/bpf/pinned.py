@@ -90,7 +90,14 @@ class PinnedMap:
 
     def update(self, key: int, value) -> None:
         if self.percpu:
-            raise PinnedMapError(0, "per-CPU maps are written by the data plane only")
+            raise PinnedMapError(0, "per-CPU maps are written by the data plane only (zero() resets a row)")
+        self._update(key, value)
+
+    def zero(self, key: int) -> None:
+        """Reset row `key` (on every CPU, for a per-CPU map)."""
+        self._update(key, self._buf_type() if self.percpu else self.value_type())
+
+    def _update(self, key: int, value) -> None:
         k = ct.c_uint32(key)
         err = self._lib.bpf_map_update_elem(self.fd, ct.byref(k), ct.byref(value), BPF_ANY)
         if err < 0:

@@ -423,5 +423,28 @@ def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slot
         lab_bench.run_bench(cfg, out=click.echo)
 
 
+# --- swml-lab vm (issue 14): the same in qemu VMs; everything in switchml_xdp/lab/vm.py ---
+@main.command()
+@click.option("-n", "--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Number of worker VMs (one more VM runs the switch).")
+@click.option("--size", default="1MiB", show_default=True, help="tensor size (bytes; K/M/G/KiB/MiB/GiB)")
+@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None),
+              help="timed allreduces")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None),
+              help="untimed allreduces before them")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]),
+              help="element type")
+@click.option("--accel", default="auto", show_default=True, type=click.Choice(["auto", "kvm", "tcg"]),
+              help="auto: KVM if a short probe boot works, else TCG")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="check every element of every result")
+def vm(workers, size, iterations, warmup, dtype, accel, verify):
+    """Switch + WORKERS workers in qemu VMs (virtio-net, native XDP), running the benchmark."""
+    from switchml_xdp.lab.vm import run_vm_demo
+
+    with lab_errors():
+        run_vm_demo(workers, size, iterations, warmup, dtype, verify, accel, out=click.echo)
+
+
 if __name__ == "__main__":
     main()

@@ -45,13 +45,16 @@ def main() -> None:
 @click.option("--require-token", is_flag=True,
               help="refuse jobs without a token (by default a job joined without one is open to "
                    "anyone who can reach the control port, and `status` marks it unprotected)")
+@click.option("--initial-seq", type=click.IntRange(0, 0xFFFFFFFF), default=0, show_default=True,
+              help="sequence number of every job's first packet (for tests: near 2**32, a job "
+                   "runs through the wrap of the 32-bit counter)")
 @click.option("--metrics", type=Listen(), default=None,
               help="also serve Prometheus metrics at http://[ADDR:]PORT/metrics (counters by "
                    "reason, per-job packets and bytes, jobs, members, slots; docs/operations.md) "
                    "[default: off; ADDR: every address]")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
 def up(config, iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease,
-       require_token, metrics, verbose):
+       require_token, initial_seq, metrics, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C.
 
     Options may also come from a TOML file (--config; /etc/swml/switch.toml is
@@ -65,7 +68,8 @@ def up(config, iface, elements, slots, job_slots, port, control_port, dataplane,
                         format="swml-switch: %(message)s")
     try:
         dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode)
-        daemon.run(dp, control_port, job_slots, lease, require_token, metrics)
+        daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
+                   metrics=metrics)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 

@@ -28,6 +28,8 @@ def main() -> None:
 @click.option("--world", required=True, type=click.IntRange(1, None),
               help="number of ranks in the job (the same on every rank)")
 @allreduce_options("64MiB", iterations=10, warmup=2, iterations_flags=("--iterations", "-n"))
+@click.option("--op", default="sum", show_default=True, type=click.Choice(list(wire.OPS)),
+              help="the reduction: every element's sum, minimum or maximum over the ranks")
 @click.option("--iface", default=None, help="interface towards the switch [default: from the route]")
 @click.option("--port", default=wire.DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="this worker's UDP port (the same on every rank)")
@@ -41,7 +43,7 @@ def main() -> None:
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, backend, iface, port,
+def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, backend, iface, port,
           control_port, join_timeout, token, verify, as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
 
@@ -67,8 +69,8 @@ def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, backend,
                        token=token)
         with w:
             result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
-                                         progress=not quiet and sys.stderr.isatty())
-    except (ControlError, JobAborted, TimeoutError, RuntimeError) as e:
+                                         progress=not quiet and sys.stderr.isatty(), op=op)
+    except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(result))

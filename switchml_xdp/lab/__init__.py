@@ -16,6 +16,11 @@ Modules, each on top of the ones before it:
     topology    Lab: builds, uses and removes one lab
     cluster     the real switch daemon and workers run inside a Lab
     demo        `swml-lab demo`
+    igmp        a bridge that snoops IGMP with a querier (Lab(igmp=True), the VM lab)
+The same cluster in qemu VMs (`swml-lab vm`), apart from the above:
+    vm_boot     the guest kernel, its initramfs (vm_init.sh), KVM or TCG
+    vm_net      the VMs' bridge and multi-queue taps in a namespace of the run's own
+    vm          VmLab: boots the VMs, runs the bench in them (vm_guest.sh), removes all
 """
 from switchml_xdp.lab.addressing import Host
 from switchml_xdp.lab.errors import LabError

@@ -49,14 +49,19 @@ def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, 
                 raise RuntimeError("\n".join(errors))
             wall = time.monotonic() - t0
         out("")
-        out(format_table(results))
-        out(COLUMNS_LEGEND)
-        med = max(r["tat_median_s"] for r in results)
-        r0 = results[0]
-        out("")
-        out(f"{workers} workers, {r0['dtype']} tensor of {r0['bytes'] / 2**20:.1f} MiB, "
+        for line in summary(results, workers, wall):
+            out(line)
+        return results
+
+
+def summary(results: list[dict], workers: int, wall: float) -> list[str]:
+    """The per-rank bench table and what its columns mean, then one line of
+    figures (also `swml-lab vm`'s)."""
+    med = max(r["tat_median_s"] for r in results)
+    r0 = results[0]
+    return [format_table(results), COLUMNS_LEGEND, "",
+            f"{workers} workers, {r0['dtype']} tensor of {r0['bytes'] / 2**20:.1f} MiB, "
             f"k={r0['k']}, {r0['slots']} slots, backend {r0['backend']}: "
             f"median tensor aggregation time {med * 1e3:.1f} ms, "
             f"goodput {r0['bytes'] * 8 / med / 1e9:.3f} Gbit/s per worker, "
-            f"{r0['elements'] / med:.3g} ATE/s; wall {wall:.1f} s")
-        return results
+            f"{r0['elements'] / med:.3g} ATE/s; wall {wall:.1f} s"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from .. import bpf, net
+from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import lifecycle, netns
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import (
@@ -59,12 +60,14 @@ class Lab:
     def __init__(self, workers: int = 2, prefix: str | None = None,
                  rate_mbit: float | None = None, keep: bool = False,
                  loss: float | str | None = None, dup: float | str | None = None,
-                 loss_port: int | None = None):
+                 loss_port: int | None = None, igmp: bool = False):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of
         duplicating, data-port UDP frames on every worker link in both
         directions; giving either (or loss_port) attaches the loss injector at
         build time, set_loss() does it later otherwise. loss_port: the UDP
-        port subject to loss (default the switch's data port; 0 = all UDP)."""
+        port subject to loss (default the switch's data port; 0 = all UDP).
+        igmp: the bridge snoops IGMP, runs a querier and floods no group
+        nobody joined, like a strict switch (lab/igmp.py)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix)
         check_rate(rate_mbit)
@@ -76,6 +79,7 @@ class Lab:
             raise LabError(str(e)) from None
         self.rate_mbit = rate_mbit
         self.keep = keep
+        self.igmp = igmp
         self.bridge_ns = bridge_ns(self.prefix)
         self.bridge = bridge_iface(self.prefix)
         self.switch = switch_host(self.prefix)
@@ -136,6 +140,7 @@ class Lab:
             "bridge": {"ns": self.bridge_ns, "iface": self.bridge},
             "rate_mbit": self.rate_mbit,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
+            "igmp": self.igmp,
             "switch": dataclasses.asdict(self.switch),
             "workers": [dataclasses.asdict(w) for w in self.workers],
             "owner_pid": None if self.keep else os.getpid(),
@@ -153,7 +158,8 @@ class Lab:
             raise LabError(f"no lab with prefix {prefix!r} (no {lifecycle.state_path(prefix)})")
         lab = cls(workers=len(state["workers"]), prefix=prefix,
                   rate_mbit=state.get("rate_mbit"), keep=True, loss=state.get("loss"),
-                  dup=state.get("dup"), loss_port=state.get("loss_port"))
+                  dup=state.get("dup"), loss_port=state.get("loss_port"),
+                  igmp=state.get("igmp", False))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -309,9 +315,11 @@ class Lab:
     def _make_bridge(self) -> None:
         """Multicast snooping off: no IGMP querier here, and with snooping on the
         bridge would stop flooding the switch's result group once its timers
-        expire. Off, multicast floods to every port like broadcast."""
+        expire. Off, multicast floods to every port like broadcast. With
+        igmp=True: snooping, a querier and strict ports (lab/igmp.py)."""
         ipr = self._ipr(self.bridge_ns)
-        ipr.link("add", ifname=self.bridge, kind="bridge", br_mcast_snooping=0)
+        mcast = igmp_mod.snooping_bridge_attrs() if self.igmp else {"br_mcast_snooping": 0}
+        ipr.link("add", ifname=self.bridge, kind="bridge", **mcast)
         # A real switch port does not run the IP stack's checks or iptables on
         # what it forwards; br_netfilter (built into kernels like this one) would
         # drop malformed frames the tests send on purpose, and cost CPU.
@@ -321,6 +329,9 @@ class Lab:
                 netns.write_sysctl(self.bridge_ns, key, "0")
         ipr.link("set", index=net.link_index(self.bridge, self.bridge_ns), address=bridge_mac(),
                  state="up")
+        if self.igmp:
+            igmp_mod.start_querier(ipr, net.link_index(self.bridge, self.bridge_ns), self.switch.ip,
+                                   SUBNET_PREFIXLEN)
 
     def _make_link(self, host: Host) -> None:
         """Veth from the bridge namespace straight into the host's: the pair never
@@ -334,6 +345,12 @@ class Lab:
             os.close(fd)
         br.link("set", index=net.link_index(host.peer, self.bridge_ns), address=peer_mac(host),
                 master=net.link_index(self.bridge, self.bridge_ns), state="up")
+        # A VLAN tag crossing the bridge stays in the frame, as on a wire: with
+        # veth's tag insertion offloaded it would travel beside the frame, and
+        # the receiver's XDP program would see a tagged frame untagged.
+        net.set_features(host.peer, {"tx-vlan-hw-insert": False}, self.bridge_ns)
+        if self.igmp:
+            igmp_mod.stop_flooding_unknown_groups(br, net.link_index(host.peer, self.bridge_ns))
         ipr = self._ipr(host.ns)
         i = net.link_index(host.iface, host.ns)
         ipr.link("set", index=i, address=host.mac)

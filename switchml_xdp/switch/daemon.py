@@ -184,10 +184,10 @@ class Switch:
 
     def __init__(self, dataplane: Dataplane, control_port: int,
                  job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S,
-                 require_token: bool = False):
+                 require_token: bool = False, initial_seq: int = 0):
         self.dp, self.iface, self.params = dataplane, dataplane.iface, dataplane.params
         self.control_port, self.job_slots, self.lease_s = control_port, job_slots, lease_s
-        self.require_token = require_token
+        self.require_token, self.initial_seq = require_token, initial_seq
         self._lock_fd: int | None = None
         self.table: JobTable | None = None
         self.server: ControlServer | None = None
@@ -214,7 +214,8 @@ class Switch:
                   f"first", file=sys.stderr, flush=True)
         maps = self.dp.open(self.ip, adopt)
         self.table = JobTable(maps, self.params.k, self.params.slots, self.job_slots,
-                              on_change=self.write_state, require_token=self.require_token)
+                              on_change=self.write_state, require_token=self.require_token,
+                              initial_seq=self.initial_seq)
         if adopt is not None:
             self._adopt(adopt)
         self.dp.start(adopt)
@@ -348,11 +349,11 @@ def _write_json(path: str, obj, mode: int) -> None:
 
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
         lease_s: float = DEFAULT_LEASE_S, require_token: bool = False,
-        metrics: tuple[str, int] | None = None) -> dict[str, int]:
+        initial_seq: int = 0, metrics: tuple[str, int] | None = None) -> dict[str, int]:
     """Serve until SIGINT/SIGTERM; returns the data plane's final counters.
     metrics: (address, port) of a Prometheus endpoint to serve as well."""
     t0 = time.monotonic()
-    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token)
+    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq)
     iface, params = sw.iface, sw.params
     try:
         sw.load()

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import ipaddress
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -69,6 +70,10 @@ class Job:
     slot_base: int | None         # the slot range, also taken at the barrier
     slot_count: int
     token_hash: bytes | None = None   # SHA-256 of the job's token; None: an open job
+    # The data key every DATA packet carries (drawn at the barrier, told to the
+    # members in the join reply, kept only in the data plane's jobs map after).
+    key: int | None = None
+    seq_base: int = 0             # the seq of the job's first packet
     members: dict[int, Member] = field(default_factory=dict)
     state: str = "joining"        # joining -> running -> ended
     created: float = field(default_factory=time.time)
@@ -149,7 +154,8 @@ class JobTable:
     """Jobs by name, with the data plane kept in step through `maps`."""
 
     def __init__(self, maps: DataplaneMaps, k: int, total_slots: int, job_slots: int,
-                 on_change: Callable[[], None] = lambda: None, require_token: bool = False):
+                 on_change: Callable[[], None] = lambda: None, require_token: bool = False,
+                 initial_seq: int = 0):
         self.maps = maps
         self.k = k
         self.job_slots = job_slots
@@ -157,6 +163,9 @@ class JobTable:
         self.jobs: dict[str, Job] = {}
         self.on_change = on_change
         self.require_token = require_token   # `up --require-token`: no open jobs
+        # Where every job's packet counter starts (`up --initial-seq`: tests run
+        # a job through the wrap of the 32-bit seq by starting it near 2^32).
+        self.initial_seq = initial_seq
 
     # --- joining ---------------------------------------------------------
     def join(self, msg: dict, conn, peer_ip: str) -> Job:
@@ -236,13 +245,15 @@ class JobTable:
             self._forget(job, f"job {job.name!r} could not start: {e}")
             raise JobStartFailed(job, job.failure) from None
         job.id, job.slot_base, job.slot_count = free_ids[0], base, count
+        job.key, job.seq_base = secrets.randbits(64), self.initial_seq
         try:
             # Fresh bitmaps and counts: the slots may have served an earlier job.
             self.maps.reset_slots(base, count)
             for m in job.members.values():
                 self.maps.write_member(job.id, m.rank, m.ip, m.port)
             gip, gmac = job.group
-            self.maps.write_job(job.id, JobEntry(job.world, base, count, gip, gmac, job.port))
+            self.maps.write_job(job.id, JobEntry(job.world, base, count, gip, gmac, job.port,
+                                                 job.key))
         except BaseException:
             self.maps.clear_job(job.id, job.world)
             self.pool.release(base)
@@ -258,6 +269,7 @@ class JobTable:
         gip, gmac = job.group
         return {"ok": True, "job": job.name, "job_id": job.id, "world": job.world, "rank": rank,
                 "k": self.k, "slots": job.slot_count, "slot_base": job.slot_base,
+                "key": f"{job.key:016x}", "seq_base": job.seq_base,
                 "group": {"ip": gip, "mac": gmac, "port": job.port}}
 
     def withdraw(self, job: Job, rank: int) -> None:

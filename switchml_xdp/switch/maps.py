@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 from .. import wire
 from ..bpf import PinnedMap, pin_dir
-from ..layout import ctype
+from ..layout import ctype, dtype
+
+#: The per-job counters of the data plane (struct swml_job_stats), in order.
+JOB_STATS_FIELDS: tuple[str, ...] = dtype("swml_job_stats").names
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class JobEntry:
     group_ip: str
     group_mac: str
     result_port: int
+    key: int             # the job's data key (64 bits), which every DATA packet carries
 
 
 def _mac_bytes(mac: str) -> bytes:
@@ -62,12 +66,18 @@ class DataplaneMaps(abc.ABC):
     def read_counters(self) -> dict[str, int]:
         """Packets by outcome, one entry per name of wire.COUNTER_NAMES."""
 
+    @abc.abstractmethod
+    def read_job_stats(self) -> dict[int, dict[str, int]]:
+        """Per active job id: what the data plane did for it since it started,
+        cumulative (JOB_STATS_FIELDS: packets, bytes, results, shadow_replies)."""
+
     def close(self) -> None:
         """Release what the maps hold open (the data in them stays)."""
 
 
 class SwitchMaps(DataplaneMaps):
-    """The four pinned maps of one XDP switch interface: jobs, members, slots, counters."""
+    """The pinned maps of one XDP switch interface: jobs, members, slots,
+    counters, job_stats."""
 
     def __init__(self, iface: str, k: int | None = None):
         self.dir = pin_dir(iface)
@@ -76,6 +86,7 @@ class SwitchMaps(DataplaneMaps):
         self.jobs = PinnedMap(f"{self.dir}/jobs", self.Job)
         self.members = PinnedMap(f"{self.dir}/members", self.Member)
         self.counters = PinnedMap(f"{self.dir}/counters", ct.c_uint64, percpu=True)
+        self.job_stats = PinnedMap(f"{self.dir}/job_stats", ctype("swml_job_stats"), percpu=True)
         self.slots = PinnedMap(f"{self.dir}/slots", self.Slot) if self.Slot else None
 
     @staticmethod
@@ -83,16 +94,17 @@ class SwitchMaps(DataplaneMaps):
         return os.path.exists(f"{pin_dir(iface)}/jobs")
 
     def close(self) -> None:
-        for m in (self.jobs, self.members, self.counters, self.slots):
+        for m in (self.jobs, self.members, self.counters, self.job_stats, self.slots):
             if m is not None:
                 m.close()
 
     # --- jobs and members ------------------------------------------------
     def write_job(self, job_id: int, e: JobEntry) -> None:
         v = self.Job(active=1, world=e.world, slot_base=e.slot_base, slot_count=e.slot_count,
-                     group_ip=wire.ip_to_be32(e.group_ip),
+                     key=wire.key_to_be64(e.key), group_ip=wire.ip_to_be32(e.group_ip),
                      result_port=wire.port_to_be16(e.result_port))
         ct.memmove(v.group_mac, _mac_bytes(e.group_mac), 6)
+        self.job_stats.zero(job_id)
         self.jobs.update(job_id, v)
 
     def clear_job(self, job_id: int, world: int) -> None:
@@ -121,3 +133,11 @@ class SwitchMaps(DataplaneMaps):
     def read_counters(self) -> dict[str, int]:
         return {name: sum(v.value for v in self.counters.lookup(i))
                 for i, name in enumerate(wire.COUNTER_NAMES)}
+
+    def read_job_stats(self) -> dict[int, dict[str, int]]:
+        out = {}
+        for job_id in range(1, wire.MAX_JOBS):
+            if self.jobs.lookup(job_id).active:
+                rows = self.job_stats.lookup(job_id)
+                out[job_id] = {f: sum(getattr(r, f) for r in rows) for f in JOB_STATS_FIELDS}
+        return out

@@ -50,6 +50,7 @@ log = logging.getLogger("swml.userspace")
 # Layouts of struct us_job / us_member of userspace_dp.c, as the compiler lays them out.
 JOB_DTYPE = dtype("us_job")
 MEMBER_DTYPE = dtype("us_member")
+JOB_STATS_DTYPE = dtype("swml_job_stats")
 
 
 # ------------------------------------------------------------------ the C part
@@ -61,7 +62,7 @@ def _cache_dir() -> Path:
 
 def build_datapath() -> Path:
     """Compile userspace_dp.c (once per source version) and return the .so path."""
-    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_slot.h")]  # what it includes
+    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_maps.h", "swml_slot.h")]  # what it includes
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers])).hexdigest()[:16]
     out = _cache_dir() / f"swml_userspace_dp-{digest}.so"
     if out.exists():
@@ -115,23 +116,30 @@ class MemoryMaps(DataplaneMaps):
         self.jobs = np.zeros(wire.MAX_JOBS, JOB_DTYPE)
         self.members = np.zeros(wire.MAX_JOBS * wire.MAX_WORLD, MEMBER_DTYPE)
         self.seen = np.zeros((slots, 2), np.uint64)
+        self.seq = np.zeros((slots, 2), np.uint32)
         self.count = np.zeros((slots, 2), np.uint32)
+        self.tag = np.zeros((slots, 2), np.uint32)
+        self.op = np.zeros((slots, 2), np.uint8)
         self.exp = np.zeros((slots, 2), np.int8)
         self.flags = np.zeros((slots, 2), np.uint8)
         self.vals = np.zeros((slots, 2, k), np.int32)
         self.counters = np.zeros(wire.CNT_NUM, np.uint64)
+        self.job_stats = np.zeros(wire.MAX_JOBS, JOB_STATS_DTYPE)
         self.stop = np.zeros(1, np.uint32)
 
     def c_state(self) -> _State:
-        tables = ("jobs", "members", "seen", "count", "exp", "flags", "vals", "counters", "stop")
+        tables = ("jobs", "members", "seen", "seq", "count", "tag", "op", "exp", "flags", "vals",
+                  "counters", "job_stats", "stop")
         return _State(k=self.k, nslots=self.nslots, **{t: getattr(self, t).ctypes.data for t in tables})
 
     # --- jobs and members -------------------------------------------------------
     def write_job(self, job_id: int, e: JobEntry) -> None:
         row = self.jobs[job_id]
         row["world"], row["slot_base"], row["slot_count"] = e.world, e.slot_base, e.slot_count
+        row["key"] = wire.key_to_be64(e.key)
         row["group_ip"] = wire.ip_to_be32(e.group_ip)
         row["result_port"] = wire.port_to_be16(e.result_port)
+        self.job_stats[job_id] = np.zeros((), JOB_STATS_DTYPE)
         row["active"] = 1          # last: the data plane matches the job from now on
 
     def clear_job(self, job_id: int, world: int) -> None:
@@ -151,7 +159,10 @@ class MemoryMaps(DataplaneMaps):
     def reset_slots(self, base: int, count: int) -> None:
         s = slice(base, base + count)
         self.seen[s] = 0
+        self.seq[s] = 0
         self.count[s] = 0
+        self.tag[s] = 0
+        self.op[s] = 0
         self.exp[s] = 0
         self.flags[s] = 0
         self.vals[s] = 0
@@ -159,6 +170,11 @@ class MemoryMaps(DataplaneMaps):
     # --- counters --------------------------------------------------------------
     def read_counters(self) -> dict[str, int]:
         return {name: int(self.counters[i]) for i, name in enumerate(wire.COUNTER_NAMES)}
+
+    def read_job_stats(self) -> dict[int, dict[str, int]]:
+        active = np.flatnonzero(self.jobs["active"])
+        return {int(j): {f: int(self.job_stats[j][f]) for f in JOB_STATS_DTYPE.names}
+                for j in active}
 
 
 

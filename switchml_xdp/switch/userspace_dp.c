@@ -6,10 +6,11 @@
  *
  * Same semantics, packet for packet: the checks and their counters, and the
  * per-slot step itself, which is not re-written here but compiled from the
- * switch's own xdp/swml_slot.h (two slot versions with seen bitmaps, count
- * modulo world, the first contribution overwrites, exp max, NONFINITE OR, the
- * result when the count comes round, the shadow reply to a retransmission
- * that finds its slot version complete). What differs is where it runs: every
+ * switch's own xdp/swml_slot.h (two slot versions, each holding one round:
+ * the first contribution of a newer round overwrites, a stale one is dropped,
+ * SUM/MIN/MAX, exp max, NONFINITE OR, DISAGREE on another tag or op, the
+ * result when every rank is in, the shadow reply to a retransmission that
+ * finds its round complete). What differs is where it runs: every
  * packet goes through the kernel's IP/UDP receive path into a socket, is read
  * by this loop, and its RESULT goes back down through the UDP send path; that
  * is what XDP saves.
@@ -33,8 +34,10 @@
 #include <arpa/inet.h>
 
 #include "swml_wire.h"
+#include "swml_maps.h" /* struct swml_job_stats (the XDP switch's per-job counters) */
 
 #define BATCH 64
+#define SWML_L2L4_OVERHEAD (SWML_ETH_LEN + SWML_IP_LEN + SWML_UDP_LEN)
 #define MAXPKT 2048
 
 /* userspace.py takes the layouts of us_job, us_member and us_state from here
@@ -44,6 +47,7 @@ struct us_job {
 	uint32_t world;
 	uint32_t slot_base;
 	uint32_t slot_count;
+	uint64_t key;          /* network order, as the header carries it */
 	uint32_t group_ip;     /* network order */
 	uint16_t result_port;  /* network order */
 	uint16_t pad;
@@ -61,11 +65,15 @@ struct us_state {
 	struct us_job *jobs;        /* [SWML_MAX_JOBS] */
 	struct us_member *members;  /* [SWML_MAX_JOBS * SWML_MAX_WORLD] */
 	uint64_t *seen;             /* [nslots][2] */
+	uint32_t *seq;              /* [nslots][2] */
 	uint32_t *count;            /* [nslots][2] */
+	uint32_t *tag;              /* [nslots][2] */
+	uint8_t *op;                /* [nslots][2] */
 	int8_t *exp;                /* [nslots][2] */
 	uint8_t *flags;             /* [nslots][2] */
 	int32_t *vals;              /* [nslots][2][k] */
 	uint64_t *counters;         /* [SWML_CNT_NUM] */
+	struct swml_job_stats *job_stats; /* [SWML_MAX_JOBS] */
 	volatile uint32_t *stop;    /* non-zero: return */
 	uint64_t batches;           /* recvmmsg calls that returned data */
 	uint64_t batched;           /* datagrams they returned */
@@ -79,10 +87,14 @@ struct us_slot {
 
 #define SWML_SLOT_T struct us_slot
 #define SWML_SEEN(s, v) ((s).st->seen[(s).index * 2 + (v)])
+#define SWML_SEQ(s, v) ((s).st->seq[(s).index * 2 + (v)])
 #define SWML_COUNT(s, v) ((s).st->count[(s).index * 2 + (v)])
+#define SWML_TAG(s, v) ((s).st->tag[(s).index * 2 + (v)])
+#define SWML_OP(s, v) ((s).st->op[(s).index * 2 + (v)])
 #define SWML_EXP(s, v) ((s).st->exp[(s).index * 2 + (v)])
 #define SWML_FLAGS(s, v) ((s).st->flags[(s).index * 2 + (v)])
 #define SWML_VALS(s, v) ((s).st->vals + ((size_t)(s).index * 2 + (v)) * (s).st->k)
+#define bpf_htonl(x) htonl(x)
 #include "swml_slot.h" /* one thread: no lock */
 
 size_t swml_us_state_size(void) { return sizeof(struct us_state); }
@@ -133,6 +145,10 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		cnt[SWML_CNT_UNKNOWN_JOB]++;
 		return 0;
 	}
+	if (h->key != job->key) {
+		cnt[SWML_CNT_BAD_KEY]++;
+		return 0;
+	}
 	uint32_t rank = ntohs(h->rank), world = job->world;
 	if (rank >= world || rank >= SWML_MAX_WORLD) {
 		cnt[SWML_CNT_BAD_RANK]++;
@@ -148,15 +164,31 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		cnt[SWML_CNT_BAD_SLOT]++;
 		return 0;
 	}
+	if (h->op >= SWML_OP_NUM || h->fmt != SWML_FMT_INT32) {
+		cnt[SWML_CNT_BAD_OP]++;
+		return 0;
+	}
 	uint32_t ver = h->flags & SWML_FLAG_SLOT_VER;
 	struct us_slot slot = {st, job->slot_base + rel};
-	struct swml_slot_result res;
+	struct swml_contrib c = {.seq = ntohl(h->seq), .tag = ntohl(h->tag), .op = h->op,
+				 .flags = h->flags, .exp = h->exp};
+	struct swml_slot_result res = {0};
 	int32_t payload[SWML_MAX_K];
+	int disagreed = 0;
 
 	memcpy(payload, buf + SWML_HDR_LEN, payload_len); /* unaligned on the wire */
-	int outcome = swml_slot_step(slot, ver, 1ULL << rank, world, h->exp, h->flags, payload,
-				     payload, k, &res);
+	int outcome = swml_slot_step(slot, ver, 1ULL << rank, world, &c, payload, payload, k, &res,
+				     &disagreed);
 	cnt[outcome]++;
+	if (disagreed)
+		cnt[SWML_CNT_DISAGREED]++;
+	if (outcome == SWML_CNT_STALE)
+		return 0;
+	struct swml_job_stats *js = &st->job_stats[job_id];
+	js->packets += 1;
+	js->bytes += (uint64_t)len + SWML_L2L4_OVERHEAD; /* frame bytes, as the XDP switch counts */
+	js->results += outcome == SWML_CNT_COMPLETED;
+	js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return 0;
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .. import bpf, net
+from .. import bpf, net, wire
 from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
 from .maps import SwitchMaps
 
@@ -57,8 +57,13 @@ class XdpDataplane(Dataplane):
         pins = bpf.pin_dir(self.iface)
         if adopt is None:
             bpf.remove_pins(pins)  # stale: from another configuration or a clean stop
+        try:
+            mac = net.link_mac(self.iface)
+        except net.NetError as e:
+            raise DataplaneError(str(e)) from None
         defines = {"SWML_K": self.params.k, "SWML_SLOTS": self.params.slots,
-                   "SWML_PORT": self.params.port, "SWML_PIN_DIR": bpf.c_string(pins)}
+                   "SWML_PORT": self.params.port, "SWML_PIN_DIR": bpf.c_string(pins),
+                   **address_defines(ip, mac)}
         try:
             bpf.ensure_bpffs(pins)
             # The maps are created and pinned, or re-opened where pinned already.
@@ -134,6 +139,15 @@ class XdpDataplane(Dataplane):
         if bpf.remove_pins(bpf.pin_dir(iface)):
             did.append("removed pinned maps")
         return did, failed
+
+
+def address_defines(ip: str, mac: str) -> dict[str, int]:
+    """The switch's own addresses as the program's defines (swml_switch.c):
+    it takes only frames to these, as this host reads the bytes."""
+    b = bytes(int(x, 16) for x in mac.split(":"))
+    return {"SWML_SWITCH_IP": wire.ip_to_be32(ip),
+            "SWML_SWITCH_MAC_HI": int.from_bytes(b[:4], "little"),
+            "SWML_SWITCH_MAC_LO": int.from_bytes(b[4:6], "little")}
 
 
 def _netns_names_to_try(state: dict | None) -> list[str | None]:

@@ -1,11 +1,14 @@
 """The `afxdp` backend: the C engine (switchml_xdp._engine) over an AF_XDP socket.
 
-Set-up, per worker: compile xdp/swml_redirect.c for this job (port, the
-worker's IP, the job's multicast group as -D defines), attach it to the
-worker's interface (native XDP, generic if the driver has none), and open the
-engine: a UMEM plus an AF_XDP socket in copy mode on queue 0, inserted into the
-program's XSKMAP. From then on the switch's RESULTs for this worker land in
-the socket's rx ring and everything else still goes to the kernel stack.
+Set-up, per worker: hold the job's UDP port with a kernel socket (port.py: no
+other socket on the host may bind it; it joins the job's multicast group so
+IGMP snooping forwards the group here), compile xdp/swml_redirect.c for this
+job (port, the worker's IP, the job's multicast group, the switch's address
+and port as -D defines), attach it to the worker's interface (native XDP,
+generic if the driver has none), and open the engine: a UMEM plus an AF_XDP
+socket in copy mode on queue 0, inserted into the program's XSKMAP. From then
+on the switch's RESULTs for this worker land in the socket's rx ring and
+everything else still goes to the kernel stack.
 
 Each allreduce is one call into C, which streams the whole tensor with the GIL
 released. The streaming rules, packet format and quantization are those of the
@@ -13,7 +16,7 @@ udp backend (plans.py, quant.py), so both kinds of worker can share a job,
 and so is the retransmission policy (retransmit.py; the engine's estimator in
 worker/stream.c implements its rules). The job's AbortSignal raises a flag the
 C loop reads every few ms; the loop's status code becomes JobAborted /
-TimeoutError here.
+TimeoutError / CallMismatch here.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ import numpy as np
 
 from .. import bpf, wire
 from .abort import AbortSignal
-from .backend import Backend, LocalEnd
+from .backend import STAT_KEYS, Backend, LocalEnd
+from .calls import Call, check_length
 from .control import JobInfo
+from .port import reserve_port
 from .retransmit import ENGINE_POLICY, RetransmitPolicy
 
 PROG_NAME = "swml_redirect"
@@ -35,6 +40,9 @@ QUEUE = 0                 # veth (and the lab) have one rx queue; the engine bin
 # SWML_AFXDP_RTO_INITIAL / _MIN / _MAX (seconds) override the policy's timeouts
 # for experiments (RetransmitPolicy.with_env), SWML_AFXDP_SPIN the spin below.
 ENV_PREFIX = "SWML_AFXDP_"
+# The port-holding socket reads nothing (frames come through AF_XDP): what the
+# redirect program passes to the stack may fill this little and be dropped.
+PORT_RCVBUF = 4096
 # Empty rx-ring polls (~10 us) before sleeping in ppoll(). Results of a worker's own
 # packets come back inside its own sendto() (copy mode runs the whole veth/bridge/
 # switch path in that call's softirq), so spinning only helps for results that
@@ -72,7 +80,9 @@ def _mac_bytes(mac: str) -> bytes:
 def compile_redirect(info: JobInfo, local_ip: str) -> bpf.Program:
     """Compile and load the redirect program for one job on one worker."""
     defines = {"SWML_PORT": info.port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u",
-               "SWML_GROUP_IP": f"{wire.ip_to_be32(info.group_ip):#x}u"}
+               "SWML_GROUP_IP": f"{wire.ip_to_be32(info.group_ip):#x}u",
+               "SWML_SWITCH_IP": f"{wire.ip_to_be32(info.switch_ip):#x}u",
+               "SWML_SWITCH_PORT": info.switch_port}
     try:
         return bpf.compile_program(SOURCE, PROG_NAME, defines)
     except bpf.BpfError as e:
@@ -94,6 +104,7 @@ class AfxdpBackend(Backend):
         self._lock = threading.Lock()
         self._call_lock = threading.Lock()  # held by allreduce; close() waits for it
         self._engine = None
+        self._port_sock = None
         self._prog: bpf.Program | None = None
         self._link: bpf.XdpLink | None = None
         self._closed = False
@@ -102,6 +113,7 @@ class AfxdpBackend(Backend):
         self.policy = (policy or self.default_policy).with_env(ENV_PREFIX)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
+            self._port_sock = reserve_port(info.port, info.group_ip, local.ip, PORT_RCVBUF)
             self._prog = compile_redirect(info, local.ip)
             self.mode = self._attach(self._prog.fd, mode, verbose)
             engine = _engine_module()
@@ -110,7 +122,8 @@ class AfxdpBackend(Backend):
                 job=info.job_id, rank=info.rank, world=info.world, k=info.k, slots=info.slots,
                 src_mac=_mac_bytes(local.mac), dst_mac=_mac_bytes(info.switch_mac),
                 src_ip=socket.inet_aton(local.ip), dst_ip=socket.inet_aton(info.switch_ip),
-                src_port=info.port, dst_port=info.switch_port, queue=QUEUE,
+                src_port=info.port, dst_port=info.switch_port, key=info.key,
+                seq_base=info.seq_base, queue=QUEUE,
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
                 rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
                 stall_timeout=stall_timeout, spin=spin)
@@ -154,13 +167,16 @@ class AfxdpBackend(Backend):
             if self._prog is not None:
                 self._prog.close()
                 self._prog = None
+            if self._port_sock is not None:
+                self._port_sock.close()
+                self._port_sock = None
 
     def _on_abort(self, reason: str) -> None:
         self._abort[0] = 1
 
     # --- the datapath ------------------------------------------------------------
-    def allreduce(self, flat: np.ndarray) -> None:
-        """Reduce a 1-D C-contiguous float32/int32 array in place."""
+    def allreduce(self, flat: np.ndarray, call: Call) -> None:
+        """Reduce a 1-D C-contiguous float32/int32 array in place with call.op."""
         if self._closed:
             raise RuntimeError("the afxdp backend is closed")
         if flat.dtype not in (np.float32, np.int32) or flat.ndim != 1 or not flat.flags.c_contiguous:
@@ -168,12 +184,17 @@ class AfxdpBackend(Backend):
         if not flat.size:
             return
         engine = _engine_module()
+        npackets = engine.packets(flat.size, self.info.k, self.info.slots,
+                                  flat.dtype == np.float32, call.op_code)
+        check_length(call, npackets, self.info.k)
         with self._call_lock:
             if self._closed:
                 raise RuntimeError("the afxdp backend is closed")
-            status = self._engine.allreduce(flat)
+            status = self._engine.allreduce(flat, call.op_code, call.tag)
         if status == engine.OK:
             return
+        if status == engine.DISAGREE:
+            raise call.mismatch()
         if status == engine.ABORTED:
             self.abort_signal.raise_if_set(self.info.name)
             raise RuntimeError("the afxdp backend was closed during the allreduce")
@@ -181,17 +202,15 @@ class AfxdpBackend(Backend):
             raise TimeoutError(
                 f"no result from the switch for {self.stall_timeout:g} s; waiting for slot(s) "
                 f"{self._engine.pending_slots()} of job {self.info.name!r} (afxdp on {self.iface})")
-        if status == engine.E2BIG:
-            raise ValueError(f"tensor of {flat.size} elements needs 2^32 or more packets "
-                             f"(k={self.info.k}): split it")
+        if status == engine.E2BIG:  # checked above: only if the two counts ever differ
+            raise call.too_long(npackets, self.info.k)
         raise OSError(f"the AF_XDP socket on {self.iface} failed (engine status {status})")
 
     def stats(self) -> dict:
         """Counters: the udp backend's keys (packets_sent, retransmissions, results,
         duplicates, shadow_replies) plus the engine's and the redirect program's."""
         if self._engine is None:
-            return {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
-                    "shadow_replies": 0}
+            return dict.fromkeys(STAT_KEYS, 0)
         out = self._engine.stats()
         prog = self._prog
         if prog is not None:

@@ -3,7 +3,9 @@
 A Worker joins its job on the switch (waiting for every rank), then reduces
 tensors in place through the switch. Calls run one at a time, in the order they
 were made, on the worker's own thread; `allreduce` waits, `allreduce_async`
-returns a future. Every rank must make the same calls in the same order.
+returns a future. Every rank must make the same calls in the same order:
+each call carries a tag of its number, length, dtype and op (calls.py), and
+ranks that disagree all get CallMismatch naming the call, never a wrong result.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from .. import net, wire
 from .backend import Backend, LocalEnd
+from .calls import Call, op_code
 from .control import ControlClient, ControlError, JobInfo
 
 BACKENDS = ("auto", "afxdp", "udp")
@@ -71,6 +74,8 @@ class Worker:
             raise
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-r{rank}")
         self._lock = threading.Lock()
+        self._calls = 0  # calls made on this Worker: part of each call's tag
+        self._submit_lock = threading.Lock()
         self._stats = {"tensors": 0, "elements": 0, "seconds": 0.0}
         self._closed = False
 
@@ -106,12 +111,16 @@ class Worker:
         return UdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
 
     # --- the API -------------------------------------------------------------
-    def allreduce(self, array: np.ndarray) -> np.ndarray:
-        """Sum `array` over all ranks, in place (float32 or int32); returns it."""
-        return self.allreduce_async(array).result()
+    def allreduce(self, array: np.ndarray, op: str = "sum") -> np.ndarray:
+        """Reduce `array` over all ranks with op "sum", "min" or "max", in place
+        (float32 or int32); returns it. int32 and float32 min/max are exact;
+        a float32 sum is quantized (docs/quantization.md). Raises CallMismatch
+        if the ranks did not make the same call (length, dtype or op)."""
+        return self.allreduce_async(array, op).result()
 
-    def allreduce_async(self, array: np.ndarray) -> Future:
+    def allreduce_async(self, array: np.ndarray, op: str = "sum") -> Future:
         """Start an allreduce; the future's result is the (reduced) array."""
+        op_code(op)  # a ValueError before anything is queued or sent
         if self._closed:
             raise RuntimeError("this Worker is closed")
         if not isinstance(array, np.ndarray):
@@ -123,14 +132,20 @@ class Worker:
                              "(np.ascontiguousarray makes one; copy the result back)")
         if not array.flags.writeable:
             raise ValueError("allreduce works in place and needs a writeable array")
-        return self._executor.submit(self._reduce, array)
+        with self._submit_lock:  # numbers in the order the calls run
+            call = Call(self._calls, self.info.name, array.size, array.dtype.name, op)
+            self._calls += 1
+            return self._executor.submit(self._reduce, array, call)
 
-    def _reduce(self, array: np.ndarray) -> np.ndarray:
+    def _reduce(self, array: np.ndarray, call: Call) -> np.ndarray:
         with self._lock:
             self._control.abort.raise_if_set(self.info.name)
             t0 = time.perf_counter()
-            if array.size:
-                self._backend.allreduce(array.reshape(-1))
+            # An empty call still sends one packet with its tag: a rank whose
+            # call is empty while another's is not must raise CallMismatch,
+            # not wait for a stall.
+            flat = array.reshape(-1) if array.size else np.zeros(1, np.int32)
+            self._backend.allreduce(flat, call)
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0

@@ -9,8 +9,9 @@ where `info` is the join's JobInfo, `local` this end of the data path
 AbortSignal the control client sets (abort.py), `policy` the retransmission
 policy (retransmit.py; None: the backend's `default_policy`). It then calls
 `allreduce` one call at a time, `stats()` whenever, and `close()` once.
-Both backends speak the same wire protocol and streaming rules (plans.py),
-so the ranks of a job may use either.
+Both backends speak the same wire protocol and streaming rules (plans.py,
+calls.py: seq, tag, resync after a failed call), so the ranks of a job may use
+either. Both hold the worker's UDP port for their life (port.py).
 """
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ from typing import ClassVar
 import numpy as np
 
 from .abort import AbortSignal
+from .calls import Call
 from .control import JobInfo
 from .retransmit import RetransmitPolicy
 
 # The counters every backend's stats() has (a backend may add its own).
-STAT_KEYS = ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies")
+STAT_KEYS = ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies",
+             "ignored")
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,18 @@ class Backend(ABC):
         with a one-line reason if it cannot be set up (nothing is left behind)."""
 
     @abstractmethod
-    def allreduce(self, flat: np.ndarray) -> None:
-        """Reduce a 1-D C-contiguous float32/int32 array in place over the job.
+    def allreduce(self, flat: np.ndarray, call: Call) -> None:
+        """Reduce a 1-D C-contiguous float32/int32 array in place over the job
+        with call.op; every DATA packet carries the job's key, call.op and
+        call.tag, and only RESULTs of this call from the switch are taken.
 
         Raises JobAborted ("job '<name>' aborted: <reason>") if `abort` is set
         before or during the call, TimeoutError if no result arrives for
-        `stall_timeout` seconds (naming the slots it waited for), RuntimeError
-        if the backend is closed."""
+        `stall_timeout` seconds (naming the slots it waited for), CallMismatch
+        (call.mismatch()) as soon as a RESULT of this call says the ranks'
+        contributions disagreed, ValueError (before sending) for a call longer
+        than SWML_SEQ_RESYNC_STRIDE packets, RuntimeError if the backend is
+        closed. After any failure the stream resyncs (calls.resync_index)."""
 
     @abstractmethod
     def stats(self) -> dict:

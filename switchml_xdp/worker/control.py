@@ -36,6 +36,8 @@ class JobInfo:
     group_mac: str
     port: int          # this worker's UDP port, where RESULTs arrive
     heartbeat_s: float
+    key: int           # the job's data key: every DATA packet carries it
+    seq_base: int      # the seq of the job's first packet
 
 
 class ControlClient:
@@ -178,7 +180,7 @@ class ControlClient:
         sw, grp = reply["switch"], reply["group"]
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
-                       grp["port"], reply["heartbeat_s"])
+                       grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"])
         self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
                             **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)

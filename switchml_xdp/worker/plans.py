@@ -3,16 +3,18 @@ payload and the dependencies that say when it may be sent.
 
 The streaming rule (DESIGN.md "Worker"): packet i of the job's life goes to slot
 i mod S with version (i div S) mod 2, and may be sent only when the slot's
-previous packet (i - S) has its result. Float tensors add one rule: the payload
-of block b is quantized with the exponent agreed for it, which travels `lag`
-packets ahead in the switch's `exp` field, so packet p also waits for the
-result of packet p - lag. For int32, lag = S and the rule is SwitchML's.
+previous packet (i - S) has its result. Float tensors summed add one rule: the
+payload of block b is quantized with the exponent agreed for it, which travels
+`lag` packets ahead in the switch's `exp` field, so packet p also waits for the
+result of packet p - lag. For int32, lag = S and the rule is SwitchML's; float32
+MIN and MAX need no exponent: they go through the order-preserving map of
+switchml_xdp/ordered.py and stream like int32.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import wire
+from .. import ordered, wire
 
 
 class Int32Plan:
@@ -25,7 +27,13 @@ class Int32Plan:
         self.npackets = self.blocks
         self.lag = slots
         self.padded = np.zeros((self.blocks, k), dtype=np.int32)
-        self.padded.reshape(-1)[:n] = flat
+        self.padded.reshape(-1)[:n] = self.encode(flat)
+
+    def encode(self, flat: np.ndarray) -> np.ndarray:
+        return flat
+
+    def decode(self, q: np.ndarray) -> np.ndarray:
+        return q
 
     def payload(self, p: int) -> tuple[np.ndarray, int, int]:
         return self.padded[p], 0, 0
@@ -34,7 +42,22 @@ class Int32Plan:
         self.padded[p] = values
 
     def finish(self) -> None:
-        self.flat[:] = self.padded.reshape(-1)[: self.flat.size]
+        self.flat[:] = self.decode(self.padded.reshape(-1)[: self.flat.size])
+
+
+class OrderedFloat32Plan(Int32Plan):
+    """float32 MIN/MAX: each float as the int32 that sorts like it (ordered.py);
+    exact, NaN per element as numpy's minimum/maximum give it."""
+
+    def __init__(self, flat: np.ndarray, k: int, slots: int, op: int):
+        self.op = op
+        super().__init__(flat, k, slots)
+
+    def encode(self, flat: np.ndarray) -> np.ndarray:
+        return ordered.to_ordered(flat, self.op)
+
+    def decode(self, q: np.ndarray) -> np.ndarray:
+        return ordered.from_ordered(q)
 
 
 class Float32Plan:
@@ -80,9 +103,20 @@ class Float32Plan:
                                              self.world, self.flat.size)
 
 
-def make_plan(flat: np.ndarray, k: int, slots: int, world: int):
+def make_plan(flat: np.ndarray, k: int, slots: int, world: int, op: int = wire.OP_SUM):
+    """The plan for reducing `flat` with `op` (SWML_OP_*)."""
     if flat.dtype == np.int32:
         return Int32Plan(flat, k, slots)
     if flat.dtype == np.float32:
-        return Float32Plan(flat, k, slots, world)
+        if op == wire.OP_SUM:
+            return Float32Plan(flat, k, slots, world)
+        return OrderedFloat32Plan(flat, k, slots, op)
     raise TypeError(f"allreduce supports float32 and int32 arrays, not {flat.dtype}")
+
+
+def packets_needed(n: int, dtype: np.dtype, k: int, slots: int, op: int = wire.OP_SUM) -> int:
+    """How many packets make_plan's plan for n elements sends (without building it)."""
+    blocks = -(-n // k)
+    if np.dtype(dtype) == np.float32 and op == wire.OP_SUM:
+        return blocks + min(slots, blocks)
+    return blocks

@@ -1,15 +1,20 @@
 """The `udp` backend: the wire protocol over kernel UDP sockets, no root needed.
 
-One socket bound to the job's port receives both the multicast RESULTs (it
+One socket bound to the job's port (port.py: no SO_REUSEADDR, so no other
+socket on the host can share it) receives both the multicast RESULTs (it
 joins the job's group) and unicast shadow replies. Streaming follows
-plans.py; each in-flight packet has a retransmission timer (retransmit.py:
-the policy both backends share), and a tensor that makes no progress for
-`stall_timeout` seconds fails with the slots it was waiting for.
+plans.py and calls.py; each in-flight packet has a retransmission timer
+(retransmit.py: the policy both backends share), and a tensor that makes no
+progress for `stall_timeout` seconds fails with the slots it was waiting for.
+
+A datagram counts as a RESULT of the call only if it comes from the switch's
+address and port, is a RESULT of this job with k elements, carries the seq
+of one of the call's packets in flight on its slot, and the call's tag and op
+(`accept`). One such RESULT flagged DISAGREE ends the call with CallMismatch.
 """
 from __future__ import annotations
 
 import select
-import socket
 import time
 
 import numpy as np
@@ -17,13 +22,19 @@ import numpy as np
 from .. import wire
 from .abort import AbortSignal
 from .backend import Backend, LocalEnd
+from .calls import SEQ_MASK, Call, CallSpan, check_length, resync_index
 from .control import JobInfo
-from .plans import make_plan
+from .plans import make_plan, packets_needed
+from .port import reserve_port
 from .retransmit import PYTHON_POLICY, RetransmitPolicy, RetransmitTimers
 
 HDR = wire.HDR_STRUCT  # struct swml_hdr, field by field
 
 POLL_MAX_S = 0.05  # the longest wait between two reads of the abort signal
+RX_BATCH = 256     # datagrams read between two looks at the timers
+
+# What `accept` makes of a datagram.
+FOREIGN, DUPLICATE, RESULT, DISAGREED = range(4)
 
 
 class UdpBackend(Backend):
@@ -39,25 +50,21 @@ class UdpBackend(Backend):
         # One set of timers per worker: what an adaptive policy learnt about round
         # trips carries over from tensor to tensor.
         self.timers = RetransmitTimers(policy or self.default_policy)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-            self.sock.bind(("0.0.0.0", info.port))
-            mreq = socket.inet_aton(info.group_ip) + socket.inet_aton(local.ip)
-            self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
-            self.sock.setblocking(False)
-        except OSError:
-            self.sock.close()
-            raise
+        self.sock = reserve_port(info.port, info.group_ip, local.ip, rcvbuf=8 << 20)
+        self.sock.setblocking(False)
         self.dest = (info.switch_ip, info.switch_port)
-        self.next_index = 0  # packets sent over the job's life: slot and version follow from it
+        self.next_index = 0  # p_job: packets of the job's life; slot and version follow from it
         self._counters = {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
-                          "shadow_replies": 0}
+                          "shadow_replies": 0, "ignored": 0}
         k = info.k
         self._tx = bytearray(wire.HDR_LEN + 4 * k)
         self._rx = bytearray(2048)
         self._rx_vals = np.frombuffer(self._rx, dtype="<i4", count=k, offset=wire.HDR_LEN)
+        # Per packet, in Python: what does not change is looked up once.
+        self._data_vt = wire.ver_type(wire.TYPE_DATA)
+        self._result_vt = wire.ver_type(wire.TYPE_RESULT)
+        self._min_len = wire.HDR_LEN + 4 * k
+        self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
 
     def close(self) -> None:
         self.sock.close()
@@ -65,29 +72,69 @@ class UdpBackend(Backend):
     def stats(self) -> dict:
         return {**self._counters, "rto_us": int(self.timers.estimator.rto * 1e6)}
 
-    def _send(self, plan, p: int, base: int, retrans: bool) -> None:
-        i = base + p
-        S = self.info.slots
+    def _send(self, plan, p: int, retrans: bool) -> None:
+        """Packet p of the current call (run() set _call_fields)."""
+        op, tag, seq0, start = self._call_fields
+        info = self.info
+        i, S = start + p, info.slots
         values, exp, flags = plan.payload(p)
         flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
-        HDR.pack_into(self._tx, 0, wire.ver_type(wire.TYPE_DATA), flags, self.info.job_id,
-                      self.info.rank, i % S, i & 0xFFFFFFFF, exp, 0, self.info.k)
+        HDR.pack_into(self._tx, 0, self._data_vt, flags, op, wire.FMT_INT32, info.job_id,
+                      info.rank, i % S, info.k, (seq0 + p) & SEQ_MASK, tag, exp, 0, 0, info.key)
         self._tx[wire.HDR_LEN:] = values.astype("<i4", copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self._counters["packets_sent"] += 1
 
-    def allreduce(self, flat: np.ndarray) -> None:
-        """Reduce a 1-D float32/int32 array in place."""
+    def allreduce(self, flat: np.ndarray, call: Call) -> None:
+        """Reduce a 1-D float32/int32 array in place with call.op."""
         if self.sock.fileno() < 0:
             raise RuntimeError("the udp backend is closed")
         self.abort_signal.raise_if_set(self.info.name)
-        self.run(make_plan(flat, self.info.k, self.info.slots, self.info.world))
+        check_length(call, packets_needed(flat.size, flat.dtype, self.info.k, self.info.slots,
+                                          call.op_code), self.info.k)
+        plan = make_plan(flat, self.info.k, self.info.slots, self.info.world, call.op_code)
+        start = self.next_index
+        try:
+            self.run(plan, call)
+        except BaseException:
+            # Every rank that failed this call goes on from the same packet,
+            # past anything the call sent: the job stays usable.
+            self.next_index = resync_index(start, self.info.slots)
+            raise
 
-    def run(self, plan) -> None:
+    def accept(self, nbytes: int, source, call: Call, span: CallSpan,
+               in_flight) -> tuple[int, int, int, int]:
+        """What the datagram in the receive buffer is to the call:
+        (verdict, packet, flags, exp). FOREIGN: not a RESULT of this call from
+        the switch; DUPLICATE: a RESULT of a packet not in flight; RESULT or
+        DISAGREED: the answer to packet `packet`. in_flight(p): packet p is
+        sent and unanswered."""
+        if source != self.dest or nbytes < self._min_len:
+            return FOREIGN, -1, 0, 0
+        vt, flags, op, fmt, job, _rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
+            HDR.unpack_from(self._rx)
+        info = self.info
+        if vt != self._result_vt or job != info.job_id or count != info.k or fmt != wire.FMT_INT32:
+            return FOREIGN, -1, 0, 0
+        p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
+        if p >= span.npackets or slot != (span.start + p) % info.slots:
+            return FOREIGN, -1, 0, 0
+        if not in_flight(p):
+            return DUPLICATE, p, flags, exp
+        if flags & wire.FLAG_DISAGREE:
+            # The round's tag and op are another rank's: the mismatch itself.
+            return DISAGREED, p, flags, exp
+        if tag != call.tag or op != call.op_code:
+            return FOREIGN, p, flags, exp
+        return RESULT, p, flags, exp
+
+    def run(self, plan, call: Call) -> None:
         """Stream a whole plan through the job's slots; returns when every
         packet has its result."""
         S, N, lag = self.info.slots, plan.npackets, plan.lag
         base = self.next_index
+        span = CallSpan(base, N, self.info.seq_base)
+        self._call_fields = (call.op_code, call.tag, span.seq(0), base)
         done = np.zeros(N, dtype=bool)
         sent = np.zeros(N, dtype=bool)
         timers = self.timers
@@ -99,7 +146,7 @@ class UdpBackend(Backend):
             return (p < S or done[p - S]) and (p < lag or done[p - lag])
 
         def send(p: int) -> None:
-            self._send(plan, p, base, False)
+            self._send(plan, p, False)
             sent[p] = True
             timers.sent(p)
 
@@ -108,45 +155,55 @@ class UdpBackend(Backend):
                 send(p)
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
-        expected_vt = wire.ver_type(wire.TYPE_RESULT)
+
+        def in_flight(p: int) -> bool:
+            return bool(sent[p]) and not done[p]
+
         while remaining:
             self.abort_signal.raise_if_set(self.info.name)
             next_deadline = timers.next_deadline()
             wait = POLL_MAX_S if next_deadline is None else next_deadline - time.monotonic()
-            if not poller.poll(max(0, min(wait, POLL_MAX_S)) * 1000):
-                if time.monotonic() - last_progress > self.stall_timeout:
-                    raise TimeoutError(
-                        f"no result from the switch for {self.stall_timeout:g} s; waiting for "
-                        f"slot(s) {sorted((base + p) % S for p in timers.pending())[:8]} "
-                        f"of job {self.info.name!r}")
+            progress = False
+            if poller.poll(max(0, min(wait, POLL_MAX_S)) * 1000):
+                for _ in range(RX_BATCH):
+                    try:
+                        nbytes, source = self.sock.recvfrom_into(self._rx)
+                    except BlockingIOError:
+                        break
+                    verdict, p, flags, exp = self.accept(nbytes, source, call, span, in_flight)
+                    if verdict == FOREIGN:
+                        self._counters["ignored"] += 1
+                        continue
+                    if verdict == DUPLICATE:
+                        self._counters["duplicates"] += 1
+                        continue
+                    if verdict == DISAGREED:
+                        raise call.mismatch()
+                    if flags & wire.FLAG_SHADOW:
+                        self._counters["shadow_replies"] += 1
+                    timers.answered(p)
+                    plan.result(p, self._rx_vals, exp, flags)
+                    done[p] = True
+                    remaining -= 1
+                    self._counters["results"] += 1
+                    progress = True
+                    for q in (p + S, p + lag):
+                        if q < N and not sent[q] and ready(q):
+                            send(q)
+            now = time.monotonic()
+            if progress:
+                last_progress = now
+                continue
+            # Idle, or only datagrams that were no results (a stream of
+            # foreign ones must not hold off retransmissions or the stall).
+            if now - last_progress > self.stall_timeout:
+                raise TimeoutError(
+                    f"no result from the switch for {self.stall_timeout:g} s; waiting for "
+                    f"slot(s) {sorted((base + p) % S for p in timers.pending())[:8]} "
+                    f"of job {self.info.name!r}")
+            if next_deadline is not None and now >= next_deadline:
                 for p in timers.expired():
                     self._counters["retransmissions"] += 1
-                    self._send(plan, p, base, True)
-                continue
-            while True:
-                try:
-                    nbytes = self.sock.recv_into(self._rx)
-                except BlockingIOError:
-                    break
-                if nbytes < wire.HDR_LEN + 4 * self.info.k:
-                    continue
-                vt, flags, job, _rank, slot, seq, exp, _r, count = HDR.unpack_from(self._rx)
-                if vt != expected_vt or job != self.info.job_id:
-                    continue
-                p = (seq - base) & 0xFFFFFFFF
-                if p >= N or done[p] or not sent[p]:
-                    self._counters["duplicates"] += 1
-                    continue
-                if flags & wire.FLAG_SHADOW:
-                    self._counters["shadow_replies"] += 1
-                timers.answered(p)
-                plan.result(p, self._rx_vals, exp, flags)
-                done[p] = True
-                remaining -= 1
-                self._counters["results"] += 1
-                last_progress = time.monotonic()
-                for q in (p + S, p + lag):
-                    if q < N and not sent[q] and ready(q):
-                        send(q)
+                    self._send(plan, p, True)
         self.next_index = base + N
         plan.finish()

@@ -1,0 +1,60 @@
+"""A lab bridge that behaves like a switch with IGMP snooping, as real networks run.
+
+Used by the namespace lab (`Lab(igmp=True)`) and the VM lab (lab/vm.py).
+
+A Linux bridge with multicast snooping learns, from the IGMP reports it sees,
+which ports want which group. Once a querier exists (the bridge runs one
+itself, as real switches or routers do and libvirt networks do not), it
+forwards a group's frames to those ports only (and to multicast-router
+ports), also for groups nobody joined: a worker whose kernel never joined the
+result group gets no results by multicast. Before that (the first query
+response interval, or without a querier) it floods; stopping ports flooding
+unknown groups (`stop_flooding_unknown_groups`, as strict switches do) closes
+that gap too, so tests/test_igmp.py sees the same from the first packet.
+
+Timers are shortened (query every 5 s, startup queries every 1 s) so that a
+lab learns and re-learns within a test's time; the rules are the standard ones.
+"""
+from __future__ import annotations
+
+from pyroute2 import IPRoute
+
+CENTISECONDS = 100            # the bridge's timer attributes count clock_t ticks (1/100 s)
+QUERY_INTERVAL_S = 5
+STARTUP_QUERY_INTERVAL_S = 1
+QUERY_RESPONSE_INTERVAL_S = 1
+# The querier's queries need a source address (a query from 0.0.0.0 is not
+# elected querier on other bridges); the bridge gets one outside the hosts' range.
+QUERIER_HOST_OCTET = 254
+
+
+def snooping_bridge_attrs() -> dict:
+    """pyroute2 `link("add", kind="bridge", **attrs)` attributes: snooping on
+    (IGMPv3) with short timers; start_querier() then adds the querier."""
+    return {
+        "br_mcast_snooping": 1,
+        "br_mcast_igmp_version": 3,
+        "br_mcast_query_intvl": QUERY_INTERVAL_S * CENTISECONDS,
+        "br_mcast_startup_query_intvl": STARTUP_QUERY_INTERVAL_S * CENTISECONDS,
+        "br_mcast_query_response_intvl": QUERY_RESPONSE_INTERVAL_S * CENTISECONDS,
+    }
+
+
+def start_querier(ipr: IPRoute, bridge_index: int, host_ip: str, prefixlen: int) -> None:
+    """Give the bridge an address in the hosts' subnet (the queries' source),
+    then turn its querier on. Not at creation: the bridge forwards by its
+    table only once a querier has existed for one query response interval,
+    and it takes the interval in force when the querier is switched on (at
+    creation, the default 10 s rather than ours)."""
+    ipr.addr("add", index=bridge_index, address=querier_address(host_ip), prefixlen=prefixlen)
+    ipr.link("set", index=bridge_index, kind="bridge", br_mcast_querier=1)
+
+
+def querier_address(host_ip: str) -> str:
+    """The bridge's own address in the hosts' /24."""
+    return host_ip.rsplit(".", 1)[0] + f".{QUERIER_HOST_OCTET}"
+
+
+def stop_flooding_unknown_groups(ipr: IPRoute, port_index: int) -> None:
+    """Strict snooping on one bridge port: only groups a host behind it joined."""
+    ipr.brport("set", index=port_index, mcast_flood=0)
