@@ -95,6 +95,10 @@ def sample_with_rates(interval: float, previous: list[dict] | None = None) -> li
 
 # --------------------------------------------------------------- plain text
 
+#: The counters that are not drops: what happened to the packets the switch took.
+OUTCOMES = [n for n in wire.COUNTER_NAMES if n not in wire.DROP_REASONS]
+
+
 def _rate(v: float | None, fmt: str = ".0f") -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -148,13 +152,13 @@ def format_text(st: dict) -> str:
         lines.append("  no jobs")
     c = st.get("counters")
     if c:
-        lines.append("  packets: " + ", ".join(f"{n} {c[n]}" for n in wire.COUNTER_NAMES[:6]))
+        lines.append("  packets: " + ", ".join(f"{n} {c[n]}" for n in OUTCOMES))
         drops = {n: c[n] for n in wire.DROP_REASONS if c[n]}
         lines.append("  dropped: " + (", ".join(f"{n} {v}" for n, v in drops.items()) or "none"))
     if rates:
         cr = rates["counters"]
         lines.append(f"  per second over {rates['interval_s']:.1f} s: "
-                     + ", ".join(f"{n} {_rate(cr.get(n))}" for n in wire.COUNTER_NAMES[:6]))
+                     + ", ".join(f"{n} {_rate(cr.get(n))}" for n in OUTCOMES))
         drops = {n: v for n, v in rates["drops"].items() if v}
         lines.append("  dropped per second: "
                      + (", ".join(f"{n} {_rate(v, '.1f')}" for n, v in drops.items()) or "none"))
@@ -201,7 +205,7 @@ def render_frame(switches: list[dict]):
         if rates:
             cr = rates["counters"]
             parts.append(Text("  per second: " + ", ".join(
-                f"{n} {_rate(cr.get(n))}" for n in wire.COUNTER_NAMES[:6])))
+                f"{n} {_rate(cr.get(n))}" for n in OUTCOMES)))
             drops = Table(box=None, pad_edge=False, header_style="bold")
             drops.add_column("dropped: reason")
             drops.add_column("per second", justify="right")
