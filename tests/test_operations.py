@@ -305,8 +305,10 @@ def test_status_and_down_for_any_user_and_the_metrics_endpoint(fresh_lab):
             assert mine["alive"] and set(mine["counters"]) == set(wire.COUNTER_NAMES)
             assert [j["name"] for j in mine["jobs"]] == ["ops"]
             assert mine["rates"]["interval_s"] > 0.2 and "rx" in mine["rates"]["counters"]
-            if mine["job_stats"] is not None:   # the data plane counts per job
-                assert str(mine["jobs"][0]["id"]) in mine["rates"]["jobs"]
+            job_id = str(mine["jobs"][0]["id"])   # the data plane counts per job
+            assert set(mine["job_stats"][job_id]) >= {"packets", "bytes", "results", "shadow_replies"}
+            assert set(mine["rates"]["jobs"][job_id]) == {
+                "packets_per_s", "gbit_per_s", "completions_per_s", "retransmissions_answered_per_s"}
             text = as_nobody("status", "--interval", "0.2").stdout
             assert "per second over" in text and "ops" in text
             frame = as_nobody("status", "--watch", "--count", "1", "--interval", "0.2").stdout
@@ -332,6 +334,8 @@ def test_status_and_down_for_any_user_and_the_metrics_endpoint(fresh_lab):
             assert re.search(rf'swml_job_members{{iface="{sw.iface}",job="ops",job_id="\d+"}} 1\.0',
                              body)
             assert re.search(rf'swml_slots_in_use{{iface="{sw.iface}"}} [1-9]', body)
+            assert re.search(rf'swml_job_packets_total{{iface="{sw.iface}",job="ops",job_id="\d+"}} ',
+                             body)
 
             # A pinned map whose values are not the size this version reads (a
             # switch of another version) is refused, never read into a short buffer.
