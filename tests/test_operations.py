@@ -229,6 +229,20 @@ def test_config_file_gives_the_options_and_the_command_line_wins(tmp_path, captu
     assert captured_up["params"].slots == 512
 
 
+def test_the_systemd_units_command_line_works(tmp_path, captured_up):
+    unit = (ROOT / "packaging/swml-switch.service")
+    if not unit.exists():
+        pytest.skip("no packaging/swml-switch.service in this tree")
+    argv = re.search(r"^ExecStart=(.*)$", unit.read_text(), re.M).group(1).split()
+    assert argv[:2] == ["swml-switch", "up"] and "--config" in argv
+    cfg = tmp_path / "switch.toml"
+    cfg.write_text('iface = "eth1"\nrequire-token = true\n')
+    args = [str(cfg) if a == "/etc/swml/switch.toml" else a for a in argv[2:]]
+    r = CliRunner().invoke(switch_cli.main, ["up", *args])
+    assert r.exit_code == 0, r.output
+    assert captured_up["iface"] == "eth1" and captured_up["require_token"] is True
+
+
 def test_default_config_file_is_read_when_it_exists(tmp_path, captured_up, monkeypatch):
     cfg = tmp_path / "switch.toml"
     cfg.write_text('iface = "eth3"\nlease = 7.5\n')
