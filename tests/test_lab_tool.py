@@ -178,3 +178,15 @@ def test_a_waiting_rank_says_which_ranks_it_waits_for(fresh_lab):
     assert "waiting for the other 2 ranks to join job 'late'" in errs[0]
     assert "job 'late': 1/3 ranks joined; waiting for ranks 1, 2" in errs[0], errs[0]
     assert "job 'late': 2/3 ranks joined; waiting for rank 2" in errs[0], errs[0]
+
+
+def test_bench_writes_to_a_fresh_directory_unless_told(monkeypatch, tmp_path):
+    from switchml_xdp.bench import lab_bench
+
+    seen = []
+    monkeypatch.setattr(lab_bench, "run_bench", lambda cfg, out: seen.append(cfg.out_dir))
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(lab_cli.main, ["bench", "-n", "2"]).exit_code == 0
+    assert seen[-1].startswith("swml-lab-bench-") and "bench/results" not in seen[-1]
+    assert CliRunner().invoke(lab_cli.main, ["bench", "--out", "bench/results"]).exit_code == 0
+    assert seen[-1] == "bench/results"
