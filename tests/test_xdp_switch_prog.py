@@ -17,26 +17,11 @@ from frames import (BROADCAST, ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint,
                     ethernet, ipv4_checksum, ipv6_udp_frame, parse_udp_frame, tcp_frame,
                     udp_frame)
 from switchml_xdp import wire
-from xdp_tester import Action, SwitchTester, assert_accounted, only, require_bpf
+from xdp_tester import (PROG_K, PROG_SLOTS, Action, SwitchTester, assert_accounted, only,
+                        require_bpf, sw, switch_prog)  # noqa: F401 - fixtures
 
-K = 8       # elements a packet: small frames, readable values
-SLOTS = 16
+K, SLOTS = PROG_K, PROG_SLOTS  # elements a packet: small frames, readable values
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
-
-
-@pytest.fixture(scope="module")
-def switch_prog():
-    require_bpf()
-    with SwitchTester(k=K, slots=SLOTS) as sw:
-        yield sw
-
-
-@pytest.fixture
-def sw(switch_prog):
-    """The module's switch, emptied; afterwards, every packet must be accounted for."""
-    switch_prog.reset()
-    yield switch_prog
-    assert_accounted(switch_prog.counters())
 
 
 def vec(*values: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import textwrap
 import time
 
 import numpy as np
@@ -91,6 +92,31 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
         "retransmissions": after["retransmissions"] - before["retransmissions"],
         "verified": (iterations + warmup - bad) if verify else None, "verify_failures": bad if verify else None,
     }
+
+
+#: What the columns of format_table mean: printed under the table and in `--help`.
+COLUMNS = (
+    ("TAT", "tensor aggregation time: one allreduce, from this rank's call to its result "
+            "(min/median/max over the timed iterations)"),
+    ("Gbit/s", "goodput: tensor bits / median TAT (payload only, no headers)"),
+    ("ATE/s", "aggregated tensor elements a second: elements / median TAT"),
+    ("retx", "packets this rank sent again after a timeout (timed iterations)"),
+    ("verify", "ok: every element equal to the exact reference; '-': not checked"),
+)
+_SPREAD = ("Each rank times its own calls: a rank that reaches a call later than the "
+           "others waits less, so per-rank medians differ by how far apart the ranks run; "
+           "the job's time is the largest median.")
+
+
+def _legend(width: int = 78) -> str:
+    def wrap(first: str, text: str) -> str:
+        return textwrap.fill(text, width, initial_indent=first, subsequent_indent=" " * 10)
+    return "\n".join([*(wrap(f"  {name:<7} ", text) for name, text in COLUMNS),
+                      textwrap.fill(_SPREAD, width, initial_indent="  ", subsequent_indent="  ")])
+
+
+COLUMNS_LEGEND = _legend()
+COLUMNS_HELP = "\b\nColumns of the table:\n" + COLUMNS_LEGEND
 
 
 def format_table(rows: list[dict]) -> str:

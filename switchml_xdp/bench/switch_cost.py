@@ -117,10 +117,13 @@ def measure_flood(k: int, seconds: float) -> dict:
 
 
 @click.command()
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 8))
-@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.5, 600))
-@click.option("--backend", default="auto", type=click.Choice(["auto", "afxdp", "udp"]))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="workers streaming through the switch in each measurement")
+@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="how long each measurement streams")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]),
+              help="the workers' datapath (make bench: afxdp)")
+@click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
 def main(workers, seconds, backend, as_json):
     rows = []
     for k in (64, 256):
