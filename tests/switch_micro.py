@@ -67,7 +67,8 @@ def stream(sw: SwitchTester, world: int, passes: int, check: bool = True) -> dic
 
 
 @click.command()
-@click.option("--k", "ks", default="64,256", show_default=True, help="elements a packet, comma-separated")
+@click.option("--k", "ks", default="64,256", show_default=True,
+              help="elements a packet, comma-separated")
 @click.option("--passes", default=7, show_default=True, type=click.IntRange(1, 100))
 @click.option("--src", type=click.Path(exists=True, file_okay=False), default=None,
               help="compile the switch from this copy of xdp/ (a variant to compare)")

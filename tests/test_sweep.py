@@ -50,7 +50,8 @@ def test_the_table_has_nccl_tests_columns_and_says_what_busbw_is():
             for b, t in ((4096, 1e-3), (8192, 1e-3))]
     text = format_sweep(rows)
     head = text.splitlines()[1].split()
-    assert head == ["#", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "retx"]
+    assert head == ["#", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong",
+                    "retx"]
     row = text.splitlines()[3].split()
     assert row == ["4096", "1024", "float32", "sum", "1000.0", "0.004", "0.006", "N/A", "2"]
     assert "busbw = algbw * 2(n-1)/n = algbw * 1.500" in text
@@ -94,8 +95,8 @@ def test_a_small_sweep_in_the_lab_json_and_verified(lab8, switch):
 
 
 def test_a_small_sweep_in_the_lab_prints_the_table(lab8, switch):
-    argv = WORKER_CLI + ["bench", "--switch", lab8.switch.ip, "--job", "sweep-table", "--world", "2",
-                         "--sweep", "4KiB:8KiB", "--iterations", "2", "--warmup", "0", "-q",
+    argv = WORKER_CLI + ["bench", "--switch", lab8.switch.ip, "--job", "sweep-table",
+                         "--world", "2", "--sweep", "4KiB:8KiB", "--iterations", "2", "--warmup", "0", "-q",
                          "--backend", "udp", "--port", "48912"]
     for out in _bench(lab8, argv):
         print(out)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from switchml_xdp import wire
-from xdp_tester import Action, Run, SwitchTester, assert_accounted, only, require_bpf
+from xdp_tester import (Action, Run, SwitchTester, assert_accounted, only, require_bpf,  # noqa: F401
+                        sw)  # the fixture, on this module's switch_prog
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 EDGES = np.array([INT32_MIN, INT32_MAX, -1, 0, 1, INT32_MIN + 1, INT32_MAX - 1], np.int32)
@@ -20,13 +21,6 @@ def switch_prog(request):
     require_bpf()
     with SwitchTester(k=request.param, slots=4) as sw:
         yield sw
-
-
-@pytest.fixture
-def sw(switch_prog):
-    switch_prog.reset()
-    yield switch_prog
-    assert_accounted(switch_prog.counters())
 
 
 def values(k: int, seed: int) -> np.ndarray:

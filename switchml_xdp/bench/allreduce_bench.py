@@ -182,8 +182,8 @@ def format_sweep(rows: list[dict]) -> str:
     """nccl-tests' table (in-place only: allreduce works in place here), plus
     the retransmissions of each size."""
     r0 = rows[0]
-    lines = [f"# swml allreduce sweep: rank {r0['rank']} of {r0['world']}, backend {r0['backend']}, "
-             f"k={r0['k']}, {r0['iterations']} iterations a size",
+    lines = [f"# swml allreduce sweep: rank {r0['rank']} of {r0['world']}, "
+             f"backend {r0['backend']}, k={r0['k']}, {r0['iterations']} iterations a size",
              f"#{'size':>11} {'count':>12} {'type':>7} {'redop':>6} {'time':>10} {'algbw':>7} "
              f"{'busbw':>7} {'#wrong':>6} {'retx':>7}",
              f"#{'(B)':>11} {'(elements)':>12} {'':>7} {'':>6} {'(us)':>10} {'(GB/s)':>7} "
@@ -191,8 +191,8 @@ def format_sweep(rows: list[dict]) -> str:
     for r in rows:
         wrong = "N/A" if r["verified"] is None else str(r["verify_failures"])
         lines.append(f" {r['bytes']:>11} {r['elements']:>12} {r['dtype']:>7} {r['op']:>6} "
-                     f"{r['tat_mean_s'] * 1e6:>10.1f} {r['algbw_gbs']:>7.3f} {r['busbw_gbs']:>7.3f} "
-                     f"{wrong:>6} {r['retransmissions']:>7}")
+                     f"{r['tat_mean_s'] * 1e6:>10.1f} {r['algbw_gbs']:>7.3f} "
+                     f"{r['busbw_gbs']:>7.3f} {wrong:>6} {r['retransmissions']:>7}")
     avg = statistics.fmean(r["busbw_gbs"] for r in rows)
     lines += [f"# Avg bus bandwidth    : {avg:.4f} GB/s",
               "# time: mean over the iterations; algbw = size / time; "

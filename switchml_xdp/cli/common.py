@@ -41,6 +41,20 @@ class IPv4Address(click.ParamType):
             self.fail(f"{text!r} is neither an IPv4 address nor a host name with one", param, ctx)
 
 
+class Sweep(click.ParamType):
+    """Sizes from MIN to MAX: 4KiB:256MiB, 4KiB:64MiB:4 (the benchmark's parse_sweep)."""
+    name = "MIN:MAX[:FACTOR]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        from ..bench.allreduce_bench import parse_sweep
+        try:
+            return parse_sweep(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 class Size(click.ParamType):
     """A tensor size in bytes: 4096, 64MiB, 1M (the benchmark's parse_size)."""
     name = "SIZE"

@@ -10,19 +10,7 @@ import click
 from .. import wire
 from ..bench import allreduce_bench
 from . import join_progress
-from .common import CONTEXT, IPv4Address, allreduce_options, version_option
-
-
-class SweepParam(click.ParamType):
-    name = "sweep"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            return allreduce_bench.parse_sweep(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+from .common import CONTEXT, IPv4Address, Sweep, allreduce_options, version_option
 
 
 @click.group(context_settings=CONTEXT)
@@ -40,7 +28,7 @@ def main() -> None:
 @click.option("--world", required=True, type=click.IntRange(1, None),
               help="number of ranks in the job (the same on every rank)")
 @allreduce_options("64MiB", iterations=10, warmup=2, iterations_flags=("--iterations", "-n"))
-@click.option("--sweep", type=SweepParam(), is_flag=False, default=None, metavar="MIN:MAX[:FACTOR]",
+@click.option("--sweep", type=Sweep(), is_flag=False, default=None,
               flag_value=allreduce_bench.DEFAULT_SWEEP,
               help="every size from MIN to MAX, each FACTOR (2) times the last, instead of --size, "
                    f"as nccl-tests prints them (time, algbw, busbw); alone: "
@@ -60,8 +48,8 @@ def main() -> None:
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, op, backend, iface, port,
-          control_port, join_timeout, token, verify, as_json, quiet):
+def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, op, backend, iface,
+          port, control_port, join_timeout, token, verify, as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
 
     Start it on every rank; each waits at the switch until all WORLD ranks have
@@ -90,7 +78,8 @@ def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, o
                 rows = allreduce_bench.run_sweep(w, sweep, iterations, warmup, dtype, verify,
                                                  progress, op)
             else:
-                rows = [allreduce_bench.run(w, size, iterations, warmup, dtype, verify, progress, op)]
+                rows = [allreduce_bench.run(w, size, iterations, warmup, dtype, verify, progress,
+                                            op)]
     except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
