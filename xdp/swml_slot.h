@@ -7,7 +7,7 @@
  * plain C through gcc), so that the baseline measures what XDP buys and
  * nothing else.
  *
- * The two keep their slots differently (a BPF map value with a spin lock; numpy
+ * The two keep their slots differently (a BPF map value with a lock word; numpy
  * arrays), so the includer says how to reach them before including this file:
  *
  *   SWML_SLOT_T              how a slot is passed (a pointer, a small struct)
