@@ -51,6 +51,11 @@ def _from_pins(st: dict) -> bool:
         st["counters"] = maps.read_counters()
         st["job_stats"] = daemon.read_job_stats(maps)
         st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
+    except PinnedMapError as e:  # e.g. another version's table, without a row of ours
+        for key in ("counters", "job_stats", "active_job_ids"):
+            st.pop(key, None)
+        st["note"] = f"counters: {e}"
+        return False
     finally:
         maps.close()
     return True
