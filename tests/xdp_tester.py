@@ -263,7 +263,7 @@ class SwitchTester(XdpTester):
         return {name: now[name] - self._baseline[name] for name in wire.COUNTER_NAMES}
 
     def slot_bytes(self) -> list[bytes]:
-        """Every slot's raw contents (the spin lock reads as 0)."""
+        """Every slot's raw contents (its lock word reads 0 between steps)."""
         return [bytes(self.maps.slots.lookup(i)) for i in range(self.slots)]
 
 
