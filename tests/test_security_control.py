@@ -157,8 +157,11 @@ def test_status_as_nobody_shows_jobs_without_secrets(lab8, switch, in_switch_ns)
     name, token, (h0,) = job_name("nobody"), "tok-" + secrets.token_hex(8), lab8.workers[:1]
     with Raw(lab8, h0) as r:
         assert r.request(join_msg(name, 1, 0, h0, token=token))["ok"]
-        human = _as_nobody(lab8, SWITCH_CLI + ["status"], in_switch_ns)
-        js = _as_nobody(lab8, SWITCH_CLI + ["status", "--json"], in_switch_ns)
+        # One sample (--interval 0: no rates): the job's lease here is 2 s and the
+        # member heartbeats only through this test.
+        human = _as_nobody(lab8, SWITCH_CLI + ["status", "--interval", "0"], in_switch_ns)
+        assert r.request({"op": "heartbeat", "token": token})["ok"]
+        js = _as_nobody(lab8, SWITCH_CLI + ["status", "--json", "--interval", "0"], in_switch_ns)
         assert r.request({"op": "leave", "token": token})["ok"]
     for out in (human, js):
         assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr, out.stderr

@@ -17,26 +17,12 @@ import pytest
 
 from frames import BROADCAST
 from switchml_xdp import ordered, wire
-from xdp_tester import Action, SwitchTester, assert_accounted, only, require_bpf
+from xdp_tester import (PROG_K, PROG_SLOTS, Action, SwitchTester, only, sw,  # noqa: F401 - fixtures
+                        switch_prog)
 
-K = 8
-SLOTS = 16
+K, SLOTS = PROG_K, PROG_SLOTS
 S = 4  # the test job's slots
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
-
-
-@pytest.fixture(scope="module")
-def switch_prog():
-    require_bpf()
-    with SwitchTester(k=K, slots=SLOTS) as sw:
-        yield sw
-
-
-@pytest.fixture
-def sw(switch_prog):
-    switch_prog.reset()
-    yield switch_prog
-    assert_accounted(switch_prog.counters())
 
 
 def vec(*values: int) -> np.ndarray:

@@ -77,6 +77,25 @@ def require_bpf() -> None:
         pytest.skip(NO_LAB)
 
 
+# The program-test modules' switch: small frames, readable values; one compile a module.
+PROG_K, PROG_SLOTS = 8, 16
+
+
+@pytest.fixture(scope="module")
+def switch_prog():
+    require_bpf()
+    with SwitchTester(k=PROG_K, slots=PROG_SLOTS) as sw:
+        yield sw
+
+
+@pytest.fixture
+def sw(switch_prog):
+    """The module's switch, emptied; afterwards, every packet must be accounted for."""
+    switch_prog.reset()
+    yield switch_prog
+    assert_accounted(switch_prog.counters())
+
+
 class XdpTester:
     """A loaded XDP program, run on frames; closed at the end of a `with`."""
 
@@ -248,7 +267,7 @@ class SwitchTester(XdpTester):
         return {name: now[name] - self._baseline[name] for name in wire.COUNTER_NAMES}
 
     def slot_bytes(self) -> list[bytes]:
-        """Every slot's raw contents (the spin lock reads as 0)."""
+        """Every slot's raw contents (its lock word reads 0 between steps)."""
         return [bytes(self.maps.slots.lookup(i)) for i in range(self.slots)]
 
 

@@ -38,14 +38,13 @@ struct swml_job_stats {
 	__u64 shadow_replies; /* retransmissions answered from a completed round */
 };
 
-/* slots[i]: two versions of one aggregation slot, updated under the lock.
+/* slots[i]: two versions of one aggregation slot, updated under its lock word.
  * Version v holds one round at a time: the round whose packets carry seq[v].
  * seen[v] == 0 means never used (the control plane zeroes a job's slots); a
  * packet with a newer seq starts a new round there (swml_slot.h). */
 #ifdef SWML_K
 struct swml_slot {
-	struct bpf_spin_lock lock; /* 4 bytes */
-	__u32 pad0;
+	__u64 busy;     /* the slot's lock: 1 while a packet's step holds it (swml_switch.c) */
 	__u64 seen[2];  /* worker bitmaps, bit r = rank r contributed */
 	__u32 seq[2];   /* the current round: seq of its packets (host order) */
 	__u32 count[2]; /* contributions to it; world = complete */

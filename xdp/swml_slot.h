@@ -7,7 +7,7 @@
  * plain C through gcc), so that the baseline measures what XDP buys and
  * nothing else.
  *
- * The two keep their slots differently (a BPF map value with a spin lock; numpy
+ * The two keep their slots differently (a BPF map value with a lock word; numpy
  * arrays), so the includer says how to reach them before including this file:
  *
  *   SWML_SLOT_T              how a slot is passed (a pointer, a small struct)
@@ -19,8 +19,11 @@
  *   SWML_EXP(s, v)             __s8 max exponent, __u8 OR of flags,
  *   SWML_FLAGS(s, v)
  *   SWML_VALS(s, v)          pointer to its k __s32 accumulators
- *   SWML_SLOT_LOCK(s)        optional: taken around the step (bpf_spin_lock)
- *   SWML_SLOT_UNLOCK(s)
+ *   SWML_SLOT_LOCK(s)        optional: takes the slot's lock for the step; 0
+ *   SWML_SLOT_UNLOCK(s)        when it cannot (the step then returns
+ *                              SWML_CNT_BUSY and touches nothing)
+ *   SWML_PAIR_ALIGN          optional: the alignment to declare for a u64 of
+ *                            two int32 (see swml_pair_t), default 1
  *
  * Types are the kernel's __u8..__u64 (linux/types.h in user space).
  */
@@ -33,7 +36,7 @@
 #define __always_inline inline __attribute__((always_inline))
 #endif
 #ifndef SWML_SLOT_LOCK
-#define SWML_SLOT_LOCK(s)
+#define SWML_SLOT_LOCK(s) 1
 #define SWML_SLOT_UNLOCK(s)
 #endif
 
@@ -55,16 +58,56 @@ struct swml_slot_result {
 	__u32 tag;
 };
 
+/* The int32 copies move two elements at a time, as one u64 (half the loads,
+ * stores and loop steps of 32-bit ones: measured in docs/performance.md).
+ * Only copies: adds stay 32-bit (swml_combine).
+ * Memory may be less aligned than a u64: the XDP payload sits 2 bytes past a
+ * 4-byte boundary (74 bytes of headers), the user-space data plane's arrays
+ * are 4-byte aligned. The includer says what alignment to declare:
+ * SWML_PAIR_ALIGN. By default 1, so that a C compiler emits loads valid at any
+ * address. The XDP switch says 8: BPF loads of any alignment are allowed on
+ * the machines XDP runs on (the verifier checks alignment only under strict
+ * alignment), and clang's BPF backend would split a load it believes
+ * misaligned into eight byte loads. may_alias: the same memory is also read
+ * as __s32. */
+#ifndef SWML_PAIR_ALIGN
+#define SWML_PAIR_ALIGN 1
+#endif
+typedef __u64 __attribute__((aligned(SWML_PAIR_ALIGN), may_alias)) swml_pair_t;
+
+#ifdef __clang__
+#define SWML_UNROLL _Pragma("unroll 8")
+#else
+#define SWML_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+/* dst[0..k) = src[0..k): k int32, a pair at a time. The two may be the same
+ * memory (then it is a no-op), not otherwise overlap. */
+static __always_inline void swml_copy(__s32 *dst, const __s32 *src, __u32 k)
+{
+	swml_pair_t *d = (swml_pair_t *)dst;
+	const swml_pair_t *s = (const swml_pair_t *)src;
+
+	SWML_UNROLL
+	for (__u32 i = 0; i < k / 2; i++)
+		d[i] = s[i];
+	if (k & 1)
+		dst[k - 1] = src[k - 1];
+}
+
 /* Combine k contributions into the accumulators: int32 sums wrap, as in two's
  * complement hardware (added as unsigned: in C a signed overflow is
  * undefined); MIN and MAX compare as signed. One loop a case: no branch on the
- * op inside the loop. */
+ * op inside the loop. 32-bit adds: two lanes of a u64 added at once (the
+ * carry of the low lane kept out of the high one) cost more instructions a
+ * pair than two 32-bit adds, and measured slower (docs/performance.md). */
 static __always_inline void swml_combine(__s32 *acc, const __s32 *in, __u32 k, __u8 op)
 {
 	if (op == SWML_OP_SUM) {
 		__u32 *a = (__u32 *)acc;
 		const __u32 *b = (const __u32 *)in;
 
+		SWML_UNROLL
 		for (__u32 i = 0; i < k; i++)
 			a[i] += b[i];
 	} else if (op == SWML_OP_MIN) {
@@ -119,6 +162,7 @@ static __always_inline void swml_store16(__s16 *out, const __s32 *vals, __u32 k,
  *   SWML_CNT_SHADOW_REPLY  a retransmission to a complete round: likewise
  *   SWML_CNT_DUP_DROPPED   a retransmission to an incomplete round
  *   SWML_CNT_STALE         a round older than the version's current one
+ *   SWML_CNT_BUSY          the slot's lock could not be had (nothing done)
  * A contribution whose tag or op differs from its round's first is not
  * combined; it marks the round DISAGREE (*disagreed = 1), which every member
  * sees in the RESULT. A newer round replaces the version whatever its state:
@@ -136,19 +180,16 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 	int outcome;
 	__u8 op_fmt = c->op | (c->fmt << 4);
 
-	SWML_SLOT_LOCK(s);
+	if (!SWML_SLOT_LOCK(s))
+		return SWML_CNT_BUSY;
 	__u64 seen = SWML_SEEN(s, ver);
 	__s32 age = (__s32)(c->seq - SWML_SEQ(s, ver));
 
 	if (seen == 0 || age > 0) { /* empty, or a newer round: it starts here */
-		__u32 *vals = (__u32 *)SWML_VALS(s, ver);
-		const __u32 *src = (const __u32 *)in;
-
 		if (c->fmt == SWML_FMT_INT16)
 			swml_load16(SWML_VALS(s, ver), in, k);
 		else
-			for (__u32 i = 0; i < k; i++)
-				vals[i] = src[i];
+			swml_copy(SWML_VALS(s, ver), in, k);
 		SWML_SEEN(s, ver) = bit;
 		SWML_SEQ(s, ver) = c->seq;
 		SWML_COUNT(s, ver) = 1;
@@ -183,20 +224,15 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 		outcome = n >= world ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
 	}
 	if (outcome == SWML_CNT_COMPLETED || outcome == SWML_CNT_SHADOW_REPLY) {
-		const __s32 *vals = SWML_VALS(s, ver);
-		__s32 *out32 = out;
-
 		if (c->fmt == SWML_FMT_INT16)
-			swml_store16(out, vals, k, world);
+			swml_store16(out, SWML_VALS(s, ver), k, world);
 		else
-			for (__u32 i = 0; i < k; i++)
-				out32[i] = vals[i];
+			swml_copy(out, SWML_VALS(s, ver), k);
 		res->flags = ver | SWML_FLAGS(s, ver);
 		if ((SWML_OP(s, ver) >> 4) != c->fmt) /* a shadow reply in another format */
 			res->flags |= SWML_FLAG_DISAGREE;
 		res->exp = SWML_EXP(s, ver);
 		res->op = SWML_OP(s, ver) & 0x0f;
-
 		res->tag = SWML_TAG(s, ver);
 	}
 	SWML_SLOT_UNLOCK(s);

@@ -32,7 +32,29 @@
 #include "swml_maps.h"
 #include "swml_parse.h"
 
-/* The per-slot step (swml_slot.h) on a map value, under its spin lock. */
+/* The slot's lock: its `busy` word, taken with a compare-and-swap and given
+ * back with an exchange (BPF atomics, both full barriers), rather than
+ * bpf_spin_lock, whose two helper calls (each saving and restoring the
+ * interrupt flag) cost 55-100 ns a packet here, a third of the program at
+ * k=256 (docs/performance.md). XDP runs in softirq: a holder is not
+ * interleaved with another packet on its own CPU, and it holds the word for
+ * one step (well under a microsecond). A packet on another CPU retries;
+ * the verifier needs a bound, so after SWML_LOCK_TRIES it gives up: the
+ * packet is dropped as `busy` (its worker sends it again). Only a stalled
+ * holder gets there: a preempted test run, PREEMPT_RT. The 64-bit word:
+ * bcc's BPF target has no 32-bit atomics. */
+#define SWML_LOCK_TRIES 1024
+
+static __always_inline int swml_slot_trylock(struct swml_slot *s)
+{
+#pragma nounroll
+	for (int i = 0; i < SWML_LOCK_TRIES; i++)
+		if (__sync_val_compare_and_swap(&s->busy, 0, 1) == 0)
+			return 1;
+	return 0;
+}
+
+/* The per-slot step (swml_slot.h) on a map value, under its lock. */
 #define SWML_SLOT_T struct swml_slot *
 #define SWML_SEEN(s, v) ((s)->seen[v])
 #define SWML_SEQ(s, v) ((s)->seq[v])
@@ -42,8 +64,9 @@
 #define SWML_EXP(s, v) ((s)->exp[v])
 #define SWML_FLAGS(s, v) ((s)->flags[v])
 #define SWML_VALS(s, v) ((s)->vals[v])
-#define SWML_SLOT_LOCK(s) bpf_spin_lock(&(s)->lock)
-#define SWML_SLOT_UNLOCK(s) bpf_spin_unlock(&(s)->lock)
+#define SWML_SLOT_LOCK(s) swml_slot_trylock(s)
+#define SWML_SLOT_UNLOCK(s) __sync_lock_test_and_set(&(s)->busy, 0)
+#define SWML_PAIR_ALIGN 8 /* u64 loads at any address: see swml_slot.h */
 #include "swml_slot.h"
 
 #ifndef SWML_K
@@ -165,6 +188,15 @@ static __always_inline int swml_step16(struct swml_slot *s, struct swml_hdr *h,
 			      payload, SWML_K, res, disagreed);
 }
 
+/* A multi-byte field of the swml header in one load. The header is a packed
+ * struct, so clang's BPF backend reads its fields a byte at a time and
+ * shifts them together (8 loads and 14 ALU steps for the key); XDP's packet
+ * loads may be unaligned (swml_slot.h, SWML_PAIR_ALIGN): this reads the field
+ * at its offset as its plain type. */
+#define SWML_HDR(h, f)                                                                        \
+	(*(const __typeof__(((struct swml_hdr *)0)->f) *)((const void *)(h) +                 \
+							 __builtin_offsetof(struct swml_hdr, f)))
+
 /* Is the frame addressed to this box (its MAC and IP), not flooded or routed
  * past it? */
 static __always_inline int swml_to_us(const struct ethhdr *eth, const struct iphdr *ip)
@@ -210,7 +242,7 @@ int swml_switch(struct xdp_md *ctx)
 		return swml_drop(SWML_CNT_BAD_VERSION);
 	if ((h->ver_type & 0x0f) != SWML_TYPE_DATA)
 		return swml_drop(SWML_CNT_BAD_TYPE);
-	if (h->count != bpf_htons(SWML_K))
+	if (SWML_HDR(h, count) != bpf_htons(SWML_K))
 		return swml_drop(SWML_CNT_BAD_COUNT);
 	payload = (void *)(h + 1);
 	int fmt16 = h->fmt == SWML_FMT_INT16;
@@ -219,20 +251,20 @@ int swml_switch(struct xdp_md *ctx)
 	if (length_ok != SWML_CNT_RX)
 		return swml_drop(length_ok);
 
-	u32 job_id = bpf_ntohs(h->job);
+	u32 job_id = bpf_ntohs(SWML_HDR(h, job));
 	struct swml_job *job = jobs.lookup(&job_id);
 	if (!job || !job->active)
 		return swml_drop(SWML_CNT_UNKNOWN_JOB);
-	if (h->key != job->key)
+	if (SWML_HDR(h, key) != job->key)
 		return swml_drop(SWML_CNT_BAD_KEY);
-	u32 rank = bpf_ntohs(h->rank);
+	u32 rank = bpf_ntohs(SWML_HDR(h, rank));
 	if (rank >= job->world || rank >= SWML_MAX_WORLD)
 		return swml_drop(SWML_CNT_BAD_RANK);
 	u32 member_idx = job_id * SWML_MAX_WORLD + rank;
 	struct swml_member *m = members.lookup(&member_idx);
 	if (!m || m->ip != ip->saddr || m->port != udp->source)
 		return swml_drop(SWML_CNT_BAD_SOURCE);
-	u32 rel_slot = bpf_ntohs(h->slot);
+	u32 rel_slot = bpf_ntohs(SWML_HDR(h, slot));
 	if (rel_slot >= job->slot_count)
 		return swml_drop(SWML_CNT_BAD_SLOT);
 	if (h->op >= SWML_OP_NUM || (h->fmt != SWML_FMT_INT32 && !fmt16) ||
@@ -245,8 +277,8 @@ int swml_switch(struct xdp_md *ctx)
 
 	/* 3./4. The slot, under its lock. */
 	struct swml_contrib c = {
-		.seq = bpf_ntohl(h->seq),
-		.tag = bpf_ntohl(h->tag),
+		.seq = bpf_ntohl(SWML_HDR(h, seq)),
+		.tag = bpf_ntohl(SWML_HDR(h, tag)),
 		.op = h->op,
 		.flags = h->flags,
 		.exp = h->exp,
@@ -261,7 +293,7 @@ int swml_switch(struct xdp_md *ctx)
 	swml_count(outcome);
 	if (disagreed)
 		swml_count(SWML_CNT_DISAGREED);
-	if (outcome == SWML_CNT_STALE)
+	if (outcome == SWML_CNT_STALE || outcome == SWML_CNT_BUSY)
 		return XDP_DROP;
 	struct swml_job_stats *js = job_stats.lookup(&job_id);
 	if (js) {

@@ -103,7 +103,8 @@
 #define SWML_CNT_BAD_COUNT 17     /* count != k */
 #define SWML_CNT_BAD_OP 18        /* op or payload format unknown */
 #define SWML_CNT_STALE 19         /* a round older than the slot version's (replay, late copy) */
-#define SWML_CNT_NUM 20
+#define SWML_CNT_BUSY 20          /* the slot stayed locked by another CPU (a stalled holder) */
+#define SWML_CNT_NUM 21
 
 #ifndef SWML_NO_STRUCTS
 /* All multi-byte fields in network byte order. */

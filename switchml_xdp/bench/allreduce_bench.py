@@ -1,4 +1,6 @@
-"""The allreduce benchmark one rank runs (`swml-worker bench`).
+"""The allreduce benchmark one rank runs (`swml-worker bench`): one size, or
+a sweep of sizes printed as nccl-tests prints its all_reduce_perf table
+(time, algbw, busbw), so that the figures compare with what users know.
 
 Every rank builds its tensors from (seed, rank, iteration), so with --verify
 each rank can recompute every other rank's input and check every element of
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import textwrap
 import time
 
 import numpy as np
@@ -89,11 +92,37 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
         "op": op, "precision": precision,
         "bytes": n * 4, "elements": n, "k": info.k, "slots": info.slots, "iterations": iterations,
         "tat_min_s": min(times), "tat_median_s": med, "tat_max_s": max(times),
+        "tat_mean_s": statistics.fmean(times),
         "goodput_gbps": n * 4 * 8 / med / 1e9, "ate_per_s": n / med,
         "packets_per_s": (after["packets_sent"] - before["packets_sent"]) / sum(times),
         "retransmissions": after["retransmissions"] - before["retransmissions"],
         "verified": (iterations + warmup - bad) if verify else None, "verify_failures": bad if verify else None,
     }
+
+
+#: What the columns of format_table mean: printed under the table and in `--help`.
+COLUMNS = (
+    ("TAT", "tensor aggregation time: one allreduce, from this rank's call to its result "
+            "(min/median/max over the timed iterations)"),
+    ("Gbit/s", "goodput: tensor bits / median TAT (payload only, no headers)"),
+    ("ATE/s", "aggregated tensor elements a second: elements / median TAT"),
+    ("retx", "packets this rank sent again after a timeout (timed iterations)"),
+    ("verify", "ok: every element equal to the exact reference; '-': not checked"),
+)
+_SPREAD = ("Each rank times its own calls: a rank that reaches a call later than the "
+           "others waits less, so per-rank medians differ by how far apart the ranks run; "
+           "the job's time is the largest median.")
+
+
+def _legend(width: int = 78) -> str:
+    def wrap(first: str, text: str) -> str:
+        return textwrap.fill(text, width, initial_indent=first, subsequent_indent=" " * 10)
+    return "\n".join([*(wrap(f"  {name:<7} ", text) for name, text in COLUMNS),
+                      textwrap.fill(_SPREAD, width, initial_indent="  ", subsequent_indent="  ")])
+
+
+COLUMNS_LEGEND = _legend()
+COLUMNS_HELP = "\b\nColumns of the table:\n" + COLUMNS_LEGEND
 
 
 def format_table(rows: list[dict]) -> str:
@@ -107,4 +136,73 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['rank']:>4} {r['backend']:>7} {r['dtype']:>7} {r['bytes'] / 2**20:>7.2f} "
                      f"{tat:>25} {r['goodput_gbps']:>7.3f} {r['ate_per_s']:>10.3g} "
                      f"{r['retransmissions']:>6} {ver:>8}")
+    return "\n".join(lines)
+
+
+# --- the size sweep (`swml-worker bench --sweep MIN:MAX[:FACTOR]`) -----------------
+
+DEFAULT_SWEEP = "4KiB:256MiB"
+
+
+def parse_sweep(text: str) -> list[int]:
+    """'4KiB:256MiB' -> [4096, 8192, ..., 268435456]: MIN, then each size
+    FACTOR (default 2, as nccl-tests' -f) times the one before, up to MAX."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"not a sweep: {text!r} (try 4KiB:256MiB, or 4KiB:64MiB:4)")
+    lo, hi = parse_size(parts[0]), parse_size(parts[1])
+    try:
+        factor = int(parts[2]) if len(parts) == 3 else 2
+    except ValueError:
+        raise ValueError(f"sweep factor {parts[2]!r} is not an integer") from None
+    if factor < 2:
+        raise ValueError(f"sweep factor must be at least 2, not {factor}")
+    if hi < lo:
+        raise ValueError(f"sweep {text!r}: MAX is smaller than MIN")
+    sizes = [lo]
+    while sizes[-1] * factor <= hi:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def bus_factor(world: int) -> float:
+    """busbw / algbw for allreduce, as nccl-tests defines it: 2(n-1)/n, the
+    share of the data each rank's link carries in each direction in a ring
+    (so that busbw compares with the link's speed whatever the world size)."""
+    return 2 * (world - 1) / world
+
+
+def run_sweep(worker, sizes: list[int], iterations: int, warmup: int, dtype: str = "float32",
+              verify: bool = False, progress: bool = True, op: str = "sum",
+              precision: str = "32") -> list[dict]:
+    """run() at each size; each row gains algbw and busbw (GB/s, 1e9 bytes, of
+    the mean time, as nccl-tests)."""
+    rows = []
+    for size in sizes:
+        r = run(worker, size, iterations, warmup, dtype, verify, progress, op, precision)
+        algbw = r["bytes"] / r["tat_mean_s"] / 1e9
+        rows.append({**r, "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(r["world"])})
+    return rows
+
+
+def format_sweep(rows: list[dict]) -> str:
+    """nccl-tests' table (in-place only: allreduce works in place here), plus
+    the retransmissions of each size."""
+    r0 = rows[0]
+    lines = [f"# swml allreduce sweep: rank {r0['rank']} of {r0['world']}, "
+             f"backend {r0['backend']}, k={r0['k']}, {r0['iterations']} iterations a size",
+             f"#{'size':>11} {'count':>12} {'type':>7} {'redop':>6} {'time':>10} {'algbw':>7} "
+             f"{'busbw':>7} {'#wrong':>6} {'retx':>7}",
+             f"#{'(B)':>11} {'(elements)':>12} {'':>7} {'':>6} {'(us)':>10} {'(GB/s)':>7} "
+             f"{'(GB/s)':>7} {'':>6} {'':>7}"]
+    for r in rows:
+        wrong = "N/A" if r["verified"] is None else str(r["verify_failures"])
+        lines.append(f" {r['bytes']:>11} {r['elements']:>12} {r['dtype']:>7} {r['op']:>6} "
+                     f"{r['tat_mean_s'] * 1e6:>10.1f} {r['algbw_gbs']:>7.3f} "
+                     f"{r['busbw_gbs']:>7.3f} {wrong:>6} {r['retransmissions']:>7}")
+    avg = statistics.fmean(r["busbw_gbs"] for r in rows)
+    lines += [f"# Avg bus bandwidth    : {avg:.4f} GB/s",
+              "# time: mean over the iterations; algbw = size / time; "
+              f"busbw = algbw * 2(n-1)/n = algbw * {bus_factor(r0['world']):.3f} (allreduce, n = "
+              f"{r0['world']}), as nccl-tests; GB/s = 1e9 bytes/s; retx: packets sent again"]
     return "\n".join(lines)

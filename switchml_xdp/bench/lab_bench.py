@@ -49,7 +49,7 @@ from .constants import (DEFAULT_ITERATIONS, DEFAULT_KS, DEFAULT_LOSSES, DEFAULT_
                         GLOO_PORT, SWML_HEADERS, SYSTEMS, bound_mbps)
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
 from .rank_group import RankError, RankGroup
-from .report import markdown, row_line
+from .report import SKIPPED, markdown, row_line
 
 __all__ = ["SYSTEMS", "DEFAULT_RATE_MBIT", "BenchConfig", "Bench", "run_bench"]
 
@@ -185,7 +185,8 @@ class Bench:
                     self._record(system, n, k, loss, None, group.impl, status=f"failed: {e}",
                                  extra=diag)
                     for rest in cfg.losses[i + 1:]:
-                        self._record(system, n, k, rest, None, group.impl, status="failed: see above")
+                        self._record(system, n, k, rest, None, group.impl,
+                                     status=f"{SKIPPED}: the run at loss {loss * 100:g}% failed")
                     break
                 extra = extra_of(snap) if extra_of else {}
                 extra.update(watch.report())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from .constants import FOREIGN_WARN_PCT, LABELS, SYSTEMS, swml_bound_mbps
 
+SKIPPED = "skipped"   # status of the cells after a failed one of the same rank group
+
 
 def disturbed(r: dict) -> bool:
     return (r.get("foreign_cpu_pct") or 0) >= FOREIGN_WARN_PCT or bool(r.get("other_netns"))
@@ -80,11 +82,60 @@ def _cell(r: dict | None) -> str:
     if r is None:
         return "–"
     if r["status"] != "ok":
-        return r["status"].split(":")[0]
+        return "not run" if _skipped(r) else r["status"].split(":")[0]
     cpu = r["cpu"]["busy_pct"] if r.get("cpu") else None
     mark = " †" if disturbed(r) else ""
     return (f"{r['tat_median_s'] * 1e3:.0f} ms · {r['bound_fraction'] * 100:.0f}% · "
             f"CPU {cpu:.0f}%" if cpu is not None else f"{r['tat_median_s'] * 1e3:.0f} ms") + mark
+
+
+def _skipped(r: dict) -> bool:
+    """Not run because an earlier loss rate of its rank group failed
+    ("failed: see above" in results written before the word "skipped")."""
+    return r["status"].startswith(SKIPPED) or r["status"] == "failed: see above"
+
+
+def _failure_detail(r: dict) -> str:
+    """What a failed row's diagnostics say: the stuck rank's and the switch's counters."""
+    rank = (r.get("rank_state") or {}).get("counters") or {}
+    gauges = (r.get("rank_state") or {}).get("gauges") or {}
+    sw = r.get("switch_counters") or {}
+    bits = []
+    if rank:
+        bits.append(f"the stuck rank had sent {rank.get('packets_sent', 0)} packets "
+                    f"({rank.get('retransmissions', 0)} retransmissions) and received "
+                    f"{rank.get('results', 0)} results, {rank.get('shadow_replies', 0)} of "
+                    f"them answers to retransmissions")
+    if gauges.get("rto_us"):
+        bits.append(f"its retransmission timeout had grown to {gauges['rto_us'] / 1e3:.0f} ms")
+    if sw:
+        bits.append(f"the switch had completed {sw.get('completed', 0)} slot rounds and answered "
+                    f"{sw.get('shadow_reply', 0)} retransmissions")
+    return "; ".join(bits)
+
+
+def failures(doc: dict) -> list[str]:
+    """The "Failures" section: every cell that did not run to the end, why, and
+    the notes of whoever looked into them (meta["notes"])."""
+    failed = [r for r in doc["results"] if r["status"].startswith("failed") and not _skipped(r)]
+    notes = doc["meta"].get("notes", [])
+    if not failed and not notes:
+        return []
+    lines = ["## Failures", ""]
+    for r in failed:
+        where = f"N={r['workers']}, k={r['k'] or '-'}, loss {r['loss'] * 100:g}%"
+        skipped = [x for x in doc["results"] if _skipped(x) and x["system"] == r["system"]
+                   and x["workers"] == r["workers"] and x["k"] == r["k"]]
+        line = f"- {LABELS[r['system']]}, {where}: {r['status'].removeprefix('failed: ')}"
+        if detail := _failure_detail(r):
+            line += f". {detail[0].upper()}{detail[1:]}"
+        if skipped:
+            line += (". Not run after it (same workers, same k): loss "
+                     + ", ".join(f"{x['loss'] * 100:g}%" for x in skipped))
+        lines.append(line + ".")
+    lines += [f"- {note}" for note in notes]
+    lines.append("")
+    return lines
 
 
 def markdown(doc: dict) -> str:
@@ -143,6 +194,7 @@ def markdown(doc: dict) -> str:
                     f"N={n}: " + ", ".join(f"{p * 100:g}% x{v:.2f}" for p, v in d.items())
                     for n, d in infl.items()))
         lines.append("")
+    lines += failures(doc)
     lines += ["## Definitions", ""] + [f"- **{k}**: {v}" for k, v in meta["definitions"].items()]
     lines.append("")
     return "\n".join(lines)

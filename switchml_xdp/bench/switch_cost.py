@@ -1,10 +1,12 @@
 """What the switch costs: ns per packet of the XDP program under load (kernel
 BPF stats) at k=64 and k=256, and how long `swml-switch up` takes to serve.
 
-    python -m switchml_xdp.bench.switch_cost [--workers 2] [--seconds 3] [--json]
+    python -m switchml_xdp.bench.switch_cost [--workers 2] [--seconds 3] [--runs 1] [--json]
 
 Load comes from real workers in the lab reducing int32 tensors through the
-switch (the best backend available: afxdp where built, else udp).
+switch (the best backend available: afxdp where built, else udp). The
+program alone, path by path, without the noise of a shared machine:
+tests/switch_micro.py (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -116,26 +118,50 @@ def measure_flood(k: int, seconds: float) -> dict:
                 "ns_per_packet": c["ns_per_packet"]}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median ns/packet (the lower of the two middle ones),
+    with every run's ns/packet under ns_per_packet_runs."""
+    ordered = sorted(runs, key=lambda r: r["ns_per_packet"])
+    return {**ordered[(len(ordered) - 1) // 2],
+            "ns_per_packet_runs": [r["ns_per_packet"] for r in runs]}
+
+
 @click.command()
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 8))
-@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.5, 600))
-@click.option("--backend", default="auto", type=click.Choice(["auto", "afxdp", "udp"]))
-@click.option("--json", "as_json", is_flag=True)
-def main(workers, seconds, backend, as_json):
-    rows = []
-    for k in (64, 256):
-        click.echo(f"measuring k={k}: a flood of crafted packets for {seconds:g} s ...", err=True)
-        rows.append(measure_flood(k, seconds))
-        click.echo(f"measuring k={k}: {workers} {backend} workers for {seconds:g} s ...", err=True)
-        rows.append(measure(k, workers, seconds, backend))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="workers streaming through the switch in each measurement")
+@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="how long each measurement streams")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]),
+              help="the workers' datapath (make bench: afxdp)")
+@click.option("--runs", default=1, show_default=True, type=click.IntRange(1, 20),
+              help="measure everything this many times, alternating; each row is then the median "
+                   "run, with every run's ns/packet beside it (on a shared machine one run moves "
+                   "by 25%)")
+@click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
+def main(workers, seconds, backend, runs, as_json):
+    runs_of: dict[tuple, list[dict]] = {}
+    for run in range(runs):
+        for k in (64, 256):
+            tag = f" (run {run + 1} of {runs})" if runs > 1 else ""
+            click.echo(f"measuring k={k}: a flood of crafted packets for {seconds:g} s{tag} ...",
+                       err=True)
+            r = measure_flood(k, seconds)
+            runs_of.setdefault((k, "flood"), []).append(r)
+            click.echo(f"measuring k={k}: {workers} {backend} workers for {seconds:g} s{tag} ...",
+                       err=True)
+            r = measure(k, workers, seconds, backend)
+            runs_of.setdefault((k, "workers"), []).append(r)
+    rows = [median_run(rs) for rs in runs_of.values()]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     click.echo(f"{'k':>4} {'backend':>8} {'workers':>7} {'packets':>9} {'pkt/s':>9} "
                f"{'ns/packet':>10} {'up->serving':>12}")
     for r in rows:
+        every = "" if runs == 1 else "  runs: " + ", ".join(f"{x:.0f}"
+                                                           for x in r["ns_per_packet_runs"])
         click.echo(f"{r['k']:>4} {r['backend']:>8} {r['workers']:>7} {r['packets']:>9} "
-                   f"{r['pps']:>9.0f} {r['ns_per_packet']:>10.0f} {r['startup_s']:>11.2f}s")
+                   f"{r['pps']:>9.0f} {r['ns_per_packet']:>10.0f} {r['startup_s']:>11.2f}s{every}")
     click.echo("ns/packet: kernel BPF stats (run_time_ns / run_cnt) of the switch program; "
                "up->serving: from starting `swml-switch up` to its 'up on' line.")
 

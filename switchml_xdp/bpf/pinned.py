@@ -6,6 +6,7 @@ the calls are libbpf's.
 from __future__ import annotations
 
 import ctypes as ct
+import errno
 import functools
 import os
 
@@ -27,6 +28,16 @@ def possible_cpus() -> int:
     return count
 
 
+def map_value_size(lib, fd: int) -> int:
+    """value_size of the map behind `fd` (struct bpf_map_info: type, id, key_size, value_size)."""
+    info = (ct.c_uint32 * 4)()
+    size = ct.c_uint32(ct.sizeof(info))
+    err = lib.bpf_obj_get_info_by_fd(fd, info, ct.byref(size))
+    if err < 0:
+        raise PinnedMapError(-err, f"cannot read the map's info: {os.strerror(-err)}")
+    return info[3]
+
+
 class PinnedMap:
     """An array map pinned at `path`, keyed by u32, holding `value_type`.
 
@@ -42,6 +53,14 @@ class PinnedMap:
         if fd < 0:
             raise PinnedMapError(-fd, f"cannot open pinned map {path}: {os.strerror(-fd)}")
         self.fd = fd
+        # A map pinned by another version of the program may hold larger
+        # values: reading one into our smaller buffer would overwrite memory.
+        size = map_value_size(self._lib, fd)
+        if size != ct.sizeof(value_type):
+            self.close()
+            raise PinnedMapError(errno.EINVAL, f"pinned map {path} holds {size}-byte values, not the "
+                                 f"{ct.sizeof(value_type)} bytes this version of switchml-xdp "
+                                 f"reads (another version made it)")
         if percpu:
             self._stride = (ct.sizeof(value_type) + 7) // 8 * 8
             self._buf_type = ct.c_uint8 * (self._stride * possible_cpus())

@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 
 import click
 
 from .. import wire
-from ..bpf import PinnedMapError
 from ..switch import daemon
 from ..switch.dataplane import SwitchParams
-from ..switch.maps import SwitchMaps
+from . import status_view
+from .common import CONTEXT, Listen, version_option
+from .switch_config import config_option
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
+@version_option
 def main() -> None:
     """switchml-xdp aggregation switch (XDP or user-space data plane + control daemon)."""
 
 
 @main.command()
-@click.argument("iface")
+@config_option
+@click.argument("iface", required=False)
 @click.option("--elements", "-k", type=click.IntRange(1, wire.MAX_K), default=wire.DEFAULT_K,
               show_default=True, help="int32 elements a packet (fixed for the switch)")
 @click.option("--slots", type=click.IntRange(1, 65535), default=wire.DEFAULT_SLOTS,
@@ -47,15 +48,28 @@ def main() -> None:
 @click.option("--initial-seq", type=click.IntRange(0, 0xFFFFFFFF), default=0, show_default=True,
               help="sequence number of every job's first packet (for tests: near 2**32, a job "
                    "runs through the wrap of the 32-bit counter)")
+@click.option("--metrics", type=Listen(), default=None,
+              help="also serve Prometheus metrics at http://[ADDR:]PORT/metrics (counters by "
+                   "reason, per-job packets and bytes, jobs, members, slots; docs/operations.md) "
+                   "[default: off; ADDR: every address]")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
-def up(iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease, require_token,
-       initial_seq, verbose):
-    """Load the switch on IFACE and serve the control protocol until Ctrl-C."""
+def up(config, iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease,
+       require_token, initial_seq, metrics, verbose):
+    """Load the switch on IFACE and serve the control protocol until Ctrl-C.
+
+    Options may also come from a TOML file (--config; /etc/swml/switch.toml is
+    read when it exists): its keys are the long option names and `iface`, e.g.
+    `iface = "eth1"`, `elements = 64`, `require-token = true`. What the command
+    line gives wins."""
+    if iface is None:
+        raise click.UsageError("give IFACE, or `iface = \"...\"` in the config file"
+                               + (f" ({config})" if config else ""))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="swml-switch: %(message)s")
     try:
         dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode)
-        daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq)
+        daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
+                   metrics=metrics)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 
@@ -63,103 +77,45 @@ def up(iface, elements, slots, job_slots, port, control_port, dataplane, mode, l
 @main.command()
 @click.argument("iface")
 def down(iface):
-    """Stop the switch on IFACE: daemon, XDP program, pinned maps, state file."""
+    """Stop the switch on IFACE: daemon, XDP program, pinned maps, state file (root)."""
     try:
         click.echo(f"swml-switch: {iface}: {daemon.down(iface)}")
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 
 
-def _daemon_status(st: dict) -> dict | None:
-    """The daemon's own `status` reply through its control port; None where
-    this shell cannot reach it (another network namespace, a firewall)."""
-    from ..worker.control import ControlClient, ControlError
-
-    try:
-        client = ControlClient(st["ip"], st["control_port"], connect_timeout=1.0)
-    except ControlError:
-        return None
-    try:
-        return client.status()
-    except (ControlError, OSError, ValueError):
-        return None
-    finally:
-        client.close()
-
-
-def collect_status() -> list[dict]:
-    """Every switch on this machine, from its state file (readable by anyone),
-    and its counters from the pinned maps (XDP, root only) or else from its
-    daemon's control port (user-space tables live in the daemon's memory;
-    other users cannot open the pins). Where neither works, `note` says why."""
-    out = []
-    root = os.geteuid() == 0
-    for st in daemon.all_states():
-        st = dict(st, alive=daemon.lock_holder(st["iface"]) is not None)
-        if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]):
-            try:
-                maps = SwitchMaps(st["iface"])
-            except PinnedMapError as e:  # e.g. a switch of another version of this package
-                st["note"] = f"counters: {e}"
-                out.append(st)
-                continue
-            try:
-                st["counters"] = maps.read_counters()
-                st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
-            finally:
-                maps.close()
-        elif st["alive"] and (reply := _daemon_status(st)) is not None:
-            st["counters"] = reply["counters"]
-            st["jobs"] = reply["jobs"]
-            st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
-        elif st["alive"]:
-            st["note"] = (f"counters: the daemon's control port {st['ip']}:{st['control_port']} is not "
-                          f"reachable from here" + ("" if root else ", and only root can read the "
-                                                    "pinned maps"))
-        out.append(st)
-    return out
-
-
-def _format(st: dict) -> str:
-    p = st["params"]
-    used = sum(j["slots"] for j in st["jobs"] if j["state"] == "running")
-    lines = [f"switch {st['iface']}: {st['label']}, k={p['k']}, slots {used}/{p['slots']} in use, "
-             f"data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
-             f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
-             f"up {time.time() - st['started']:.0f} s"]
-    if st["jobs"]:
-        lines.append(f"  {'id':>3} {'job':<16} {'world':>5} {'joined':>6} {'slots':<12} state")
-        for j in st["jobs"]:
-            rng = f"{j['slot_base']}-{j['slot_base'] + j['slots'] - 1}" if j["slot_base"] is not None else "-"
-            token = "" if j.get("protected", True) else " (unprotected: no token)"
-            lines.append(f"  {j['id'] or '-':>3} {j['name']:<16} {j['world']:>5} "
-                         f"{len(j['members']):>6} {rng:<12} {j['state']}{token}")
-            for r, m in j["members"].items():
-                lines.append(f"        rank {r}: {m['ip']}:{m['port']} {m['mac']}{' (left)' if m['left'] else ''}")
-    else:
-        lines.append("  no jobs")
-    c = st.get("counters")
-    if c:
-        lines.append("  packets: " + ", ".join(f"{n} {c[n]}" for n in wire.COUNTER_NAMES[:6]))
-        drops = {n: c[n] for n in wire.DROP_REASONS if c[n]}
-        lines.append("  dropped: " + (", ".join(f"{n} {v}" for n, v in drops.items()) or "none"))
-    if st.get("note"):
-        lines.append(f"  {st['note']}")
-    return "\n".join(lines)
-
-
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(as_json):
-    """Jobs, workers and counters of every switch on this machine."""
-    sts = collect_status()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output (with rates)")
+@click.option("--watch", "-w", is_flag=True,
+              help="a live view, redrawn every INTERVAL: per job packets/s, Gbit/s, completions/s, "
+                   "retransmissions answered/s; drops by reason per second (Ctrl-C ends it)")
+@click.option("--interval", "-i", type=click.FloatRange(0, 3600), default=1.0, show_default=True,
+              metavar="SECONDS",
+              help="seconds between the two samples whose difference gives the rates "
+                   "(0: no rates, counters only)")
+@click.option("--count", type=click.IntRange(1, None), default=None, metavar="N",
+              help="with --watch: stop after N redraws [default: until Ctrl-C]")
+def status(as_json, watch, interval, count):
+    """Jobs, workers, counters and rates of every switch on this machine.
+
+    Any user may run it: the counters come through the daemon's control port
+    (run it in the switch's network namespace), or, for root, from the XDP
+    switch's pinned maps from anywhere."""
+    if watch:
+        if as_json:
+            raise click.UsageError("--watch and --json do not go together")
+        if interval <= 0:
+            raise click.BadParameter("--watch needs an interval > 0", param_hint="--interval")
+        status_view.watch(interval, count)
+        return
+    sts = status_view.sample_with_rates(interval)
     if as_json:
         click.echo(json.dumps({"switches": sts}, indent=1))
         return
     if not sts:
         click.echo("no switch is up on this machine")
         return
-    click.echo("\n".join(_format(s) for s in sts))
+    click.echo("\n".join(status_view.format_text(s) for s in sts))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`swml-worker`: a worker of a switchml-xdp job, from the command line."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -8,74 +9,89 @@ import click
 
 from .. import wire
 from ..bench import allreduce_bench
+from . import join_progress
+from .common import CONTEXT, IPv4Address, Sweep, allreduce_options, version_option
 
 
-class SizeParam(click.ParamType):
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return allreduce_bench.parse_size(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings=CONTEXT)
+@version_option
 def main() -> None:
     """switchml-xdp worker tools."""
 
 
-@main.command()
-@click.option("--switch", "switch_ip", required=True, help="the switch's IPv4 address")
+@main.command(epilog=allreduce_bench.COLUMNS_HELP)
+@click.option("--switch", "switch_ip", required=True, type=IPv4Address(),
+              help="the switch's IPv4 address (or a host name that has one)")
 @click.option("--job", required=True, help="job name (the same on every rank)")
-@click.option("--rank", required=True, type=click.IntRange(0, None))
-@click.option("--world", required=True, type=click.IntRange(1, None))
-@click.option("--size", default="64MiB", show_default=True, type=SizeParam(),
-              help="tensor size in bytes (suffixes K, M, G, KiB, MiB, GiB)")
-@click.option("--iterations", "-n", default=10, show_default=True, type=click.IntRange(1, None))
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, None))
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]))
-@click.option("--op", default="sum", show_default=True, type=click.Choice(list(wire.OPS)))
+@click.option("--rank", required=True, type=click.IntRange(0, None),
+              help="this worker's rank, 0..WORLD-1 (each rank of the job once)")
+@click.option("--world", required=True, type=click.IntRange(1, None),
+              help="number of ranks in the job (the same on every rank)")
+@allreduce_options("64MiB", iterations=10, warmup=2, iterations_flags=("--iterations", "-n"))
+@click.option("--sweep", type=Sweep(), is_flag=False, default=None,
+              flag_value=allreduce_bench.DEFAULT_SWEEP,
+              help="every size from MIN to MAX, each FACTOR (2) times the last, instead of --size, "
+                   f"as nccl-tests prints them (time, algbw, busbw); alone: "
+                   f"{allreduce_bench.DEFAULT_SWEEP}")
+@click.option("--op", default="sum", show_default=True, type=click.Choice(list(wire.OPS)),
+              help="the reduction: every element's sum, minimum or maximum over the ranks")
 @click.option("--precision", default="32", show_default=True, type=click.Choice(["32", "16"]),
               help="16: the 16-bit block format (float32 sum only; docs/quantization.md)")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]))
 @click.option("--iface", default=None, help="interface towards the switch [default: from the route]")
 @click.option("--port", default=wire.DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="this worker's UDP port (the same on every rank)")
 @click.option("--control-port", default=wire.DEFAULT_CONTROL_PORT, show_default=True,
-              type=click.IntRange(1, 65535))
-@click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 600))
+              type=click.IntRange(1, 65535), help="the switch's TCP control port")
+@click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 600),
+              help="seconds to wait at the switch for every rank to join")
 @click.option("--token", envvar="SWML_TOKEN", default=None,
               help="the job's secret, the same on every rank (or $SWML_TOKEN, which other users "
                    "cannot read in ps); without one the job is open to anyone")
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def bench(switch_ip, job, rank, world, size, iterations, warmup, dtype, op, precision, backend,
-          iface, port,
-          control_port, join_timeout, token, verify, as_json, quiet):
-    """Time allreduce of one tensor through the switch, as rank RANK of WORLD."""
+def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, op, precision,
+          backend, iface, port, control_port, join_timeout, token, verify, as_json, quiet):
+    """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
+
+    Start it on every rank; each waits at the switch until all WORLD ranks have
+    joined, then all run the same allreduces, and each prints one row."""
     from .. import Worker
     from ..worker.control import ControlError, JobAborted
 
     if rank >= world:
         raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")
+    waiting = contextlib.nullcontext()
+    if not quiet and world > 1:
+        others = world - 1
+        click.echo(f"swml-worker: rank {rank}: waiting for the other {others} rank"
+                   f"{'s' if others > 1 else ''} to join job {job!r} at {switch_ip}:{control_port} "
+                   f"(up to {join_timeout:g} s) ...", err=True)
+        waiting = join_progress.report(switch_ip, control_port, job, rank, world,
+                                       lambda line: click.echo(line, err=True))
     try:
-        with Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
-                    control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
-                    token=token) as w:
-            result = allreduce_bench.run(w, size, iterations, warmup, dtype, verify,
-                                         progress=not quiet and sys.stderr.isatty(), op=op,
-                                         precision=precision)
+        with waiting:   # the join returns when every rank has joined
+            w = Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
+                       control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
+                       token=token)
+        with w:
+            progress = not quiet and sys.stderr.isatty()
+            if sweep:
+                rows = allreduce_bench.run_sweep(w, sweep, iterations, warmup, dtype, verify,
+                                                 progress, op, precision)
+            else:
+                rows = [allreduce_bench.run(w, size, iterations, warmup, dtype, verify, progress,
+                                            op, precision)]
     except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json.dumps(rows if sweep else rows[0]))
+    elif sweep:
+        click.echo(allreduce_bench.format_sweep(rows))
     else:
-        click.echo(allreduce_bench.format_table([result]))
-    if verify and result["verify_failures"]:
+        click.echo(allreduce_bench.format_table(rows))
+        click.echo(allreduce_bench.COLUMNS_LEGEND)
+    if verify and any(r["verify_failures"] for r in rows):
         sys.exit(1)
 
 

@@ -15,8 +15,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
+from . import lifecycle, netns
 from .addressing import Host
+from .errors import LabError
 from .topology import Lab
+
+READY_MARK = " up on "   # in the switch daemon's ready line
 
 
 class SwitchProcess:
@@ -27,7 +31,7 @@ class SwitchProcess:
         """env: extra environment variables for the daemon, on top of ours."""
         self.lab = lab
         self.iface = lab.switch.iface
-        argv = [sys.executable, "-m", "switchml_xdp.cli.switch", "up", self.iface, *args]
+        argv = switch_argv(self.iface, args)
         self.started = time.monotonic()
         self.proc = lab.popen(lab.switch, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, bufsize=1,
@@ -46,7 +50,7 @@ class SwitchProcess:
             if not line:
                 break
             self.output.append(line.rstrip())
-            if " up on " in line:
+            if READY_MARK in line:
                 return line.strip()
         self.stop()
         raise RuntimeError("swml-switch did not come up:\n" + "\n".join(self.output[-30:]))
@@ -80,6 +84,41 @@ class SwitchProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def switch_argv(iface: str, args: Sequence[str] = ()) -> list[str]:
+    """`swml-switch up IFACE ARGS` with this interpreter (the venv's, also under sudo)."""
+    return [sys.executable, "-m", "switchml_xdp.cli.switch", "up", iface, *args]
+
+
+def start_background_switch(lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0) -> str:
+    """`swml-switch up` in the lab's switch namespace, detached from this process
+    (its own session, output to a log file) so it outlives `swml-lab up`; it
+    goes when the lab does (`swml-lab down` stops every process in the lab's
+    namespaces, and SIGTERM detaches the switch cleanly). Returns its ready
+    line; LabError with the end of its log if it does not come up."""
+    log_path = lifecycle.switch_log_path(lab.prefix)
+    with open(log_path, "w") as log:
+        proc = netns.popen_in(lab.switch.ns, switch_argv(lab.switch.iface, args),
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    state = lifecycle.read_state(lab.prefix) or lab.describe()
+    state["switch_daemon"] = {"pid": proc.pid, "log": str(log_path), "args": list(args)}
+    lifecycle.write_state(lab.prefix, state)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        text = log_path.read_text()
+        ready = [line for line in text.splitlines() if READY_MARK in line]
+        if ready:
+            return ready[0].strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    tail = "\n".join(log_path.read_text().splitlines()[-10:])
+    if proc.poll() is None:
+        netns.terminate_pids([proc.pid])
+    raise LabError(f"the switch did not come up in lab {lab.prefix}"
+                   + (f":\n{tail}" if tail else " (no output)"))
 
 
 def run_ranks(lab: Lab, hosts: Sequence[Host], fn: Callable[[int, Host], object],

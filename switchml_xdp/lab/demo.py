@@ -10,12 +10,12 @@ import subprocess
 import sys
 import time
 
-from ..bench.allreduce_bench import format_table
+from ..bench.allreduce_bench import COLUMNS_LEGEND, format_table
 from .cluster import SwitchProcess
 from .topology import Lab
 
 
-def run_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, backend: str,
+def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, backend: str,
              verify: bool, rate: float | None, out=print) -> list[dict]:
     with Lab(workers=workers, rate_mbit=rate) as lab:
         out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} workers on a bridge"
@@ -28,7 +28,7 @@ def run_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, 
             for rank, host in enumerate(lab.workers):
                 argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench",
                         "--switch", lab.switch.ip, "--job", "demo", "--rank", str(rank),
-                        "--world", str(workers), "--size", size, "--iterations", str(iterations),
+                        "--world", str(workers), "--size", str(size), "--iterations", str(iterations),
                         "--warmup", str(warmup), "--dtype", dtype, "--backend", backend, "--json"]
                 if verify:
                     argv.append("--verify")
@@ -55,10 +55,11 @@ def run_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, 
 
 
 def summary(results: list[dict], workers: int, wall: float) -> list[str]:
-    """The per-rank bench table, then one line of figures (also `swml-lab vm`'s)."""
+    """The per-rank bench table and what its columns mean, then one line of
+    figures (also `swml-lab vm`'s)."""
     med = max(r["tat_median_s"] for r in results)
     r0 = results[0]
-    return [format_table(results), "",
+    return [format_table(results), COLUMNS_LEGEND, "",
             f"{workers} workers, {r0['dtype']} tensor of {r0['bytes'] / 2**20:.1f} MiB, "
             f"k={r0['k']}, {r0['slots']} slots, backend {r0['backend']}: "
             f"median tensor aggregation time {med * 1e3:.1f} ms, "

@@ -1,9 +1,10 @@
 """What outlives a Lab object: its state file, the process-wide exit hooks that
 tear live labs down, and the removal of labs whose owner is gone.
 
-A lab describes itself in /run/swml/lab-PREFIX.json (hosts and owner pid, None
-for a lab left up on purpose) before it makes anything, so the CLI and a later
-cleanup can find it. Labs in use are registered here; atexit and SIGTERM close
+A lab describes itself in /run/swml/lab-PREFIX.json (hosts, the user who made
+it, and the owner pid, None for a lab left up on purpose) before it makes
+anything, so the CLI and a later cleanup can find it, and `swml-lab down --all`
+can tell the caller's labs from other users'. Labs in use are registered here; atexit and SIGTERM close
 them, so an interrupted run leaves no namespaces behind.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import atexit
 import functools
 import json
 import os
+import pwd
 import signal
 import threading
 from pathlib import Path
@@ -51,6 +53,33 @@ def read_state(prefix: str) -> dict | None:
         return json.loads(state_path(prefix).read_text())
     except FileNotFoundError:
         return None
+
+
+def switch_log_path(prefix: str) -> Path:
+    """Where the switch that `swml-lab up --switch` starts in the background writes."""
+    return STATE_DIR / f"lab-{prefix}.switch.log"
+
+
+def caller_uid() -> int:
+    """The user on whose behalf this runs: the one who called sudo, where sudo
+    made us root (labs need root, so the uid alone would make everyone root)."""
+    sudo_uid = os.environ.get("SUDO_UID", "")
+    if os.getuid() == 0 and sudo_uid.isdigit():
+        return int(sudo_uid)
+    return os.getuid()
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def owner_fields() -> dict:
+    """What a lab's description says about who made it."""
+    uid = caller_uid()
+    return {"owner_uid": uid, "owner_user": user_name(uid)}
 
 
 # ---------------------------------------------------- live labs, exit and SIGTERM
@@ -141,10 +170,56 @@ def remove_lab_files(prefix: str) -> None:
     from ..switch import daemon
 
     state_path(prefix).unlink(missing_ok=True)
+    switch_log_path(prefix).unlink(missing_ok=True)
     loss.remove_pins(prefix)
     switch_iface = switch_host(prefix).iface
     if daemon.remove_leftover_files(switch_iface):
         bpf.remove_pins(bpf.pin_dir(switch_iface))
+
+
+def _owner_pid(prefix: str) -> int | None:
+    """The live process that uses lab `prefix` (a demo, a test session), if any."""
+    state = read_state(prefix) or {}
+    pid = state.get("owner_pid")
+    if pid is None or not _owner_alive(prefix):
+        return None
+    return pid
+
+
+def known_prefixes() -> set[str]:
+    """Every lab this machine has: by state file, and by "swl*" namespace."""
+    found = {prefix_of(ns) for ns in lab_namespaces()}
+    for path in STATE_DIR.glob("lab-*.json"):
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and "bridge" in state and state.get("prefix"):
+            found.add(state["prefix"])
+    return found
+
+
+def remove_own_labs(uid: int | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+    """`swml-lab down --all`: remove the labs of user `uid` (default: the
+    caller) that nothing uses any more: left up on purpose (`swml-lab up`) or
+    orphaned by a process that died. Other users' labs, labs in use by a live
+    process and labs whose owner is not on record are left alone.
+    Returns (namespaces removed, [(prefix, why it was left)])."""
+    uid = caller_uid() if uid is None else uid
+    removed: list[str] = []
+    spared: list[tuple[str, str]] = []
+    for prefix in sorted(known_prefixes()):
+        state = read_state(prefix)
+        owner = state.get("owner_uid") if state else None
+        if owner is None:
+            spared.append((prefix, "its maker is not on record"))
+        elif owner != uid:
+            spared.append((prefix, f"it belongs to {state.get('owner_user') or user_name(owner)}"))
+        elif (pid := _owner_pid(prefix)) is not None:
+            spared.append((prefix, f"process {pid} is using it"))
+        else:
+            removed += cleanup_leftovers(prefix)
+    return removed, spared
 
 
 def cleanup_leftovers(prefix: str | None = None, orphans_only: bool = False) -> list[str]:

@@ -144,6 +144,7 @@ class Lab:
             "switch": dataclasses.asdict(self.switch),
             "workers": [dataclasses.asdict(w) for w in self.workers],
             "owner_pid": None if self.keep else os.getpid(),
+            **lifecycle.owner_fields(),
         }
 
     @classmethod

@@ -41,6 +41,8 @@ from .vm_net import VmHost, VmNetwork, vm_host
 
 PREFIX_STEM = "swv"
 GUEST_SCRIPT = Path(__file__).with_name("vm_guest.sh")
+# Where the guest mounts a tmpfs over the host's (read-only) root: vm_init.sh.
+GUEST_TMPFS = (Path("/tmp"), Path("/run"), Path("/var/tmp"))
 # The Vagrant lab's NIC set-up (MTU, queue pairs, offloads, allmulticast), run in
 # every guest: one description of what a virtio NIC needs for native XDP.
 TUNE_NIC = Path(__file__).resolve().parents[2] / "vagrant" / "tune-nic.sh"
@@ -219,7 +221,10 @@ class VmLab:
 
     def _start(self, vm: Vm, kernel, initramfs: Path) -> None:
         h = vm.host
+        shares = hidden_host_paths()
         cmdline = f"quiet net.ifnames=0 random.trust_cpu=on swml.vm={h.name} swml.guest={GUEST_SCRIPT}"
+        if shares:
+            cmdline += " swml.share=" + ",".join(f"hostp{i}:{path}" for i, path in enumerate(shares))
         nic = ",".join([f"virtio-net-pci,netdev=n0,mac={h.mac},mq=on,vectors={2 * h.queues + 2}",
                         *(f"{o}=off" for o in GUEST_OFFLOADS_OFF)])
         argv = [
@@ -230,6 +235,10 @@ class VmLab:
             "-device", "virtio-9p-pci,fsdev=root,mount_tag=hostroot",
             "-fsdev", f"local,id=run,path={self.run_dir},security_model=none",
             "-device", "virtio-9p-pci,fsdev=run,mount_tag=swmlrun",
+            *(arg for i, path in enumerate(shares) for arg in (
+                "-fsdev", f"local,id=hostp{i},path={path},security_model=none,readonly=on,"
+                          "multidevs=remap",
+                "-device", f"virtio-9p-pci,fsdev=hostp{i},mount_tag=hostp{i}")),
             "-netdev", f"tap,id=n0,ifname={h.tap},script=no,downscript=no,vhost=off,queues={h.queues}",
             "-device", nic,
             "-device", "virtio-rng-pci",
@@ -282,6 +291,23 @@ def _available_memory_mb() -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) // 1024
     return 0
+
+
+def hidden_host_paths(wanted: list[Path] | None = None) -> list[Path]:
+    """Host directories a guest needs (default: this checkout, the Python
+    environment running it) that lie under a directory the guest covers with a
+    tmpfs (a checkout in /tmp, as CI makes one): shared into the guest again,
+    read-only, at the same path on top of the tmpfs."""
+    if wanted is None:
+        wanted = [Path(__file__).resolve().parents[2], Path(sys.prefix).resolve()]
+    out: list[Path] = []
+    for path in wanted:
+        if not any(path == t or t in path.parents for t in GUEST_TMPFS):
+            continue
+        if any(path == q or q in path.parents for q in out):
+            continue
+        out = [q for q in out if path not in q.parents] + [path]
+    return out
 
 
 def _child_setup() -> None:

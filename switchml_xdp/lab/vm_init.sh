@@ -5,7 +5,8 @@
 # writable /tmp, /run and /var/tmp, mounts the run's shared directory at
 # /run/swml-vm and hands PID 1 to stage two (swml.guest=, a script on the host's
 # root). Kernel command line: swml.probe=1 (print a token and power off: the
-# KVM probe), swml.guest=PATH. Any failure powers the VM off, saying why.
+# KVM probe), swml.guest=PATH, swml.share=TAG:PATH,... (host directories that
+# the tmpfs would hide, shared again). Any failure powers the VM off, saying why.
 # shellcheck shell=sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -33,6 +34,15 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 hostroo
   || fail "cannot mount the host's root (9p tag hostroot)"
 for d in tmp run var/tmp; do
   mount -t tmpfs -o mode=1777 tmpfs "/newroot/$d" || fail "tmpfs on /$d"
+done
+# Host directories under those tmpfs that the guest needs (a checkout in
+# /tmp): swml.share=TAG:PATH,... (vm.py's hidden_host_paths), read-only.
+for share in $(arg share | tr ',' ' '); do
+  tag=${share%%:*}
+  path=${share#*:}
+  mkdir -p "/newroot$path" || fail "mkdir $path"
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 "$tag" "/newroot$path" \
+    || fail "cannot mount $path (9p tag $tag)"
 done
 mkdir -p /newroot/run/swml-vm
 # No cache: the host writes files here (go, stop) that the guest polls for.

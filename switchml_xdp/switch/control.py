@@ -336,10 +336,17 @@ class ControlServer:
                 if m.conn is not None and not m.left:
                     m.conn.send({"event": "left", "job": job.name, "rank": rank})
 
+    def status_reply(self) -> dict:
+        """What `status` answers anyone (no secrets): the switch, its jobs and
+        members, slots, and the data plane's counters (cumulative; per job too
+        where the data plane counts them: "job_stats"). Also what the metrics
+        endpoint exports. Call it on the event loop."""
+        return {"ok": True, "switch": self.switch_info, "jobs": self.table.describe(),
+                "slots_free": self.table.pool.free, "slots_total": self.table.pool.total,
+                **self.status_extra()}
+
     async def _status(self, conn: Connection, msg: dict) -> None:
-        conn.send({"ok": True, "switch": self.switch_info, "jobs": self.table.describe(),
-                   "slots_free": self.table.pool.free, "slots_total": self.table.pool.total,
-                   **self.status_extra()})
+        conn.send(self.status_reply())
 
     # --- failures ------------------------------------------------------------
     def _lost(self, conn: Connection) -> None:

@@ -31,6 +31,7 @@ from .. import net, wire
 from .control import ControlServer
 from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
+from .metrics import MetricsError, MetricsServer, SwitchCollector
 from .userspace import UserspaceDataplane
 from .xdp_dataplane import XdpDataplane
 
@@ -57,6 +58,16 @@ def make_dataplane(name: str, iface: str, params: SwitchParams, mode: str | None
         return DATAPLANES[name](iface, params)
     except DataplaneError as e:
         raise SwitchError(str(e)) from None
+
+
+def read_job_stats(maps) -> dict[str, dict[str, int]] | None:
+    """Per job id (as text, as JSON has it) its cumulative packets, bytes,
+    results and shadow replies, where the data plane counts them
+    (`DataplaneMaps.read_job_stats`); None where it does not."""
+    read = getattr(maps, "read_job_stats", None)
+    if read is None:
+        return None
+    return {str(job_id): dict(stats) for job_id, stats in read().items()}
 
 
 def state_path(iface: str) -> str:
@@ -197,6 +208,10 @@ class Switch:
         st = read_state(self.iface)
         self.dp.check_free(st)
         adopt = self._adoptable(st)
+        if adopt and adopt.get("mode") == "generic" and getattr(self.dp, "requested_mode", "") is None:
+            print(f"swml-switch: {self.iface}: taking over the previous switch, in its generic XDP "
+                  f"mode, so that its jobs go on; for native XDP, `swml-switch down {self.iface}` "
+                  f"first", file=sys.stderr, flush=True)
         maps = self.dp.open(self.ip, adopt)
         self.table = JobTable(maps, self.params.k, self.params.slots, self.job_slots,
                               on_change=self.write_state, require_token=self.require_token,
@@ -276,17 +291,41 @@ class Switch:
 
     def status_extra(self) -> dict:
         """What `status` adds to the jobs: counters and the data plane (no secrets)."""
-        return {"counters": self.dp.maps.read_counters(), "dataplane": self.dp.name,
+        return {"counters": self.dp.maps.read_counters(), "job_stats": read_job_stats(self.dp.maps),
+                "dataplane": self.dp.name,
                 "mode": self.dp.mode, "params": asdict(self.params), **self.dp.status_extra()}
 
     # --- serving ---------------------------------------------------------------
-    async def serve(self, ready_cb=None) -> None:
+    async def serve(self, ready_cb=None, metrics: tuple[str, int] | None = None) -> None:
+        """metrics: (address, port) of a Prometheus endpoint to serve too (metrics.py)."""
         self.server = ControlServer(self.table, self.switch_info(), self.lease_s,
                                     lambda: {"require_token": self.require_token, **self.status_extra()})
         try:
             await self.server.start(self.ip, self.control_port)
         except OSError as e:
             raise SwitchError(f"cannot listen on {self.ip}:{self.control_port}: {e.strerror}") from None
+        exporter = self._start_metrics(metrics) if metrics else None
+        try:
+            await self._serve_until_stopped(ready_cb)
+        finally:
+            if exporter is not None:
+                exporter.close()
+
+    def _start_metrics(self, listen: tuple[str, int]) -> MetricsServer:
+        loop = asyncio.get_running_loop()
+
+        async def on_loop() -> dict:
+            return self.server.status_reply()
+
+        def snapshot() -> dict:   # in the HTTP server's thread
+            return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=10)
+
+        try:
+            return MetricsServer(SwitchCollector(snapshot, self.iface), *listen)
+        except MetricsError as e:
+            raise SwitchError(str(e)) from None
+
+    async def _serve_until_stopped(self, ready_cb) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -310,8 +349,9 @@ def _write_json(path: str, obj, mode: int) -> None:
 
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
         lease_s: float = DEFAULT_LEASE_S, require_token: bool = False,
-        initial_seq: int = 0) -> dict[str, int]:
-    """Serve until SIGINT/SIGTERM; returns the data plane's final counters."""
+        initial_seq: int = 0, metrics: tuple[str, int] | None = None) -> dict[str, int]:
+    """Serve until SIGINT/SIGTERM; returns the data plane's final counters.
+    metrics: (address, port) of a Prometheus endpoint to serve as well."""
     t0 = time.monotonic()
     sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq)
     iface, params = sw.iface, sw.params
@@ -326,11 +366,12 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
 
     def ready():
         print(f"swml-switch: up on {iface} ({dataplane.label}, k={params.k}, {params.slots} slots, "
-              f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}) "
-              f"in {time.monotonic() - t0:.2f} s", flush=True)
+              f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}"
+              + (f", metrics http://{metrics[0]}:{metrics[1]}/metrics" if metrics else "")
+              + f") in {time.monotonic() - t0:.2f} s", flush=True)
 
     try:
-        asyncio.run(sw.serve(ready))
+        asyncio.run(sw.serve(ready, metrics))
     finally:
         counters = sw.unload()
         print(f"swml-switch: {iface} detached; counters "

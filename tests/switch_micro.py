@@ -1,0 +1,98 @@
+"""Micro-benchmark of the switch program alone: ns per packet of each path of
+xdp/swml_switch.c through BPF_PROG_TEST_RUN (no network, no other load).
+
+    sudo .venv/bin/python tests/switch_micro.py [--k 64,256] [--passes 7] [--src DIR] [--json]
+
+A job of world 2 streams rounds through its slots as workers do: per packet
+index, rank 0's contribution (the first of its round: the k values are copied
+into the slot) then rank 1's (the last: added, the result copied back into the
+packet, the packet rewritten into a RESULT and sent), each frame one test run.
+A world-3 job adds the middle path (added, the round not complete). The kernel
+times each run (repeat=1, so a few ns of its own timing are in every figure);
+a pass is the median over its packets and the figure is the min over passes,
+the least disturbed by whatever else the machine runs (docs/performance.md).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import struct
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from switchml_xdp import bpf, wire  # noqa: E402
+from xdp_tester import Action, SwitchTester  # noqa: E402
+
+ROUNDS = 8  # rounds of every slot a pass
+SLOTS = 64
+HDR_AT = wire.HEADERS_LEN - wire.HDR_LEN  # the swml header in a frame without IP options
+SEQ_AT = HDR_AT + wire.HDR_DTYPE.fields["seq"][1]
+FLAGS_AT = HDR_AT + wire.HDR_DTYPE.fields["flags"][1]
+SEQ = struct.Struct("!I")
+
+
+def stream(sw: SwitchTester, world: int, passes: int, check: bool = True) -> dict[str, float]:
+    """min over passes of the median ns of each rank's packets (rank 0 first of
+    its round, rank world-1 last); `check`: that the program did what the
+    switch must (not for a variant cut down to measure a part)."""
+    sw.reset()
+    job = sw.add_job(world=world, slot_count=SLOTS)
+    rng = np.random.default_rng(world)
+    frames = [[bytearray(sw.data(job, r, slot, rng.integers(-2**31, 2**31, sw.k, dtype=np.int64)
+                                 .astype(np.int32), seq=slot)) for r in range(world)]
+              for slot in range(SLOTS)]
+    best = [float("inf")] * world
+    seq = 0
+    for _ in range(passes):
+        ns = [[] for _ in range(world)]
+        for _ in range(ROUNDS):
+            for slot in range(SLOTS):
+                for r in range(world):
+                    f = frames[slot][r]
+                    SEQ.pack_into(f, SEQ_AT, seq)
+                    f[FLAGS_AT] = (seq // SLOTS) & wire.FLAG_SLOT_VER
+                    action, _, dt = bpf.test_run(sw.prog.fd, bytes(f))
+                    want = Action.TX if r == world - 1 else Action.DROP
+                    assert action == want or not check, (r, action)
+                    ns[r].append(dt)
+                seq += 1
+        best = [min(b, statistics.median(x)) for b, x in zip(best, ns)]
+    c = sw.counters()
+    assert c["completed"] == passes * ROUNDS * SLOTS or not check, c
+    return {"first": best[0], "last": best[-1], **({"middle": best[1]} if world > 2 else {})}
+
+
+@click.command()
+@click.option("--k", "ks", default="64,256", show_default=True,
+              help="elements a packet, comma-separated")
+@click.option("--passes", default=7, show_default=True, type=click.IntRange(1, 100))
+@click.option("--src", type=click.Path(exists=True, file_okay=False), default=None,
+              help="compile the switch from this copy of xdp/ (a variant to compare)")
+@click.option("--json", "as_json", is_flag=True)
+def main(ks, passes, src, as_json):
+    if src:
+        from switchml_xdp.bpf import compile as bpf_compile
+        bpf_compile.xdp_dir = lambda: Path(src).resolve()
+    rows = []
+    for k in (int(x) for x in ks.split(",")):
+        with SwitchTester(k=k, slots=SLOTS) as sw:
+            two, three = stream(sw, 2, passes, not src), stream(sw, 3, passes, not src)
+        rows.append({"k": k, "first_ns": two["first"], "middle_ns": three["middle"],
+                     "last_ns": two["last"], "world2_mean_ns": (two["first"] + two["last"]) / 2})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(f"{'k':>4} {'first':>7} {'middle':>7} {'last':>7} {'world-2 mean':>13}  (ns/packet)")
+    for r in rows:
+        click.echo(f"{r['k']:>4} {r['first_ns']:>7.0f} {r['middle_ns']:>7.0f} {r['last_ns']:>7.0f} "
+                   f"{r['world2_mean_ns']:>13.0f}")
+    click.echo("BPF_PROG_TEST_RUN, one run a frame; min over passes of the median of a pass. "
+               "first: copy in; middle: add; last: add, copy out, RESULT.")
+
+
+if __name__ == "__main__":
+    main()
