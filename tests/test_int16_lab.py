@@ -5,18 +5,13 @@ bound (B16) of the exact sum; a rank asking for 16 bits against one asking for
 backend refuses precision 16 (not streamed yet) before anything is sent."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from conftest import needs_lab
 from switchml_xdp import quant, quant16
+from test_worker_api import bench_cli_2_ranks
 from test_worker_v2_lab import K, run_job
-
-WORKER_CLI = [sys.executable, "-m", "switchml_xdp.cli.worker"]
 
 
 @needs_lab
@@ -61,13 +56,5 @@ def test_16_against_32_is_a_call_mismatch(lab8, switch):
 
 @needs_lab
 def test_bench_cli_precision_16_verifies(lab8, switch):
-    argv = WORKER_CLI + ["bench", "--switch", lab8.switch.ip, "--job", "i16-bench", "--world", "2",
-                         "--size", "100KiB", "--iterations", "2", "--warmup", "1", "--verify",
-                         "--json", "--backend", "udp", "--port", "48911", "--precision", "16"]
-    procs = [lab8.popen(h, argv + ["--rank", str(r)], stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, text=True) for r, h in enumerate(lab8.workers[:2])]
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        res = json.loads(out)
+    for res in bench_cli_2_ranks(lab8, "i16-bench", 48911, "--precision", "16"):
         assert res["verified"] == 3 and res["verify_failures"] == 0 and res["precision"] == "16"

@@ -71,16 +71,24 @@ def test_other_workers_never_join(lab8, switch):
     run_ranks(lab8, lab8.workers[:1], body)
 
 
-def test_bench_cli_json_and_verify(lab8, switch):
-    argv = WORKER_CLI + ["bench", "--switch", lab8.switch.ip, "--job", "api-bench", "--world", "2",
+def bench_cli_2_ranks(lab, job: str, port: int, *extra: str) -> list[dict]:
+    """`swml-worker bench --verify --json` of 100 KiB on udp at world 2 (3
+    calls): each rank's JSON, after it exited 0."""
+    argv = WORKER_CLI + ["bench", "--switch", lab.switch.ip, "--job", job, "--world", "2",
                          "--size", "100KiB", "--iterations", "2", "--warmup", "1", "--verify",
-                         "--json", "--backend", "udp", "--port", "48910"]
-    procs = [lab8.popen(h, argv + ["--rank", str(r)], stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, text=True) for r, h in enumerate(lab8.workers[:2])]
+                         "--json", "--backend", "udp", "--port", str(port), *extra]
+    procs = [lab.popen(h, argv + ["--rank", str(r)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True) for r, h in enumerate(lab.workers[:2])]
+    results = []
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-        res = json.loads(out)
+        results.append(json.loads(out))
+    return results
+
+
+def test_bench_cli_json_and_verify(lab8, switch):
+    for res in bench_cli_2_ranks(lab8, "api-bench", 48910):
         assert res["verified"] == 3 and res["verify_failures"] == 0
         assert res["bytes"] == 102400 and res["world"] == 2
         assert res["goodput_gbps"] > 0 and res["tat_min_s"] <= res["tat_median_s"] <= res["tat_max_s"]
