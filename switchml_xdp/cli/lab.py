@@ -23,7 +23,7 @@ from switchml_xdp.lab.addressing import MAX_WORKERS
 from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.netns import nsenter_argv
-from switchml_xdp.lab.shaping import MAX_RATE_MBIT
+from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -105,13 +105,18 @@ def host_table(lab: Lab | None = None, hosts: list[Host] | None = None) -> str:
 @main.command()
 @lab_options
 @loss_options
+@click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
+              metavar="PACKETS", help="every shaped queue's depth in packets, like a switch "
+              "port's buffer (needs --rate) [default: TBF's 20 ms]")
 def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
-       dup: float | None, loss_port: int | None) -> None:
+       dup: float | None, loss_port: int | None, queue: int | None) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     with lab_errors():
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
-                  loss=loss, dup=dup, loss_port=loss_port).start()
+                  loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue).start()
     shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "links unshaped"
+    if queue:
+        shaping += f", {queue}-packet queues"
     if loss is not None or dup is not None or loss_port is not None:
         from switchml_xdp import wire
         port = wire.DEFAULT_PORT if loss_port is None else loss_port
