@@ -252,7 +252,10 @@ def _list_of(kind, what: str):
 @click.option("--wait-quiet", default=600.0, show_default=True, type=click.FloatRange(0, None),
               metavar="SECONDS", help="before each measurement wait up to SECONDS for the machine to "
                                       "be quiet (no other lab, little CPU use); 0: never wait")
-def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
+@click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
+              metavar="PACKETS", help="every shaped queue's depth in packets (a switch port's "
+              "buffer) [default: TBF's 20 ms]")
+def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, no_rto_floor, wait_quiet):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots."""
@@ -275,7 +278,8 @@ def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slot
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size") from None
     cfg = lab_bench.BenchConfig(
-        workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, size=size_bytes,
+        workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, queue_packets=queue,
+        size=size_bytes,
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e), rto_floor=not no_rto_floor,
