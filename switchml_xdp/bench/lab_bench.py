@@ -93,6 +93,7 @@ def userspace_switch(lab, args: Sequence[str]):
 class BenchConfig:
     workers: Sequence[int] = DEFAULT_WORKERS
     rate_mbit: float = DEFAULT_RATE_MBIT
+    queue_packets: int | None = None   # shaped queues' depth in packets (None: TBF's 20 ms)
     size: int = DEFAULT_SIZE
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -218,10 +219,11 @@ class Bench:
                 self.unavailable["gloo"] = torch_reason
 
         for n in cfg.workers:
-            self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way, "
+            queue = f" ({cfg.queue_packets}-packet queues)" if cfg.queue_packets else ""
+            self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way{queue}, "
                      f"{cfg.size / 2**20:g} MiB float32, {cfg.warmup} warm-up + "
                      f"{cfg.iterations} iterations")
-            with Lab(workers=n, rate_mbit=cfg.rate_mbit) as lab:
+            with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets) as lab:
                 lab.set_loss(0.0)          # attach the loss injector once
                 for k in cfg.ks:
                     self._swml_systems(lab, k)
@@ -366,7 +368,8 @@ class Bench:
         return {
             "command": cfg.command, "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
             "duration_s": round(time.time() - started, 1),
-            "rate_mbit": cfg.rate_mbit, "size_bytes": cfg.size, "iterations": cfg.iterations,
+            "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets,
+            "size_bytes": cfg.size, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "ks": list(cfg.ks), "systems": list(cfg.systems), "job_slots": cfg.job_slots,
             "rank_env": dict(cfg.env), "afxdp_rto_floor": cfg.rto_floor,

@@ -30,7 +30,7 @@ from switchml_xdp.lab.addressing import MAX_WORKERS, is_namespace_of, prefix_of
 from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.netns import ns_path, nsenter_argv
-from switchml_xdp.lab.shaping import MAX_RATE_MBIT
+from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 
 from .common import CONTEXT, allreduce_options, version_option
 
@@ -147,6 +147,9 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @main.command()
 @lab_options
 @loss_options
+@click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
+              metavar="PACKETS", help="Every shaped queue's depth in packets, like a switch "
+              "port's buffer (needs --rate) [default: TBF's 20 ms]")
 @click.option("--switch", "start_switch", is_flag=True,
               help="Also start `swml-switch up` in the lab's switch namespace, in the background "
                    "(it stops when the lab is removed), and print how to run a worker in each "
@@ -155,7 +158,8 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
               help="Options for that switch, as on the `swml-switch up` command line "
                    "(e.g. '-k 64 --dataplane userspace').")
 def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
-       dup: float | None, loss_port: int | None, start_switch: bool, switch_args: str) -> None:
+       dup: float | None, loss_port: int | None, queue: int | None, start_switch: bool,
+       switch_args: str) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.cluster import start_background_switch
 
@@ -168,7 +172,7 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
             raise click.BadParameter(f"a job has at most {wire.MAX_WORLD} ranks", param_hint="-n")
     with lab_errors():
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
-                  loss=loss, dup=dup, loss_port=loss_port).start()
+                  loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue).start()
         ready = None
         if start_switch:
             try:
@@ -177,6 +181,8 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
                 lab.close()
                 raise
     shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "links unshaped"
+    if queue:
+        shaping += f", {queue}-packet queues"
     if loss is not None or dup is not None or loss_port is not None:
         port = wire.DEFAULT_PORT if loss_port is None else loss_port
         shaping += (f"; loss {_pct(loss or 0)}, dup {_pct(dup or 0)} on worker links both ways "
@@ -382,7 +388,10 @@ def _list_of(kind, what: str):
 @click.option("--wait-quiet", default=600.0, show_default=True, type=click.FloatRange(0, None),
               metavar="SECONDS", help="before each measurement wait up to SECONDS for the machine to "
                                       "be quiet (no other lab, little CPU use); 0: never wait")
-def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
+@click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
+              metavar="PACKETS", help="Every shaped queue's depth in packets (a switch port's "
+              "buffer) [default: TBF's 20 ms]")
+def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, no_rto_floor, wait_quiet):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
@@ -413,7 +422,8 @@ def bench(workers, rate, size, iterations, warmup, losses, ks, systems, job_slot
         if Path(out_dir).exists():
             raise click.ClickException(f"{out_dir} exists; give --out")
     cfg = lab_bench.BenchConfig(
-        workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, size=size_bytes,
+        workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, queue_packets=queue,
+        size=size_bytes,
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e), rto_floor=not no_rto_floor,

@@ -18,11 +18,27 @@ from .errors import LabError
 MAX_RATE_MBIT = 34_000       # TBF's rate is a u32 in bytes/s (pyroute2 has no rate64)
 HTB_HANDLE = 0x10000         # 1:
 HTB_CLASS_BASE = 0x10        # class 1:(10+i) for source i
+TBF_CLASS = 0x10001          # 1:1, where TBF attaches its inner qdisc
+QUEUE_HANDLE_BASE = 0x200000 # 20:, 21:, ... for the pfifo children
+MAX_QUEUE_PACKETS = 100_000
 
 
 def check_rate(rate_mbit: float | None) -> None:
     if rate_mbit is not None and not 0 < rate_mbit <= MAX_RATE_MBIT:
         raise LabError(f"rate must be in (0, {MAX_RATE_MBIT}] Mbit/s, not {rate_mbit!r}")
+
+
+def check_queue(queue_packets: int | None) -> None:
+    if queue_packets is not None and not 1 <= queue_packets <= MAX_QUEUE_PACKETS:
+        raise LabError(f"queue must be 1..{MAX_QUEUE_PACKETS} packets, not {queue_packets!r}")
+
+
+def _queue(ipr: IPRoute, index: int, parent: int, n: int, queue_packets: int | None) -> None:
+    """A switch port's buffer depth: a pfifo of queue_packets packets under
+    `parent` replaces the shaper's own byte/latency limited queue (tail drop)."""
+    if queue_packets is not None:
+        ipr.tc("add", "pfifo", index, QUEUE_HANDLE_BASE + (n << 16), parent=parent,
+               limit=queue_packets)
 
 
 def _bytes_per_s(rate_mbit: float) -> int:
@@ -34,7 +50,7 @@ def _burst(rate: int) -> int:
     return max(32 * 1024, rate // 1000)
 
 
-def shape(ipr: IPRoute, index: int, rate_mbit: float) -> None:
+def shape(ipr: IPRoute, index: int, rate_mbit: float, queue_packets: int | None = None) -> None:
     """Limit what interface `index` sends to rate_mbit with a TBF root qdisc.
 
     A qdisc only sees frames that go through the stack's transmit path
@@ -44,9 +60,11 @@ def shape(ipr: IPRoute, index: int, rate_mbit: float) -> None:
     """
     rate = _bytes_per_s(rate_mbit)
     ipr.tc("add", "tbf", index, 0x10000, rate=rate, burst=_burst(rate), latency="20ms")
+    _queue(ipr, index, TBF_CLASS, 0, queue_packets)
 
 
-def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequence[str]) -> None:
+def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequence[str],
+                     queue_packets: int | None = None) -> None:
     """Limit what interface `index` sends from each IPv4 source in `sources`
     to rate_mbit, independently: an HTB root qdisc with one class per source
     (1:10, 1:11, ...; rate = ceil, no borrowing), chosen by a u32 filter on the
@@ -60,12 +78,14 @@ def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequen
         classid = HTB_HANDLE | (HTB_CLASS_BASE + i)
         ipr.tc("add-class", "htb", index, classid, parent=HTB_HANDLE, rate=rate, ceil=rate,
                burst=_burst(rate), cburst=_burst(rate), quantum=quantum)
+        _queue(ipr, index, classid, i, queue_packets)
         ipr.tc("add-filter", "u32", index, parent=HTB_HANDLE, prio=1, protocol=0x0800,
                target=classid, keys=[f"0x{ipaddress.IPv4Address(ip).packed.hex()}/0xffffffff+12"])
 
 
 def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switch: Host,
-                workers: Sequence[Host], rate_mbit: float) -> None:
+                workers: Sequence[Host], rate_mbit: float,
+                queue_packets: int | None = None) -> None:
     """Every worker gets rate_mbit up and rate_mbit down, whatever sends.
     `ipr_in(ns)` gives a netlink socket in namespace ns.
 
@@ -86,10 +106,11 @@ def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switch: Host,
     The switch's own interface stays unshaped: a real switch's ports are as
     fast as the workers' and the workers' links are the bottleneck. The
     loss injector's clsact hooks on the bridge ports run before these qdiscs
-    and are independent of them."""
+    and are independent of them. queue_packets, if given, is every shaped
+    queue's depth in packets (a switch port's buffer), else TBF's 20 ms."""
     br = ipr_in(bridge_ns)
     for w in workers:
-        shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit)
-        shape(br, net.link_index(w.peer, bridge_ns), rate_mbit)
+        shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit, queue_packets)
+        shape(br, net.link_index(w.peer, bridge_ns), rate_mbit, queue_packets)
     shape_per_source(br, net.link_index(switch.peer, bridge_ns), rate_mbit,
-                     [w.ip for w in workers])
+                     [w.ip for w in workers], queue_packets)

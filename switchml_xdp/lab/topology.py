@@ -31,7 +31,7 @@ from .addressing import (
     peer_mac, switch_host, worker_host,
 )
 from .errors import LabError
-from .shaping import check_rate, shape_links
+from .shaping import check_queue, check_rate, shape_links
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +60,24 @@ class Lab:
     def __init__(self, workers: int = 2, prefix: str | None = None,
                  rate_mbit: float | None = None, keep: bool = False,
                  loss: float | str | None = None, dup: float | str | None = None,
-                 loss_port: int | None = None, igmp: bool = False):
+                 loss_port: int | None = None, igmp: bool = False,
+                 queue_packets: int | None = None):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of
         duplicating, data-port UDP frames on every worker link in both
         directions; giving either (or loss_port) attaches the loss injector at
         build time, set_loss() does it later otherwise. loss_port: the UDP
         port subject to loss (default the switch's data port; 0 = all UDP).
         igmp: the bridge snoops IGMP, runs a querier and floods no group
-        nobody joined, like a strict switch (lab/igmp.py)."""
+        nobody joined, like a strict switch (lab/igmp.py). queue_packets:
+        every shaped queue's depth in packets, a switch port's buffer
+        (needs rate_mbit; lab/shaping.py)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix)
         check_rate(rate_mbit)
+        check_queue(queue_packets)
+        if queue_packets is not None and rate_mbit is None:
+            raise LabError("a queue depth needs a rate (the queue is the shaper's)")
+        self.queue_packets = queue_packets
         try:
             self.loss = None if loss is None else loss_mod.probability(loss, "loss")
             self.dup = None if dup is None else loss_mod.probability(dup, "dup")
@@ -138,7 +145,7 @@ class Lab:
         return {
             "prefix": self.prefix,
             "bridge": {"ns": self.bridge_ns, "iface": self.bridge},
-            "rate_mbit": self.rate_mbit,
+            "rate_mbit": self.rate_mbit, "queue_packets": self.queue_packets,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "igmp": self.igmp,
             "switch": dataclasses.asdict(self.switch),
@@ -159,7 +166,7 @@ class Lab:
         lab = cls(workers=len(state["workers"]), prefix=prefix,
                   rate_mbit=state.get("rate_mbit"), keep=True, loss=state.get("loss"),
                   dup=state.get("dup"), loss_port=state.get("loss_port"),
-                  igmp=state.get("igmp", False))
+                  igmp=state.get("igmp", False), queue_packets=state.get("queue_packets"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -288,7 +295,8 @@ class Lab:
         else:
             self._attach_loss_injector()
         if self.rate_mbit is not None:
-            shape_links(self._ipr, self.bridge_ns, self.switch, self.workers, self.rate_mbit)
+            shape_links(self._ipr, self.bridge_ns, self.switch, self.workers, self.rate_mbit,
+                        self.queue_packets)
 
     def _ipr(self, ns: str) -> IPRoute:
         """One netlink socket per namespace for the duration of the build."""
