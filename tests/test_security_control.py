@@ -14,13 +14,15 @@ import json
 import secrets
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 
 import numpy as np
 import pytest
 
 from switchml_xdp.switch.control import MAX_CONNECTIONS_PER_IP, MAX_PENDING_JOINS_PER_IP
 
-from control_helpers import PORT, Raw, assert_error, job_of, join_msg, status, wait_for, wait_members
+from control_helpers import LEASE_S, PORT, Raw, assert_error, job_of, join_msg, status, wait_for, wait_members
 from honest_job import HonestJob
 
 SWITCH_CLI = [sys.executable, "-m", "switchml_xdp.cli.switch"]
@@ -150,6 +152,19 @@ def _as_nobody(lab, argv, in_switch_ns: bool):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
+def _while_heartbeating(raw, token: str, run):
+    """run() in a thread while `raw` heartbeats its member every half lease."""
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(run)
+        while True:
+            reply = raw.request({"op": "heartbeat", "token": token})
+            assert reply.get("ok"), f"heartbeat refused: {reply}"
+            try:
+                return fut.result(timeout=LEASE_S / 2)
+            except FuturesTimeout:
+                continue
+
+
 @pytest.mark.parametrize("in_switch_ns", [True, False], ids=["control-port", "no-route"])
 def test_status_as_nobody_shows_jobs_without_secrets(lab8, switch, in_switch_ns):
     if subprocess.run(["which", "setpriv"], capture_output=True).returncode:
@@ -157,11 +172,13 @@ def test_status_as_nobody_shows_jobs_without_secrets(lab8, switch, in_switch_ns)
     name, token, (h0,) = job_name("nobody"), "tok-" + secrets.token_hex(8), lab8.workers[:1]
     with Raw(lab8, h0) as r:
         assert r.request(join_msg(name, 1, 0, h0, token=token))["ok"]
-        # One sample (--interval 0: no rates): the job's lease here is 2 s and the
-        # member heartbeats only through this test.
-        human = _as_nobody(lab8, SWITCH_CLI + ["status", "--interval", "0"], in_switch_ns)
-        assert r.request({"op": "heartbeat", "token": token})["ok"]
-        js = _as_nobody(lab8, SWITCH_CLI + ["status", "--json", "--interval", "0"], in_switch_ns)
+        # One sample (--interval 0: no rates). The job's lease here is 2 s and
+        # the member heartbeats only through this test: keep it alive while a
+        # status (a fresh interpreter, seconds on a loaded machine) runs.
+        human = _while_heartbeating(r, token, lambda: _as_nobody(
+            lab8, SWITCH_CLI + ["status", "--interval", "0"], in_switch_ns))
+        js = _while_heartbeating(r, token, lambda: _as_nobody(
+            lab8, SWITCH_CLI + ["status", "--json", "--interval", "0"], in_switch_ns))
         assert r.request({"op": "leave", "token": token})["ok"]
     for out in (human, js):
         assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr, out.stderr
