@@ -83,7 +83,9 @@ engine = Extension(
     include_dirs=["worker", "xdp"],
     libraries=["xdp", "bpf"],
     extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wno-unused-function",
-                        "-fno-strict-aliasing"],
+                        "-fno-strict-aliasing",
+                        # window.c must do the same double arithmetic as window.py
+                        "-ffp-contract=off"],
 )
 
 setup(cmdclass={"build_py": BuildPyWithBpfSources, "build_ext": BuildEngine},

@@ -1,8 +1,7 @@
 """Transport (issue 12): the lab's emulated switch-port buffer depth.
 
 `Lab(queue_packets=N)` / `swml-lab up --queue N` puts a pfifo of N packets
-under every shaper (lab/shaping.py). The window/pacing part of issue 12 is
-not built yet (docs/transport.md says so).
+under every shaper (lab/shaping.py). The window is tests/test_window.py's.
 """
 from __future__ import annotations
 
@@ -35,50 +34,3 @@ def test_every_shaped_queue_holds_queue_packets():
             shapers = out.count("qdisc tbf") + out.count("qdisc htb") * 2   # HTB: one class per worker
             assert out.count("limit 32p") == shapers, out
         assert lab.describe()["queue_packets"] == 32
-
-
-# --- the window policy's Python reference (not yet wired into the backends) ---
-from switchml_xdp.worker.window import CongestionWindow, WindowPolicy  # noqa: E402
-
-
-def test_window_never_exceeds_the_slots_nor_drops_below_one():
-    w = CongestionWindow(slots=8)
-    t = 0.0
-    for _ in range(1000):
-        t += 0.001
-        w.on_ack(0.001, t)
-    assert w.cwnd == 8
-    for _ in range(50):
-        t += 1.0
-        w.on_loss(t)
-    assert w.cwnd == 1
-
-
-def test_window_grows_about_ai_a_round_below_target():
-    w = CongestionWindow(slots=1000, policy=WindowPolicy(initial=10))
-    t = 0.0
-    for _ in range(10):          # one round trip: 10 acks at 10 packets
-        t += 0.0001
-        w.on_ack(0.001, t)
-    assert 10.8 < w.cwnd < 11.1
-
-
-def test_queueing_delay_shrinks_the_window_once_a_round_trip():
-    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
-    w.on_ack(0.001, 0.0)                      # base 1 ms
-    before = w.cwnd
-    w.on_ack(0.005, 0.010)                    # 4 ms of queue
-    once = w.cwnd
-    assert once < before
-    w.on_ack(0.005, 0.0101)                   # same round trip: no second cut
-    assert w.cwnd == once
-    assert w.pacing_gap_s() == pytest.approx(w.srtt / w.cwnd)
-
-
-def test_loss_halves_once_a_round_trip():
-    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
-    w.on_ack(0.002, 0.0)
-    w.on_loss(1.0)
-    assert w.cwnd == pytest.approx(16.0, abs=0.2)
-    w.on_loss(1.0001)
-    assert w.cwnd == pytest.approx(16.0, abs=0.2)

@@ -5,8 +5,10 @@
  *   Engine(ifname, xskmap_fd, abort, job=, rank=, world=, k=, slots=,
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
  *          key=, seq_base=, queue=0, frames=4096, rto_initial=0.005, rto_min=0.002,
- *          rto_max=0.5, stall_timeout=30.0, spin=200, rto_adaptive=True)
- *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy; key and
+ *          rto_max=0.5, stall_timeout=30.0, spin=200, rto_adaptive=True,
+ *          window=WindowPolicy tuple)
+ *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy, window a
+ *     switchml_xdp.worker.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
  *     .allreduce(array, op, tag) -> status  whole tensor, GIL released;
  *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...
@@ -22,6 +24,8 @@
  *   ordered(x: float32, op, out: int32)       float32 MIN/MAX map (ordered.py)
  *   unordered(q: int32, out: float32)         its inverse
  *   packets(n, k, slots, is_float, op)        packets of a call (plans.py)
+ *   window_trace(slots, window, events)       window.c on a list of events, for
+ *                                             tests against window.py
  * The quant functions mirror switchml_xdp/quant.py and ordered.py so tests
  * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
@@ -349,12 +353,92 @@ static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what
 	return 0;
 }
 
+/* WindowPolicy.as_tuple(): (enabled, initial, ai, beta, max_mdf,
+ * target_backlog, pace_burst). None: no window (all the slots
+ * at once, no pacing); the numbers are window.py's alone. */
+static int window_arg(PyObject *obj, struct swml_window_policy *w)
+{
+	*w = (struct swml_window_policy){ .enabled = 0, .initial = 1, .ai = 1, .beta = 1,
+					  .max_mdf = 0.5, .pace_burst = 1 };
+	if (!obj || obj == Py_None)
+		return 0;
+	if (!PyTuple_Check(obj)) {
+		PyErr_SetString(PyExc_TypeError, "window must be WindowPolicy.as_tuple()");
+		return -1;
+	}
+	if (!PyArg_ParseTuple(obj, "pdddddd", &w->enabled, &w->initial, &w->ai, &w->beta,
+			      &w->max_mdf, &w->target_backlog, &w->pace_burst))
+		return -1;
+	if (!(w->initial >= 1) || !(w->ai > 0) || !(w->beta > 0) || !(w->max_mdf > 0) ||
+	    !(w->max_mdf < 1) || !(w->target_backlog >= 0) || !(w->pace_burst >= 1)) {
+		PyErr_SetString(PyExc_ValueError, "window: parameter out of range");
+		return -1;
+	}
+	return 0;
+}
+
+/* window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap)]
+ * after each event: ("ack", rtt, now), ("loss", now) or ("sent", now). */
+static PyObject *py_window_trace(PyObject *self, PyObject *args)
+{
+	unsigned int slots;
+	PyObject *wobj, *events, *out, *seq;
+	struct swml_window_policy pol;
+	struct swml_window w;
+
+	if (!PyArg_ParseTuple(args, "IOO", &slots, &wobj, &events) || window_arg(wobj, &pol))
+		return NULL;
+	if (slots < 1) {
+		PyErr_SetString(PyExc_ValueError, "slots must be >= 1");
+		return NULL;
+	}
+	seq = PySequence_Fast(events, "events must be a sequence");
+	if (!seq)
+		return NULL;
+	out = PyList_New(0);
+	if (!out)
+		goto fail;
+	swml_window_init(&w, slots, &pol);
+	for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+		PyObject *ev = PySequence_Fast_GET_ITEM(seq, i), *row;
+		const char *kind;
+		double a = 0, b = 0;
+
+		if (!PyArg_ParseTuple(ev, "sd|d", &kind, &a, &b))
+			goto fail;
+		if (!strcmp(kind, "ack"))
+			swml_window_ack(&w, a, b);
+		else if (!strcmp(kind, "loss"))
+			swml_window_loss(&w, a);
+		else if (!strcmp(kind, "sent"))
+			swml_window_sent(&w, a);
+		else {
+			PyErr_Format(PyExc_ValueError, "unknown window event %s", kind);
+			goto fail;
+		}
+		row = Py_BuildValue("(dddId)", w.cwnd, w.srtt, w.next_send, swml_window_limit(&w),
+				    swml_window_gap(&w));
+		if (!row || PyList_Append(out, row) < 0) {
+			Py_XDECREF(row);
+			goto fail;
+		}
+		Py_DECREF(row);
+	}
+	Py_DECREF(seq);
+	return out;
+fail:
+	Py_DECREF(seq);
+	Py_XDECREF(out);
+	return NULL;
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"ifname", "xskmap_fd", "abort", "job", "rank", "world", "k",
 				 "slots", "src_mac", "dst_mac", "src_ip", "dst_ip", "src_port",
 				 "dst_port", "key", "seq_base", "queue", "frames", "rto_initial",
-				 "rto_min", "rto_max", "stall_timeout", "spin", "rto_adaptive", NULL};
+				 "rto_min", "rto_max", "stall_timeout", "spin", "rto_adaptive",
+				 "window", NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -366,6 +450,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	PyObject *key_obj = NULL, *seq_base_obj = NULL;
 	unsigned int spin = 200;
 	int rto_adaptive = 1;
+	PyObject *window_obj = NULL;
 	double rto_initial = 0.005, rto_min = 0.002, rto_max = 0.5, stall_timeout = 30.0;
 	struct swml_stream_cfg cfg = {0};
 	char err[256];
@@ -375,11 +460,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIp", kwlist, &ifname,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpO", kwlist, &ifname,
 					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
 					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
 					 &key_obj, &seq_base_obj, &queue, &frames, &rto_initial, &rto_min,
-					 &rto_max, &stall_timeout, &spin, &rto_adaptive))
+					 &rto_max, &stall_timeout, &spin, &rto_adaptive, &window_obj))
+		return -1;
+	if (window_arg(window_obj, &cfg.window))
 		return -1;
 	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
 	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip ||
@@ -567,6 +654,9 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
 	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
+	    put_u64(d, "window_stops", s->window_stops) ||
+	    put_u64(d, "pace_stops", s->pace_stops) ||
+	    put_u64(d, "cwnd", (uint64_t)self->stream.win.cwnd) ||
 	    put_u64(d, "tx_kicks", self->xsk.kicks) ||
 	    put_u64(d, "tx_kick_errors", self->xsk.kick_errors) ||
 	    put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||
@@ -636,6 +726,8 @@ static PyMethodDef module_methods[] = {
 	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},
 	{"packets", py_packets, METH_VARARGS,
 	 "packets(n, k, slots, is_float, op) -> packets one call of n elements sends"},
+	{"window_trace", py_window_trace, METH_VARARGS,
+	 "window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap)]"},
 	{"block_exponents", py_block_exponents, METH_VARARGS,
 	 "block_exponents(x: float32, k, exp_out: int8[nb], nonfinite_out: bool[nb])"},
 	{"quantize", py_quantize, METH_VARARGS,

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,6 +36,8 @@ struct plan {
 	uint64_t blocks, lag, N, base;
 	uint32_t seq0;     /* the wire seq of packet 0 */
 	uint8_t *state;    /* [N] P_* */
+	uint64_t next_new; /* the first packet never sent: new packets go in order */
+	uint64_t pace_until; /* a ready packet waits for its paced send time until then */
 	int8_t *lexp;      /* [blocks] float32: local exponent of block b */
 	uint8_t *lnf;      /* [blocks] float32: block b has a non-finite element */
 	int8_t *gexp;      /* [blocks] float32: global exponent of block b */
@@ -92,6 +95,7 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 		st->rto[s] = cfg->rto_init_ns;
 	}
 	st->rto_ns = cfg->rto_init_ns;
+	swml_window_init(&st->win, S, &cfg->window);
 	return 0;
 }
 
@@ -224,6 +228,8 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 		pl->lnf[p] = (uint8_t)nf;
 	}
 	st->inflight[s] = (int64_t)p;
+	st->n_inflight++;
+	swml_window_sent(&st->win, pl->now * 1e-9);
 	st->rto[s] = st->rto_ns;
 	st->resent[s] = 0;
 	transmit(st, pl, p, 0);
@@ -280,10 +286,14 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	s = slot_of(pl, p);
 	if (r->flags & SWML_FLAG_SHADOW)
 		st->stats.shadow_replies++;
-	if (st->cfg.rto_adaptive && !st->resent[s] && st->deadline[s] != UINT64_MAX)
-		rtt_sample(st, pl->now - st->sent_at[s]);
+	if (!st->resent[s] && st->deadline[s] != UINT64_MAX) { /* Karn: sent once, and sent */
+		if (st->cfg.rto_adaptive)
+			rtt_sample(st, pl->now - st->sent_at[s]);
+		swml_window_ack(&st->win, (pl->now - st->sent_at[s]) * 1e-9, pl->now * 1e-9);
+	}
 	pl->state[p] = P_DONE;
 	st->inflight[s] = -1;
+	st->n_inflight--;
 	st->deadline[s] = UINT64_MAX;
 	if (st->queued[s]) {
 		st->queued[s] = 0;
@@ -316,13 +326,28 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 					      r->flags & SWML_FLAG_NONFINITE, (float *)pl->data + off);
 		}
 	}
-	for (int j = 0; j < 2; j++) {
-		uint64_t q = p + (j ? pl->lag : pl->S);
-
-		if (q < pl->N && pl->state[q] == P_UNSENT && ready(pl, q))
-			send_new(st, pl, q);
-	}
 	return 0;
+}
+
+/* New packets, in order, while the window has room and the pacing allows. */
+static void pump(struct swml_stream *st, struct plan *pl)
+{
+	const uint32_t limit = swml_window_limit(&st->win);
+	const double now = pl->now * 1e-9;
+
+	pl->pace_until = UINT64_MAX;
+	while (pl->next_new < pl->N && ready(pl, pl->next_new)) {
+		if (st->n_inflight >= limit) {
+			st->stats.window_stops++;
+			return;
+		}
+		if (st->win.next_send > now) {
+			pl->pace_until = (uint64_t)(st->win.next_send * 1e9) + 1;
+			st->stats.pace_stops++;
+			return;
+		}
+		send_new(st, pl, pl->next_new++);
+	}
 }
 
 /* Up to RX_BATCH frames from the rx ring; *disagree set if one ends the call. */
@@ -357,6 +382,7 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 static void check_timers(struct swml_stream *st, struct plan *pl)
 {
 	uint64_t next = UINT64_MAX;
+	int lost = 0;
 
 	for (uint32_t s = 0; s < pl->S; s++) {
 		if (st->inflight[s] < 0 || st->deadline[s] == UINT64_MAX)
@@ -374,9 +400,12 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 			if (st->cfg.rto_adaptive && st->rto[s] > st->rto_ns)
 				st->rto_ns = st->rto[s];
 			transmit(st, pl, (uint64_t)st->inflight[s], 1);
+			lost = 1;
 		}
 		next = min_u64(next, st->deadline[s]);
 	}
+	if (lost)
+		swml_window_loss(&st->win, pl->now * 1e-9);
 	pl->next_check = next;
 }
 
@@ -391,6 +420,8 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 		t = min_u64(t, pl->next_check - pl->now);
 	else
 		t = 0;
+	if (pl->pace_until != UINT64_MAX)
+		t = pl->pace_until > pl->now ? min_u64(t, pl->pace_until - pl->now) : 0;
 	if (st->n_queued || swml_xsk_tx_pending(st->xsk))
 		t = min_u64(t, SLEEP_TX_WAIT_NS);
 	if (pl->last_progress + st->cfg.stall_ns > pl->now)
@@ -434,6 +465,9 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	const uint32_t S = st->cfg.slots, k = st->cfg.k;
 	uint32_t idle = 0;
 	int status = SWML_OK, io_error = 0, disagree = 0;
+	/* Paced sends sleep for tens of microseconds: the default 50 us timer
+	 * slack would round each such sleep up to twice as long. */
+	int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
 
 	st->n_pending = 0;
 	if (n == 0)
@@ -469,10 +503,10 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	pl.remaining = pl.N;
 	pl.now = pl.last_progress = now_ns();
 	pl.next_check = UINT64_MAX;
+	if (slack > 1000)
+		prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0);
 
-	for (uint64_t p = 0; p < min_u64(S, pl.N); p++)
-		if (ready(&pl, p))
-			send_new(st, &pl, p);
+	pump(st, &pl);
 	flush_tx(st, &io_error);
 
 	while (pl.remaining && !io_error && !disagree) {
@@ -492,6 +526,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 			swml_xsk_reclaim(st->xsk);
 			drain_queue(st, &pl);
 		}
+		pump(st, &pl);
 		/* Timers only with the rx ring drained: after a pause (this thread
 		 * descheduled) the results are usually waiting there already. */
 		if (got < RX_BATCH && pl.now >= pl.next_check)
@@ -529,6 +564,9 @@ out:
 		st->queued[s] = 0;
 	}
 	st->n_queued = 0;
+	st->n_inflight = 0;
+	if (slack > 1000)
+		prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
 	if (status == SWML_OK) {
 		st->next_index += pl.N;
 		st->stats.tensors++;

@@ -19,6 +19,8 @@
  * other rank that failed it.
  * Every in-flight packet has a retransmission timer that doubles up to a cap;
  * results of packets not in flight count as duplicates.
+ * New packets go in order of p, at most the congestion window's limit in
+ * flight, paced (window.h: the rules of switchml_xdp/worker/window.py).
  *
  * No Python here: the caller releases the GIL around swml_stream_run().
  */
@@ -29,6 +31,7 @@
 #include <stdint.h>
 
 #include "packet.h"
+#include "window.h"
 #include "xsk_port.h"
 
 enum swml_status {
@@ -64,6 +67,7 @@ struct swml_stream_cfg {
 	 * rto_init_ns. */
 	uint64_t rto_init_ns, rto_min_ns, rto_max_ns, stall_ns;
 	uint8_t rto_adaptive;
+	struct swml_window_policy window;
 	uint32_t spin;             /* empty polls of the rx ring before sleeping in ppoll */
 	const volatile uint32_t *abort; /* nonzero: stop (set by another thread) */
 };
@@ -75,6 +79,8 @@ struct swml_stream_stats {
 	uint64_t sleeps;           /* ppoll calls */
 	uint64_t rtt_samples;
 	uint64_t tensors;
+	uint64_t window_stops;     /* the sender stopped, a packet ready, the window full */
+	uint64_t pace_stops;       /* the sender stopped, a packet ready, to keep the pace */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -91,8 +97,10 @@ struct swml_stream {
 	uint64_t *rto;             /* its current timeout */
 	uint64_t *sent_at;         /* first transmission, for an RTT sample */
 	uint8_t *resent;           /* retransmitted: no RTT sample (Karn) */
-	/* the RTT estimator, kept across tensors */
+	/* the RTT estimator and the congestion window, kept across tensors */
 	uint64_t srtt_ns, rttvar_ns, rto_ns;
+	struct swml_window win;
+	uint32_t n_inflight;       /* slots with a packet in flight */
 	uint8_t *queued;           /* 0, or QUEUED_NEW / QUEUED_RETRANS: waits for a tx frame */
 	uint32_t n_queued, queue_cursor;
 	/* after a failure: slots that were waiting */

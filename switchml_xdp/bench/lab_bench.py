@@ -106,7 +106,6 @@ class BenchConfig:
     plots: bool = True
     command: str = ""
     env: dict = dataclasses.field(default_factory=dict)   # extra environment of every rank
-    rto_floor: bool = True     # afxdp: timeout floor from the window's drain time (afxdp_env)
     wait_quiet: float = 0.0    # before each measurement, wait up to this long for a quiet machine
 
 
@@ -156,10 +155,10 @@ class Bench:
         return row
 
     def _phase(self, lab, system: str, k: int | None, argv_of, set_loss,
-               extra_of: Callable[[], dict] | None = None, env: dict | None = None) -> bool:
+               extra_of: Callable[[], dict] | None = None) -> bool:
         """Start one rank group and time it at every loss rate. False if it could not start."""
         cfg = self.cfg
-        env = {**(env or {}), **cfg.env}
+        env = cfg.env
         n = len(lab.workers)
         timeout = 120 + 60 * (cfg.iterations + cfg.warmup) * max(1.0, cfg.size * 8 / 1e6 / cfg.rate_mbit)
         try:
@@ -265,21 +264,6 @@ class Bench:
             slots *= 2
         return slots
 
-    def afxdp_env(self, k: int) -> dict:
-        """The afxdp engine's retransmission timeout floor (and first timeout)
-        for this link: twice the time the link takes to carry a whole window
-        (job slots x frame size). A window far larger than the link's
-        bandwidth-delay product waits in the shaper's queue, so that is the
-        round trip a packet sees; below it, the timer fires on packets that
-        are only queued. (One sets SwitchML's timeout for its network the same
-        way; a lost packet still costs only its own slot this long, the rest
-        of the window keeps the link busy.)"""
-        if not self.cfg.rto_floor:
-            return {}
-        drain = self.job_slots(k) * (SWML_HEADERS + 4 * k) * 8 / (self.cfg.rate_mbit * 1e6)
-        floor = f"{max(0.002, 2 * drain):.4f}"
-        return {"SWML_AFXDP_RTO_MIN": floor, "SWML_AFXDP_RTO_INITIAL": floor}
-
     def _switch_args(self, k: int) -> list[str]:
         return ["--elements", str(k), "--job-slots", str(self.job_slots(k))]
 
@@ -301,8 +285,7 @@ class Bench:
                                          status=f"unavailable: {self.unavailable[system]}")
                         continue
                     self._phase(lab, system, k, self._swml_args(lab, backend, f"{backend}{n}k{k}", k),
-                                set_loss, self._counter_deltas(lab),
-                                env=self.afxdp_env(k) if backend == "afxdp" else None)
+                                set_loss, self._counter_deltas(lab))
                     lab.set_loss(0.0)
                 assert sw.proc.poll() is None, "the switch died:\n" + "\n".join(sw.output[-20:])
         if "userspace" in cfg.systems:
@@ -325,8 +308,7 @@ class Bench:
                             "workers_backend": backend,
                             "switch_counters": {k: c1[k] - c0[k] for k in c1 if c1[k] != c0.get(k)}}
                 self._phase(lab, "userspace", k,
-                            self._swml_args(lab, backend, f"us{n}k{k}", k), set_loss, switch_cpu,
-                            env=self.afxdp_env(k) if backend == "afxdp" else None)
+                            self._swml_args(lab, backend, f"us{n}k{k}", k), set_loss, switch_cpu)
 
     @staticmethod
     def _counter_deltas(lab):
@@ -372,7 +354,7 @@ class Bench:
             "size_bytes": cfg.size, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "ks": list(cfg.ks), "systems": list(cfg.systems), "job_slots": cfg.job_slots,
-            "rank_env": dict(cfg.env), "afxdp_rto_floor": cfg.rto_floor,
+            "rank_env": dict(cfg.env),
             "wait_quiet_s": cfg.wait_quiet,
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),

@@ -382,9 +382,6 @@ def _list_of(kind, what: str):
 @click.option("--no-check", is_flag=True, help="skip checking the first result against the exact sum")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="extra environment for every rank process (e.g. SWML_AFXDP_SPIN=200)")
-@click.option("--no-rto-floor", is_flag=True,
-              help="leave the afxdp engine's retransmission timeout to its own defaults instead of "
-                   "flooring it at twice a window's time on the link")
 @click.option("--wait-quiet", default=600.0, show_default=True, type=click.FloatRange(0, None),
               metavar="SECONDS", help="before each measurement wait up to SECONDS for the machine to "
                                       "be quiet (no other lab, little CPU use); 0: never wait")
@@ -392,7 +389,7 @@ def _list_of(kind, what: str):
               metavar="PACKETS", help="Every shaped queue's depth in packets (a switch port's "
               "buffer) [default: TBF's 20 ms]")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, no_rto_floor, wait_quiet):
+          env, wait_quiet):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -426,7 +423,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         size=size_bytes,
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
-        env=dict(e.split("=", 1) for e in env if "=" in e), rto_floor=not no_rto_floor,
+        env=dict(e.split("=", 1) for e in env if "=" in e),
         wait_quiet=wait_quiet,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():

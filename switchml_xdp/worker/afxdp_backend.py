@@ -33,6 +33,7 @@ from .calls import Call, check_length
 from .control import JobInfo
 from .port import reserve_port
 from .retransmit import ENGINE_POLICY, RetransmitPolicy
+from .window import WindowPolicy, window_policy
 
 PROG_NAME = "swml_redirect"
 SOURCE = "swml_redirect.c"
@@ -95,7 +96,8 @@ class AfxdpBackend(Backend):
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
                  policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
-                 mode: str | None = None, spin: int | None = None, verbose: bool = True):
+                 mode: str | None = None, spin: int | None = None,
+                 window: WindowPolicy | None = None, verbose: bool = True):
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(f"afxdp backend unavailable: {reason}")
@@ -111,6 +113,7 @@ class AfxdpBackend(Backend):
         # The abort flag the C loop reads: a 4-byte aligned, writable buffer.
         self._abort = np.zeros(1, dtype=np.uint32)
         self.policy = (policy or self.default_policy).with_env(ENV_PREFIX)
+        self.window = window_policy(window)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
             self._port_sock = reserve_port(info.port, info.group_ip, local.ip, PORT_RCVBUF)
@@ -126,7 +129,7 @@ class AfxdpBackend(Backend):
                 seq_base=info.seq_base, queue=QUEUE,
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
                 rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
-                stall_timeout=stall_timeout, spin=spin)
+                stall_timeout=stall_timeout, spin=spin, window=self.window.as_tuple())
         except BaseException:
             self.close()
             raise

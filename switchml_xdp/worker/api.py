@@ -20,6 +20,7 @@ from .. import net, wire
 from .backend import Backend, LocalEnd
 from .calls import Call, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
+from .window import WindowPolicy, window_policy
 
 BACKENDS = ("auto", "afxdp", "udp")
 
@@ -49,10 +50,14 @@ class Worker:
     def __init__(self, switch: str, job: str, rank: int, world: int, iface: str | None = None,
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
-                 stall_timeout: float = 30.0, verbose: bool = True, token: str | None = None):
+                 stall_timeout: float = 30.0, verbose: bool = True, token: str | None = None,
+                 window: WindowPolicy | None = None):
         """token: the job's secret, the same on every rank; without it, nothing
         that changes the job is accepted by the switch (docs/security.md).
-        None: an open job, which anyone who reaches the switch can disturb."""
+        None: an open job, which anyone who reaches the switch can disturb.
+        window: the congestion window and pacing (worker/window.py; None: the
+        default, or what SWML_WINDOW* in the environment say; NO_WINDOW: all
+        the job's slots at once, as before issue 12)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:
@@ -63,6 +68,7 @@ class Worker:
         self.iface, self.local_ip = self.local.iface, self.local.ip
         self.backend_name = self._choose_backend(backend, verbose)
         self._requested_backend, self._verbose = backend, verbose
+        self._window = window_policy(window)
         self._control = ControlClient(switch, control_port)
         try:
             self.info: JobInfo = self._control.join(job, world, rank, self.local_ip, port,
@@ -98,7 +104,8 @@ class Worker:
         if self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
             try:
-                return AfxdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
+                return AfxdpBackend(*args, stall_timeout=stall_timeout, window=self._window,
+                                    verbose=self._verbose)
             except (RuntimeError, OSError) as e:
                 if self._requested_backend != "auto":
                     raise
@@ -108,7 +115,8 @@ class Worker:
                           "backend auto -> udp", file=sys.stderr)
                 self.backend_name = "udp"
         from .udp_backend import UdpBackend
-        return UdpBackend(*args, stall_timeout=stall_timeout, verbose=self._verbose)
+        return UdpBackend(*args, stall_timeout=stall_timeout, window=self._window,
+                          verbose=self._verbose)
 
     # --- the API -------------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", precision: str = "32") -> np.ndarray:

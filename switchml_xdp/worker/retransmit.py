@@ -99,11 +99,15 @@ class RetransmitTimers:
         rto = self.estimator.rto
         self._timers[p] = (now + rto, rto, now)
 
-    def answered(self, p: int) -> None:
-        """Packet p has its result: stop its timer, sample its round trip."""
+    def answered(self, p: int) -> float | None:
+        """Packet p has its result: stop its timer, sample its round trip;
+        returns that round trip (None for a resent packet: Karn's rule)."""
         timer = self._timers.pop(p, None)
-        if timer is not None and timer[2] is not None:
-            self.estimator.sample(self.clock() - timer[2])
+        if timer is None or timer[2] is None:
+            return None
+        rtt = self.clock() - timer[2]
+        self.estimator.sample(rtt)
+        return rtt
 
     def expired(self) -> Iterator[int]:
         """The packets whose timers ran out, each re-armed with a doubled

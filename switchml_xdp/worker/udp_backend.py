@@ -3,9 +3,11 @@
 One socket bound to the job's port (port.py: no SO_REUSEADDR, so no other
 socket on the host can share it) receives both the multicast RESULTs (it
 joins the job's group) and unicast shadow replies. Streaming follows
-plans.py and calls.py; each in-flight packet has a retransmission timer
-(retransmit.py: the policy both backends share), and a tensor that makes no
-progress for `stall_timeout` seconds fails with the slots it was waiting for.
+plans.py and calls.py; new packets go in order, as many in flight as the
+congestion window allows and paced (window.py: the rules both backends
+share); each in-flight packet has a retransmission timer (retransmit.py: the
+policy both backends share), and a tensor that makes no progress for
+`stall_timeout` seconds fails with the slots it was waiting for.
 
 A datagram counts as a RESULT of the call only if it comes from the switch's
 address and port, is a RESULT of this job with k elements, carries the seq
@@ -27,6 +29,7 @@ from .control import JobInfo
 from .plans import make_plan, packets_needed
 from .port import reserve_port
 from .retransmit import PYTHON_POLICY, RetransmitPolicy, RetransmitTimers
+from .window import CongestionWindow, WindowPolicy, window_policy
 
 HDR = wire.HDR_STRUCT  # struct swml_hdr, field by field
 
@@ -44,13 +47,14 @@ class UdpBackend(Backend):
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
                  policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
-                 verbose: bool = True):
+                 window: WindowPolicy | None = None, verbose: bool = True):
         self.info = info
         self.abort_signal = abort
         self.stall_timeout = stall_timeout
         # One set of timers per worker: what an adaptive policy learnt about round
         # trips carries over from tensor to tensor.
         self.timers = RetransmitTimers(policy or self.default_policy)
+        self.window = CongestionWindow(info.slots, window_policy(window))
         self.sock = reserve_port(info.port, info.group_ip, local.ip, rcvbuf=8 << 20)
         self.sock.setblocking(False)
         self.dest = (info.switch_ip, info.switch_port)
@@ -82,7 +86,8 @@ class UdpBackend(Backend):
         self.sock.close()
 
     def stats(self) -> dict:
-        return {**self._counters, "rto_us": int(self.timers.estimator.rto * 1e6)}
+        return {**self._counters, "rto_us": int(self.timers.estimator.rto * 1e6),
+                "cwnd": int(self.window.cwnd)}
 
     def _send(self, plan, p: int, retrans: bool) -> None:
         """Packet p of the current call (run() set _call_fields)."""
@@ -153,22 +158,36 @@ class UdpBackend(Backend):
         self._call_fields = (call.op_code, call.tag, span.seq(0), base)
         done = np.zeros(N, dtype=bool)
         sent = np.zeros(N, dtype=bool)
-        timers = self.timers
+        timers, window = self.timers, self.window
         timers.start()
         remaining = N
+        next_new = 0       # new packets go in order: the first never sent
+        in_flight_count = 0
+        pace_until = None  # a ready packet waits for its paced send time
         last_progress = time.monotonic()
 
         def ready(p: int) -> bool:
             return (p < S or done[p - S]) and (p < lag or done[p - lag])
 
-        def send(p: int) -> None:
-            self._send(plan, p, False)
-            sent[p] = True
-            timers.sent(p)
+        def pump(now: float) -> float | None:
+            """New packets while the window has room and the pace allows;
+            returns when the next one may go if the pace holds it back."""
+            nonlocal next_new, in_flight_count
+            limit = window.limit()
+            while next_new < N and ready(next_new):
+                if in_flight_count >= limit:
+                    return None
+                if window.send_at() > now:
+                    return window.send_at()
+                window.sent(now)
+                self._send(plan, next_new, False)
+                sent[next_new] = True
+                timers.sent(next_new)
+                next_new += 1
+                in_flight_count += 1
+            return None
 
-        for p in range(min(S, N)):
-            if ready(p):
-                send(p)
+        pace_until = pump(time.monotonic())
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
 
@@ -178,7 +197,8 @@ class UdpBackend(Backend):
         while remaining:
             self.abort_signal.raise_if_set(self.info.name)
             next_deadline = timers.next_deadline()
-            wait = POLL_MAX_S if next_deadline is None else next_deadline - time.monotonic()
+            wake = min((t for t in (next_deadline, pace_until) if t is not None), default=None)
+            wait = POLL_MAX_S if wake is None else wake - time.monotonic()
             progress = False
             if poller.poll(max(0, min(wait, POLL_MAX_S)) * 1000):
                 for _ in range(RX_BATCH):
@@ -197,16 +217,17 @@ class UdpBackend(Backend):
                         raise call.mismatch()
                     if flags & wire.FLAG_SHADOW:
                         self._counters["shadow_replies"] += 1
-                    timers.answered(p)
+                    rtt = timers.answered(p)
+                    if rtt is not None:
+                        window.on_ack(rtt, time.monotonic())
                     plan.result(p, self._rx_vals, exp, flags)
                     done[p] = True
+                    in_flight_count -= 1
                     remaining -= 1
                     self._counters["results"] += 1
                     progress = True
-                    for q in (p + S, p + lag):
-                        if q < N and not sent[q] and ready(q):
-                            send(q)
             now = time.monotonic()
+            pace_until = pump(now)
             if progress:
                 last_progress = now
                 continue
@@ -218,8 +239,12 @@ class UdpBackend(Backend):
                     f"slot(s) {sorted((base + p) % S for p in timers.pending())[:8]} "
                     f"of job {self.info.name!r}")
             if next_deadline is not None and now >= next_deadline:
+                lost = False
                 for p in timers.expired():
                     self._counters["retransmissions"] += 1
                     self._send(plan, p, True)
+                    lost = True
+                if lost:
+                    window.on_loss(now)
         self.next_index = base + N
         plan.finish()

@@ -1,69 +1,153 @@
-"""The congestion window and pacing policy of the worker's backends (issue 12).
+"""The congestion window and pacing of the worker's backends (issue 12).
 
-Reference in Python, with no clock of its own (the caller passes the time),
-so tests drive it with a fake clock. NOT YET USED by either backend: the
-udp backend and the afxdp engine (worker/stream.c) still send the job's
-whole window at once; wiring this in is the next step (docs/transport.md).
+Both backends follow these rules: the udp backend through this class, the
+afxdp engine through worker/window.c, which is the same arithmetic in C on
+the same doubles (tests/test_window.py replays one trace through both and
+compares every value bit for bit). No clock of its own: the caller passes
+the time in seconds, so tests drive it with a fake clock.
 
-Rules (Swift-style, delay-based, AIMD on loss):
+Why a window at all: a worker that sends all the job's slots at once puts a
+burst of S packets into the first queue of its path; a switch port with a
+shallow buffer (32 packets) drops most of it, and retransmissions deepen the
+queue (docs/transport.md has the measurements). The window keeps what one
+worker has in flight near the path's bandwidth-delay product plus a small
+backlog, and pacing spreads it over a round trip.
+
+The rules (Vegas-style backlog estimate, Swift-style proportional decrease,
+AIMD on loss):
 - the window (packets in flight) starts at `initial` and stays in
   [1, slots]: never more than the job's slots on the switch;
-- each acknowledged packet whose round trip is below target (base delay +
-  queue allowance) grows the window by ai/cwnd (about `ai` packets a round);
-- a round trip above target shrinks it by (1 - beta * excess / rtt), at most
-  once a round trip, before the retransmission timer would fire;
-- a loss (timer expiry) halves it, at most once a round trip;
-- packets are paced at cwnd / srtt: the gap between two sends is srtt / cwnd.
+- `backlog` = cwnd * (srtt - base) / srtt estimates how many of this worker's
+  packets wait in queues (base: the smallest round trip seen, over the
+  worker's life: forgetting it periodically, as Vegas variants do, would let
+  the standing backlog ratchet the base up each period). It is in packets,
+  not seconds, so one target holds at 50 Mbit/s and at 10 Gbit/s, and a
+  32-packet port buffer is never filled by one worker. A path whose base
+  round trip grows later only costs throughput: the window shrinks towards
+  `target_backlog` packets, never to a stall;
+- while backlog <= target, each acknowledged packet grows the window by
+  ai/cwnd (about `ai` packets a round trip);
+- above target, the window shrinks by beta * (backlog - target) / backlog
+  (at most max_mdf), at most once a round trip;
+- a loss (a retransmission timer expired) halves it, at most once a round
+  trip;
+- sends are paced at cwnd per srtt, with a credit of `pace_burst` packets so
+  a loop that wakes late (timer slack, a busy core) catches up without a
+  burst of the whole window.
+A slot's round trip also contains the wait for the slowest rank: a rank that
+is ahead sees a backlog and slows down to the others' pace, the rank that
+completes rounds sees the network's, so the job runs at the pace of its
+slowest path.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
 class WindowPolicy:
-    initial: float = 16.0
-    ai: float = 1.0             # packets a round trip of additive increase
-    beta: float = 0.8           # multiplicative decrease per unit of relative excess delay
-    max_mdf: float = 0.5        # never shrink by more than this in one step
-    queue_allowance_s: float = 0.0005   # target = base rtt + this
+    enabled: bool = True          # False: all the job's slots at once, no pacing (the old rule)
+    initial: float = 16.0         # packets in flight before the first round trip
+    ai: float = 1.0               # packets a round trip of additive increase
+    beta: float = 0.5             # decrease per unit of relative excess backlog
+    max_mdf: float = 0.5          # never shrink by more than this in one step
+    target_backlog: float = 8.0   # packets of this worker's that may wait in queues
+    pace_burst: float = 4.0       # packets a late loop may send at once
+
+    def __post_init__(self) -> None:
+        if not (self.initial >= 1 and self.ai > 0 and 0 < self.beta and 0 < self.max_mdf < 1
+                and self.target_backlog >= 0 and self.pace_burst >= 1):
+            raise ValueError(f"invalid window policy {self}")
+
+    def as_tuple(self) -> tuple:
+        """The C engine's `window` argument: the fields in this order
+        (worker/engine_module.c, window_arg)."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+DEFAULT_WINDOW = WindowPolicy()
+NO_WINDOW = WindowPolicy(enabled=False)
+ENV_PREFIX = "SWML_WINDOW"
+
+
+def window_policy(policy: WindowPolicy | None = None) -> WindowPolicy:
+    """The policy a backend uses: `policy`, or the default with the
+    environment's overrides, knobs for experiments that reach every rank of a
+    launcher: SWML_WINDOW=off (the old rule: all slots at once, no pacing),
+    SWML_WINDOW_<FIELD>=value (e.g. SWML_WINDOW_TARGET_BACKLOG=16)."""
+    if policy is not None:
+        return policy
+    switch = os.environ.get(ENV_PREFIX, "").strip().lower()
+    if switch not in ("", "on", "off"):
+        raise ValueError(f"{ENV_PREFIX} must be 'on' or 'off', not {switch!r}")
+    changes = {"enabled": switch != "off"}
+    for f in fields(WindowPolicy):
+        value = os.environ.get(f"{ENV_PREFIX}_{f.name.upper()}")
+        if value and f.name != "enabled":
+            changes[f.name] = float(value)
+    return replace(DEFAULT_WINDOW, **changes)
 
 
 class CongestionWindow:
-    def __init__(self, slots: int, policy: WindowPolicy = WindowPolicy()):
+    """One worker's window, kept across tensors (what it learnt about the
+    path carries over)."""
+
+    def __init__(self, slots: int, policy: WindowPolicy = DEFAULT_WINDOW):
         self.policy, self.slots = policy, slots
         self.cwnd = max(1.0, min(float(slots), policy.initial))
-        self.base_rtt: float | None = None
-        self.srtt: float | None = None
-        self._last_decrease = float("-inf")
+        self.srtt = 0.0                  # 0: no round trip yet
+        self.base = 0.0                  # the smallest round trip (0: none yet)
+        self.last_decrease = -1e300
+        self.next_send = 0.0
 
+    # ---------------------------------------------------------------- signals
     def _clamp(self) -> None:
         self.cwnd = max(1.0, min(float(self.slots), self.cwnd))
 
     def _may_decrease(self, now: float) -> bool:
-        return self.srtt is None or now - self._last_decrease >= self.srtt
+        return self.srtt == 0.0 or now - self.last_decrease >= self.srtt
 
     def on_ack(self, rtt: float, now: float) -> None:
-        self.base_rtt = rtt if self.base_rtt is None else min(self.base_rtt, rtt)
-        self.srtt = rtt if self.srtt is None else 0.875 * self.srtt + 0.125 * rtt
-        target = self.base_rtt + self.policy.queue_allowance_s
-        if rtt <= target:
-            self.cwnd += self.policy.ai / self.cwnd
+        """A result for a packet sent once, `rtt` seconds after it went out."""
+        p = self.policy
+        if self.base == 0.0 or rtt < self.base:
+            self.base = rtt
+        self.srtt = rtt if self.srtt == 0.0 else 0.875 * self.srtt + 0.125 * rtt
+        backlog = self.cwnd * (self.srtt - self.base) / self.srtt
+        if backlog <= p.target_backlog:
+            self.cwnd += p.ai / self.cwnd
         elif self._may_decrease(now):
-            factor = self.policy.beta * (rtt - target) / rtt
-            self.cwnd *= 1 - min(self.policy.max_mdf, factor)
-            self._last_decrease = now
+            self.cwnd *= 1.0 - min(p.max_mdf, p.beta * (backlog - p.target_backlog) / backlog)
+            self.last_decrease = now
         self._clamp()
 
     def on_loss(self, now: float) -> None:
+        """A retransmission timer expired."""
         if self._may_decrease(now):
             self.cwnd *= 0.5
-            self._last_decrease = now
+            self.last_decrease = now
             self._clamp()
 
-    def can_send(self, in_flight: int) -> bool:
-        return in_flight < int(self.cwnd)
+    # ---------------------------------------------------------------- sending
+    def limit(self) -> int:
+        """Packets that may be in flight now."""
+        return int(self.cwnd) if self.policy.enabled else self.slots
 
-    def pacing_gap_s(self) -> float:
-        """Seconds between two sends: srtt / cwnd (0 until a round trip is known)."""
-        return 0.0 if self.srtt is None else self.srtt / self.cwnd
+    def gap(self) -> float:
+        """Seconds between two paced sends (0: no pacing yet or at all)."""
+        if not self.policy.enabled or self.srtt == 0.0:
+            return 0.0
+        return self.srtt / self.cwnd
+
+    def send_at(self) -> float:
+        """The earliest time the next packet may go."""
+        return self.next_send
+
+    def sent(self, now: float) -> None:
+        """A new packet went out at `now`."""
+        g = self.gap()
+        if g == 0.0:
+            self.next_send = now
+            return
+        self.next_send = max(self.next_send, now - (self.policy.pace_burst - 1) * g) + g

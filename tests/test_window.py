@@ -1,0 +1,198 @@
+"""The congestion window and pacing (issue 12): worker/window.py's rules, the
+C engine's copy of them (worker/window.c) bit for bit, and both backends on a
+shallow switch-port buffer in the lab."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import NO_LAB
+from switchml_xdp.worker.window import (DEFAULT_WINDOW, NO_WINDOW, CongestionWindow,
+                                        WindowPolicy, window_policy)
+
+
+def test_window_never_exceeds_the_slots_nor_drops_below_one():
+    w = CongestionWindow(slots=8)
+    t = 0.0
+    for _ in range(1000):
+        t += 0.001
+        w.on_ack(0.001, t)
+    assert w.cwnd == 8 and w.limit() == 8
+    for _ in range(50):
+        t += 1.0
+        w.on_loss(t)
+    assert w.cwnd == 1 and w.limit() == 1
+
+
+def test_window_grows_about_ai_a_round_trip_without_backlog():
+    w = CongestionWindow(slots=1000, policy=WindowPolicy(initial=10))
+    t = 0.0
+    for _ in range(10):          # one round trip: 10 acks at 10 packets, no queueing
+        t += 0.0001
+        w.on_ack(0.001, t)
+    assert 10.8 < w.cwnd < 11.1
+
+
+def test_a_backlog_above_target_shrinks_the_window_once_a_round_trip():
+    w = CongestionWindow(slots=256, policy=WindowPolicy(initial=64, target_backlog=8))
+    w.on_ack(0.001, 0.0)                      # base 1 ms
+    before = w.cwnd
+    w.on_ack(0.009, 0.010)                    # srtt 2 ms: backlog 64 * 1/2 = 32 > 8
+    once = w.cwnd
+    assert once < before
+    w.on_ack(0.009, 0.0101)                   # same round trip: no second cut
+    assert w.cwnd == once
+
+
+def test_the_window_settles_where_the_backlog_is_the_target():
+    """A path of 1 ms base round trip and a bottleneck of 10 packets/ms: the
+    round trip is base + queue/rate; starting below the pipe (so it sees the
+    base round trip, as the first packet of a burst does), the window
+    converges near the bandwidth-delay product plus the target backlog, far
+    below 256 slots."""
+    w = CongestionWindow(slots=256, policy=WindowPolicy(initial=4, target_backlog=8))
+    rate, base, t = 10.0, 0.001, 0.0
+    for _ in range(20000):
+        queue = max(0.0, w.cwnd - rate * base * 1e3)    # packets beyond the pipe
+        rtt = base + queue / rate * 1e-3
+        t += rtt / w.cwnd
+        w.on_ack(rtt, t)
+    assert 10 + 8 - 3 <= w.cwnd <= 10 + 8 + 3, w.cwnd
+
+
+def test_loss_halves_once_a_round_trip():
+    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
+    w.on_ack(0.002, 0.0)
+    w.on_loss(1.0)
+    assert w.cwnd == pytest.approx(16.0, abs=0.2)
+    w.on_loss(1.0001)
+    assert w.cwnd == pytest.approx(16.0, abs=0.2)
+
+
+def test_pacing_spreads_the_window_over_a_round_trip_with_a_small_credit():
+    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=10, pace_burst=4))
+    w.sent(0.0)
+    assert w.send_at() == 0.0                 # no round trip yet: no pacing
+    w.on_ack(0.001, 0.001)
+    gap = w.gap()
+    assert gap == pytest.approx(w.srtt / w.cwnd)
+    now = 1.0                                 # idle for long: up to pace_burst at once
+    sent = 0
+    while w.send_at() <= now:
+        w.sent(now)
+        sent += 1
+    assert sent == 4
+    assert w.send_at() == pytest.approx(now + gap)
+
+
+def test_no_window_is_the_old_rule():
+    w = CongestionWindow(slots=128, policy=NO_WINDOW)
+    assert w.limit() == 128 and w.gap() == 0.0
+
+
+def test_environment_knobs(monkeypatch):
+    monkeypatch.setenv("SWML_WINDOW", "off")
+    assert window_policy().enabled is False
+    monkeypatch.setenv("SWML_WINDOW", "on")
+    monkeypatch.setenv("SWML_WINDOW_TARGET_BACKLOG", "16")
+    assert window_policy() == WindowPolicy(target_backlog=16)
+    assert window_policy(NO_WINDOW) is NO_WINDOW          # an explicit policy wins
+    monkeypatch.setenv("SWML_WINDOW", "sometimes")
+    with pytest.raises(ValueError, match="SWML_WINDOW"):
+        window_policy()
+    with pytest.raises(ValueError, match="invalid window policy"):
+        WindowPolicy(max_mdf=1.5)
+
+
+# --- the C engine follows the same rules -------------------------------------------
+
+def _engine():
+    try:
+        from switchml_xdp import _engine
+    except ImportError as e:
+        pytest.skip(f"the C engine is not built: {e}")
+    return _engine
+
+
+def _python_trace(slots, policy, events):
+    w, rows = CongestionWindow(slots, policy), []
+    for kind, *args in events:
+        {"ack": w.on_ack, "loss": w.on_loss, "sent": w.sent}[kind](*args)
+        rows.append((w.cwnd, w.srtt, w.next_send, w.limit(), w.gap()))
+    return rows
+
+
+@pytest.mark.parametrize("policy", [DEFAULT_WINDOW, NO_WINDOW,
+                                    WindowPolicy(initial=3, ai=2, beta=0.9, max_mdf=0.3,
+                                                 target_backlog=0, pace_burst=1)],
+                         ids=["default", "off", "odd"])
+def test_the_engine_window_is_bit_for_bit_the_python_one(policy):
+    rng = random.Random(12)
+    t, events = 100.0, []
+    for _ in range(20000):
+        t += rng.expovariate(20000)
+        r = rng.random()
+        if r < 0.5:
+            events.append(("sent", t))
+        elif r < 0.98:
+            events.append(("ack", 0.0002 + rng.expovariate(2000), t))
+        else:
+            events.append(("loss", t))
+    for slots in (1, 7, 128):
+        assert _engine().window_trace(slots, policy.as_tuple(), events) == \
+            _python_trace(slots, policy, events)
+
+
+def test_the_engine_refuses_a_bad_window():
+    with pytest.raises(ValueError, match="window"):
+        _engine().window_trace(8, (True, 0.5, 1, 0.5, 0.5, 8, 4), [])
+    with pytest.raises(TypeError):
+        _engine().window_trace(8, [1, 2], [])
+
+
+# --- both backends on a shallow port buffer ----------------------------------------
+
+RANK = r'''
+import json, sys, numpy as np
+from switchml_xdp import Worker
+rank, backend, switch, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+with Worker(switch, "win-" + backend, rank, 2, backend=backend, verbose=False) as w:
+    for it in range(3):
+        a = np.full(n, rank + 1 + it, np.float32)
+        w.allreduce(a)
+        assert np.array_equal(a, np.full(n, 2 * it + 3, np.float32)), "wrong sum"
+    print(json.dumps(w.stats()))
+'''
+
+
+@pytest.mark.skipif(bool(NO_LAB), reason=f"lab tests: {NO_LAB}")
+@pytest.mark.parametrize("backend", ["afxdp", "udp"])
+def test_a_shallow_buffer_costs_few_retransmissions(backend):
+    """200 Mbit/s links behind 32-packet queues: before the window, the burst
+    of all 128 slots at each tensor start lost 15-35% of the packets
+    (docs/transport.md); with it, a worker keeps a few packets queued."""
+    import json
+
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.cluster import SwitchProcess
+    from switchml_xdp.worker.afxdp_backend import unavailable_reason
+
+    if backend == "afxdp" and unavailable_reason():
+        pytest.skip(f"afxdp: {unavailable_reason()}")
+    n = (4 << 20) // 4 if backend == "afxdp" else (256 << 10) // 4
+    with Lab(workers=2, rate_mbit=200, queue_packets=32) as lab, \
+            SwitchProcess(lab, ["-k", "256"]):
+        procs = [lab.popen(h, [sys.executable, "-c", RANK, str(r), backend, lab.switch.ip, str(n)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r, h in enumerate(lab.workers)]
+        outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        stats = json.loads(out.strip().splitlines()[-1])
+        assert stats["packets_sent"] > 3 * n // 256
+        assert stats["retransmissions"] <= 0.02 * stats["packets_sent"], stats
+        assert 1 <= stats["cwnd"] <= 128, stats

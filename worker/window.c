@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/* window.c - see window.h; the rules are switchml_xdp/worker/window.py's. */
+#include "window.h"
+
+static double clamp_cwnd(double cwnd, uint32_t slots)
+{
+	if (cwnd > (double)slots)
+		cwnd = (double)slots;
+	return cwnd < 1.0 ? 1.0 : cwnd;
+}
+
+void swml_window_init(struct swml_window *w, uint32_t slots,
+		      const struct swml_window_policy *policy)
+{
+	w->policy = *policy;
+	w->slots = slots;
+	w->cwnd = clamp_cwnd(policy->initial, slots);
+	w->srtt = w->base = 0.0;
+	w->last_decrease = -1e300;
+	w->next_send = 0.0;
+}
+
+static int may_decrease(const struct swml_window *w, double now)
+{
+	return w->srtt == 0.0 || now - w->last_decrease >= w->srtt;
+}
+
+void swml_window_ack(struct swml_window *w, double rtt, double now)
+{
+	const struct swml_window_policy *p = &w->policy;
+	double backlog;
+
+	if (w->base == 0.0 || rtt < w->base)
+		w->base = rtt;
+	w->srtt = w->srtt == 0.0 ? rtt : 0.875 * w->srtt + 0.125 * rtt;
+	backlog = w->cwnd * (w->srtt - w->base) / w->srtt;
+	if (backlog <= p->target_backlog) {
+		w->cwnd += p->ai / w->cwnd;
+	} else if (may_decrease(w, now)) {
+		double f = p->beta * (backlog - p->target_backlog) / backlog;
+
+		w->cwnd *= 1.0 - (f < p->max_mdf ? f : p->max_mdf);
+		w->last_decrease = now;
+	}
+	w->cwnd = clamp_cwnd(w->cwnd, w->slots);
+}
+
+void swml_window_loss(struct swml_window *w, double now)
+{
+	if (may_decrease(w, now)) {
+		w->cwnd *= 0.5;
+		w->last_decrease = now;
+		w->cwnd = clamp_cwnd(w->cwnd, w->slots);
+	}
+}
+
+uint32_t swml_window_limit(const struct swml_window *w)
+{
+	return w->policy.enabled ? (uint32_t)w->cwnd : w->slots;
+}
+
+double swml_window_gap(const struct swml_window *w)
+{
+	if (!w->policy.enabled || w->srtt == 0.0)
+		return 0.0;
+	return w->srtt / w->cwnd;
+}
+
+void swml_window_sent(struct swml_window *w, double now)
+{
+	double g = swml_window_gap(w), earliest = now - (w->policy.pace_burst - 1) * g;
+
+	if (g == 0.0) {
+		w->next_send = now;
+		return;
+	}
+	w->next_send = (w->next_send > earliest ? w->next_send : earliest) + g;
+}

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * window.h - the congestion window and pacing of a worker's stream.
+ *
+ * The rules, and why, are in switchml_xdp/worker/window.py; this is the same
+ * arithmetic on the same doubles (times in seconds), so that the udp backend
+ * (Python) and the afxdp engine (C) behave alike: tests/test_window.py replays
+ * one trace through both and compares every value bit for bit. Keep the two
+ * in step, operation for operation.
+ */
+#ifndef SWML_WINDOW_H
+#define SWML_WINDOW_H
+
+#include <stdint.h>
+
+struct swml_window_policy {
+	int enabled;            /* 0: all the slots at once, no pacing (the old rule) */
+	double initial, ai, beta, max_mdf, target_backlog, pace_burst;
+};
+
+struct swml_window {
+	struct swml_window_policy policy;
+	uint32_t slots;
+	double cwnd, srtt, base, last_decrease, next_send;
+};
+
+void swml_window_init(struct swml_window *w, uint32_t slots,
+		      const struct swml_window_policy *policy);
+/* A result for a packet sent once, rtt seconds after it went out. */
+void swml_window_ack(struct swml_window *w, double rtt, double now);
+/* A retransmission timer expired. */
+void swml_window_loss(struct swml_window *w, double now);
+/* Packets that may be in flight now. */
+uint32_t swml_window_limit(const struct swml_window *w);
+/* Seconds between two paced sends (0: no pacing yet or at all). */
+double swml_window_gap(const struct swml_window *w);
+/* A new packet went out at now. */
+void swml_window_sent(struct swml_window *w, double now);
+
+#endif /* SWML_WINDOW_H */
