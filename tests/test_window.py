@@ -64,13 +64,23 @@ def test_the_window_settles_where_the_backlog_is_the_target():
     assert 10 + 8 - 3 <= w.cwnd <= 10 + 8 + 3, w.cwnd
 
 
-def test_loss_halves_once_a_round_trip():
+def test_a_loss_behind_a_queue_halves_once_a_round_trip():
     w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
-    w.on_ack(0.002, 0.0)
+    w.on_ack(0.001, 0.0)
+    w.on_ack(0.004, 0.0005)                   # srtt 1.4 ms on a 1 ms base: backlog 9 > 8
+    before = w.cwnd
     w.on_loss(1.0)
-    assert w.cwnd == pytest.approx(16.0, abs=0.2)
-    w.on_loss(1.0001)
-    assert w.cwnd == pytest.approx(16.0, abs=0.2)
+    assert w.cwnd == pytest.approx(before / 2)
+    w.on_loss(1.0001)                         # same round trip: no second cut
+    assert w.cwnd == pytest.approx(before / 2)
+
+
+def test_a_loss_without_a_queue_is_random_and_cuts_a_fifth():
+    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
+    w.on_ack(0.002, 0.0)                      # no backlog
+    before = w.cwnd
+    w.on_loss(1.0)
+    assert w.cwnd == pytest.approx(before * 0.8)
 
 
 def test_pacing_spreads_the_window_over_a_round_trip_with_a_small_credit():
@@ -128,7 +138,8 @@ def _python_trace(slots, policy, events):
 
 @pytest.mark.parametrize("policy", [DEFAULT_WINDOW, NO_WINDOW,
                                     WindowPolicy(initial=3, ai=2, beta=0.9, max_mdf=0.3,
-                                                 target_backlog=0, pace_burst=1)],
+                                                 target_backlog=0, pace_burst=1,
+                                                 random_loss_md=0.5)],
                          ids=["default", "off", "odd"])
 def test_the_engine_window_is_bit_for_bit_the_python_one(policy):
     rng = random.Random(12)
@@ -149,7 +160,7 @@ def test_the_engine_window_is_bit_for_bit_the_python_one(policy):
 
 def test_the_engine_refuses_a_bad_window():
     with pytest.raises(ValueError, match="window"):
-        _engine().window_trace(8, (True, 0.5, 1, 0.5, 0.5, 8, 4), [])
+        _engine().window_trace(8, (True, 0.5, 1, 0.5, 0.5, 8, 4, 0.2), [])
     with pytest.raises(TypeError):
         _engine().window_trace(8, [1, 2], [])
 

@@ -15,7 +15,7 @@ void swml_window_init(struct swml_window *w, uint32_t slots,
 	w->policy = *policy;
 	w->slots = slots;
 	w->cwnd = clamp_cwnd(policy->initial, slots);
-	w->srtt = w->base = 0.0;
+	w->srtt = w->base = w->backlog = 0.0;
 	w->last_decrease = -1e300;
 	w->next_send = 0.0;
 }
@@ -33,7 +33,7 @@ void swml_window_ack(struct swml_window *w, double rtt, double now)
 	if (w->base == 0.0 || rtt < w->base)
 		w->base = rtt;
 	w->srtt = w->srtt == 0.0 ? rtt : 0.875 * w->srtt + 0.125 * rtt;
-	backlog = w->cwnd * (w->srtt - w->base) / w->srtt;
+	backlog = w->backlog = w->cwnd * (w->srtt - w->base) / w->srtt;
 	if (backlog <= p->target_backlog) {
 		w->cwnd += p->ai / w->cwnd;
 	} else if (may_decrease(w, now)) {
@@ -48,7 +48,10 @@ void swml_window_ack(struct swml_window *w, double rtt, double now)
 void swml_window_loss(struct swml_window *w, double now)
 {
 	if (may_decrease(w, now)) {
-		w->cwnd *= 0.5;
+		if (w->backlog > w->policy.target_backlog)
+			w->cwnd *= 0.5;
+		else
+			w->cwnd *= 1.0 - w->policy.random_loss_md;
 		w->last_decrease = now;
 		w->cwnd = clamp_cwnd(w->cwnd, w->slots);
 	}

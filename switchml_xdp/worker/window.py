@@ -29,8 +29,12 @@ AIMD on loss):
   ai/cwnd (about `ai` packets a round trip);
 - above target, the window shrinks by beta * (backlog - target) / backlog
   (at most max_mdf), at most once a round trip;
-- a loss (a retransmission timer expired) halves it, at most once a round
-  trip;
+- a loss (a retransmission timer expired) cuts it at most once a round
+  trip: by half if the last backlog estimate was above target (the loss is
+  the queue overflowing), by a fifth if it was not (a random loss on a path
+  with no queue: TCP Veno's distinction). SwitchML makes random loss look
+  N times as frequent as it is: a slot whose packet from *any* rank was lost
+  times out at every rank, so halving on each would starve a lossy job;
 - sends are paced at cwnd per srtt, with a credit of `pace_burst` packets so
   a loop that wakes late (timer slack, a busy core) catches up without a
   burst of the whole window.
@@ -54,10 +58,12 @@ class WindowPolicy:
     max_mdf: float = 0.5          # never shrink by more than this in one step
     target_backlog: float = 8.0   # packets of this worker's that may wait in queues
     pace_burst: float = 4.0       # packets a late loop may send at once
+    random_loss_md: float = 0.2   # the cut on a loss while the backlog is below target
 
     def __post_init__(self) -> None:
         if not (self.initial >= 1 and self.ai > 0 and 0 < self.beta and 0 < self.max_mdf < 1
-                and self.target_backlog >= 0 and self.pace_burst >= 1):
+                and self.target_backlog >= 0 and self.pace_burst >= 1
+                and 0 <= self.random_loss_md < 1):
             raise ValueError(f"invalid window policy {self}")
 
     def as_tuple(self) -> tuple:
@@ -98,6 +104,7 @@ class CongestionWindow:
         self.cwnd = max(1.0, min(float(slots), policy.initial))
         self.srtt = 0.0                  # 0: no round trip yet
         self.base = 0.0                  # the smallest round trip (0: none yet)
+        self.backlog = 0.0               # the last backlog estimate
         self.last_decrease = -1e300
         self.next_send = 0.0
 
@@ -114,7 +121,7 @@ class CongestionWindow:
         if self.base == 0.0 or rtt < self.base:
             self.base = rtt
         self.srtt = rtt if self.srtt == 0.0 else 0.875 * self.srtt + 0.125 * rtt
-        backlog = self.cwnd * (self.srtt - self.base) / self.srtt
+        backlog = self.backlog = self.cwnd * (self.srtt - self.base) / self.srtt
         if backlog <= p.target_backlog:
             self.cwnd += p.ai / self.cwnd
         elif self._may_decrease(now):
@@ -125,7 +132,10 @@ class CongestionWindow:
     def on_loss(self, now: float) -> None:
         """A retransmission timer expired."""
         if self._may_decrease(now):
-            self.cwnd *= 0.5
+            if self.backlog > self.policy.target_backlog:
+                self.cwnd *= 0.5
+            else:
+                self.cwnd *= 1.0 - self.policy.random_loss_md
             self.last_decrease = now
             self._clamp()
 
