@@ -9,13 +9,12 @@ tests/test_torch_hosts.py RANK MASTER SWITCH`); the tests read its JSON line.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+
+from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_ranks
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
@@ -124,30 +123,14 @@ def _rank_main(rank: int, master: str, switch: str) -> dict:
 @pytest.fixture(scope="module")
 def ranks(lab8, switch):
     hosts = lab8.workers[2:2 + HOSTS]
-    procs = []
-    for rank in range(WORLD):
-        host = hosts[rank // PER_HOST]
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": host.iface, "OMP_NUM_THREADS": "1"}
-        argv = [sys.executable, __file__, str(rank), hosts[0].ip, lab8.switch.ip]
-        procs.append(lab8.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env))
-    results, failures = [], []
-    deadline = time.monotonic() + RANK_DEADLINE_S
-    for rank, p in enumerate(procs):
-        try:
-            stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            said = [f"rank {i}: {q.communicate()[1][-1500:]}" for i, q in enumerate(procs)]
-            pytest.fail("ranks did not finish in time\n" + "\n".join(said))
-        lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode != 0 or not lines:
-            failures.append(f"rank {rank} exited {p.returncode}:\n{stderr[-3000:]}")
-        else:
-            results.append(json.loads(lines[-1][len("RESULT "):]))
-    if failures:
-        pytest.fail("\n".join(failures))
+    placements = [(hosts[rank // PER_HOST], [sys.executable, __file__, str(rank), hosts[0].ip,
+                                              lab8.switch.ip]) for rank in range(WORLD)]
+    try:
+        outs = run_ranks(lab8, placements, RANK_DEADLINE_S)
+    except RanksFailed as e:
+        pytest.fail(str(e))
+    results = [rank_result(out) for out, _ in outs]
+    assert all(results), "a rank printed no result"
     return results
 
 

@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -178,35 +177,23 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
 
 def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float) -> dict:
     """All ranks of one training run as processes in their namespaces; rank 0's result."""
+    from ..lab.cluster import RanksFailed, rank_result, run_ranks
+
     world = len(lab.workers)
-    procs = []
+    placements = []
     for rank, host in enumerate(lab.workers):
-        argv = [sys.executable, "-m", "switchml_xdp.torch.train_example", "--rank", str(rank),
-                "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
-                "--switch", lab.switch.ip, "--job", job, "--backend", backend,
-                "--config", json.dumps(cfg.__dict__)]
-        # Gloo binds to the lab interface, not to whatever the hostname resolves to.
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": host.iface, "OMP_NUM_THREADS": "1"}
-        procs.append(lab.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env))
-    outs, errors = [], []
-    deadline = time.monotonic() + timeout
-    for rank, p in enumerate(procs):
-        try:
-            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{mode} training did not finish within {timeout:g} s") from None
-        outs.append((stdout, stderr))
-        if p.returncode != 0:
-            errors.append(f"rank {rank} ({mode}) exited {p.returncode}:\n{stderr.strip()[-2000:]}")
-    if errors:
-        raise RuntimeError("\n".join(errors))
-    lines = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"rank 0 ({mode}) printed no result:\n{outs[0][1].strip()[-2000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
+        placements.append((host, [
+            sys.executable, "-m", "switchml_xdp.torch.train_example", "--rank", str(rank),
+            "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
+            "--switch", lab.switch.ip, "--job", job, "--backend", backend,
+            "--config", json.dumps(cfg.__dict__)]))
+    try:
+        outs = run_ranks(lab, placements, timeout)
+    except RanksFailed as e:
+        raise RuntimeError(f"{mode} training failed: {e}") from None
+    result = rank_result(outs[0][0])
+    if result is None:
+        raise RuntimeError(f"rank 0 ({mode}) printed no result")
     notes = [ln for ln in outs[0][1].splitlines() if ln.startswith("switchml-xdp:")]
     result["notes"] = notes
     return result
