@@ -166,6 +166,25 @@ def test_ddp_over_the_group_matches_gloo(ranks):
         assert r["ddp_diff"] <= PARAM_ATOL, r
 
 
+def test_lab_train_with_two_ranks_a_host(tmp_path):
+    """`swml-lab train -n 2 --ranks-per-host 2`, briefly: same accuracy as Gloo,
+    a job of 2 members, nothing through Gloo."""
+    pytest.importorskip("sklearn", reason="the training example needs scikit-learn (python3-sklearn)")
+    pytest.importorskip("matplotlib", reason="the training example plots with matplotlib")
+    from conftest import NO_LAB
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.torch.train_example import TrainConfig, run_lab_training
+
+    res = run_lab_training(2, TrainConfig(epochs=2, ranks_per_host=2), "udp",
+                           str(tmp_path / "c.png"), out=lambda *_: None)
+    assert res["swml"]["world"] == res["gloo"]["world"] == 4
+    assert res["swml"]["worker"]["job_world"] == 2
+    assert res["swml"]["buckets"] > 0 and res["swml"]["fallback_buckets"] == 0
+    assert res["swml"]["param_spread"] == 0.0
+    assert abs(res["swml"]["test_acc"][-1] - res["gloo"]["test_acc"][-1]) <= 0.5
+
+
 if __name__ == "__main__":
     import faulthandler
 
