@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+
+from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_ranks
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install 'switchml-xdp[torch]' (torch==2.13.0)")
@@ -298,30 +299,15 @@ def ranks(lab8, switch):
 
     hosts = lab8.workers[4:4 + WORLD]
     token = secrets.token_hex(3)
-    procs = []
-    for rank, host in enumerate(hosts):
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": host.iface, "OMP_NUM_THREADS": "1",
-               "SWML_TEST_TOKEN": token}
-        argv = [sys.executable, __file__, str(rank), str(WORLD), hosts[0].ip, lab8.switch.ip]
-        procs.append(lab8.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env))
-    results, failures = [], []
-    deadline = time.monotonic() + RANK_DEADLINE_S
-    for rank, p in enumerate(procs):
-        try:
-            stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            said = [f"rank {i}: {q.communicate()[1][-1500:]}" for i, q in enumerate(procs)]
-            pytest.fail("torch ranks did not finish in time\n" + "\n".join(said))
-        lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-        if p.returncode != 0 or not lines:
-            failures.append(f"rank {rank} exited {p.returncode}:\n{stderr[-3000:]}")
-        else:
-            results.append(json.loads(lines[-1][len("RESULT "):]))
-    if failures:
-        pytest.fail("\n".join(failures))
+    env = {"SWML_TEST_TOKEN": token}
+    placements = [(host, [sys.executable, __file__, str(rank), str(WORLD), hosts[0].ip,
+                          lab8.switch.ip]) for rank, host in enumerate(hosts)]
+    try:
+        outs = run_ranks(lab8, placements, RANK_DEADLINE_S, env)
+    except RanksFailed as e:
+        pytest.fail(str(e))
+    results = [rank_result(out) for out, _ in outs]
+    assert all(results), "a rank printed no result"
     return results
 
 

@@ -296,7 +296,7 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
 
 @main.command()
 @click.option("-n", "--workers", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Number of workers (ranks; a job has at most 64).")
+              help="Number of lab hosts (each runs --ranks-per-host ranks; a job has at most 64 hosts).")
 @click.option("--epochs", type=click.IntRange(1, None), default=30, show_default=True,
               help="Passes over the training set.")
 @click.option("--batch", type=click.IntRange(1, None), default=16, show_default=True,
@@ -311,11 +311,16 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
               help="The swml worker's datapath.")
 @click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
               metavar="MBIT", help="Shape every worker link to MBIT Mbit/s each way (TBF).")
+@click.option("--ranks-per-host", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Ranks on each lab host, as torchrun --nproc_per_node: the swml run then "
+                   "reduces each host's ranks first and streams one leader a host (the swml "
+                   "process group); with 1, it uses the DDP hook.")
 @click.option("--png", default="swml-train.png", show_default=True, type=click.Path(dir_okay=False),
               help="Where to save the loss and accuracy curves.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Also save both runs' curves as JSON.")
-def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, png, json_path):
+def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_host, png,
+          json_path):
     """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
 
     Same seeds both times; prints final accuracy and time per epoch of both and
@@ -329,7 +334,8 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, png, json_
         from switchml_xdp.torch.train_example import TrainConfig, run_lab_training
     except ImportError as e:
         raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
-    cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb)
+    cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb,
+                      ranks_per_host=ranks_per_host)
     with lab_errors():
         try:
             run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo)

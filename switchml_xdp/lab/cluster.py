@@ -133,3 +133,47 @@ def run_ranks(lab: Lab, hosts: Sequence[Host], fn: Callable[[int, Host], object]
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
         futures = [pool.submit(body, r, h) for r, h in enumerate(hosts)]
         return [f.result(timeout=timeout) for f in futures]
+
+
+class RanksFailed(RuntimeError):
+    """Rank processes exited non-zero or ran past their deadline."""
+
+
+def run_ranks(lab: Lab, placements: Sequence[tuple[Host, Sequence[str]]], timeout: float,
+              env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """Run one process per (host, argv) at once, each in its host's namespace
+    with Gloo bound to the host's lab interface; returns their (stdout,
+    stderr) in order. RanksFailed with every failing rank's stderr tail if one exits
+    non-zero, or with every rank's if they are not all done within
+    `timeout` seconds (then all are killed)."""
+    procs = []
+    for host, argv in placements:
+        # Gloo binds to the lab interface, not to whatever the hostname resolves to.
+        penv = {**os.environ, **(env or {}), "GLOO_SOCKET_IFNAME": host.iface,
+                "OMP_NUM_THREADS": "1"}
+        procs.append(lab.popen(host, list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=penv))
+    outs, errors = [], []
+    deadline = time.monotonic() + timeout
+    for rank, p in enumerate(procs):
+        try:
+            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            said = [f"rank {i}: {q.communicate()[1].strip()[-1500:]}" for i, q in enumerate(procs)]
+            raise RanksFailed(f"ranks did not finish within {timeout:g} s\n" + "\n".join(said)) from None
+        outs.append((stdout, stderr))
+        if p.returncode != 0:
+            errors.append(f"rank {rank} exited {p.returncode}:\n{stderr.strip()[-2000:]}")
+    if errors:
+        raise RanksFailed("\n".join(errors))
+    return outs
+
+
+def rank_result(stdout: str) -> dict | None:
+    """The last `RESULT {json}` line a rank printed, or None."""
+    import json
+
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):]) if lines else None

@@ -213,7 +213,11 @@ class JobTable:
             raise ControlError(f"job {name!r} uses UDP port {job.port}: every rank must use the same port")
         for other in job.members.values():
             if (other.ip, other.port) == (ip, port):
-                raise ControlError(f"rank {other.rank} of job {name!r} already uses {ip}:{port}")
+                raise ControlError(
+                    f"rank {other.rank} of job {name!r} already uses {ip}:{port}: one host is one "
+                    f"member of a job (results go to one address and port); ranks that share a "
+                    f"host reduce among themselves first, as the torch backend does "
+                    f"(docs/pytorch.md)")
 
         job.members[rank] = Member(rank, ip, port, mac, conn)
         self.jobs[name] = job

@@ -27,9 +27,15 @@ SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT.
 Gloo's device is GLOO_SOCKET_IFNAME's interface if set, else the interface
 that routes to the switch.
 
+Several ranks on one host (torchrun --nproc_per_node=R): the ranks that
+share a host reduce into their lowest rank through a Gloo group on loopback;
+only that leader joins the switch's job (rank = host index, world = number of
+hosts) and streams; the result goes back to the host's ranks (hosts.py).
+
 Switch and Gloo work are separate channels: a switch all_reduce issued with
-async_op=True runs on the Worker's thread while later Gloo collectives proceed.
-Calls through the switch run in the order they are made, the same on every rank.
+async_op=True runs on the group's own thread while later Gloo collectives
+proceed. Calls through the switch run in the order they are made, the same on
+every rank.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ import sys
 import threading
 import warnings
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +57,8 @@ from torch._C._distributed_c10d import (
 )
 
 from .. import wire
-from ..worker.api import Worker
+from ..worker.api import Worker, local_end
+from .hosts import HostLayout, LocalGroup, agree_layout
 
 BACKEND_NAME = "swml"
 _SWITCH_DTYPES = (torch.float32, torch.int32)
@@ -151,23 +159,39 @@ class ProcessGroupSwml(dist.ProcessGroup):
         opts = (options or SwmlOptions()).resolved()
         self.options = opts
         job = opts.job or self._agree_job_name(store, rank, group_id)
+        token = self._agree_token(store, rank)
         join_timeout = max(10.0, min(timeout.total_seconds(), 300.0))
-        self.worker = Worker(opts.switch, job, rank, size, iface=opts.iface, backend=opts.backend,
-                             port=opts.port, control_port=opts.control_port,
-                             join_timeout=join_timeout, verbose=opts.verbose,
-                             token=self._agree_token(store, rank))
+        # The address the switch would see: ranks that share it share a host.
+        here = local_end(opts.switch, opts.control_port, opts.iface)
+        self.layout: HostLayout = agree_layout(store, rank, size, here.ip)
+        self.local: LocalGroup | None = None
+        self.worker: Worker | None = None
+        try:
+            if len(self.layout.local_ranks) > 1:
+                self.local = LocalGroup(store, self.layout, timeout)
+            if self.layout.is_leader:
+                self.worker = Worker(opts.switch, job, self.layout.host_index, self.layout.n_hosts,
+                                     iface=opts.iface, backend=opts.backend, port=opts.port,
+                                     control_port=opts.control_port, join_timeout=join_timeout,
+                                     verbose=opts.verbose, token=token)
+        except BaseException:
+            self._close_switch_side()
+            raise
+        # One thread runs the switch calls in order: local reduce, the
+        # leader's stream, the local share.
+        self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-pg{rank}")
         try:
             gloo_store = dist.PrefixStore("swml-gloo/", store)
             if opts.gloo_iface or not os.environ.get("GLOO_SOCKET_IFNAME"):
                 gloo_opts = ProcessGroupGloo._Options()
                 gloo_opts._timeout = timeout
                 gloo_opts._devices = [ProcessGroupGloo.create_device(
-                    interface=opts.gloo_iface or self.worker.iface)]
+                    interface=opts.gloo_iface or here.iface)]
                 self.gloo = ProcessGroupGloo(gloo_store, rank, size, gloo_opts)
             else:  # this constructor reads GLOO_SOCKET_IFNAME (which may list several)
                 self.gloo = ProcessGroupGloo(gloo_store, rank, size, timeout)
         except BaseException:
-            self.worker.close()
+            self._close_switch_side()
             raise
         self.fallbacks = 0          # all_reduce calls that went to Gloo
         self.switch_calls = 0       # all_reduce calls that went through the switch
@@ -206,7 +230,9 @@ class ProcessGroupSwml(dist.ProcessGroup):
         return self._rank
 
     def __repr__(self) -> str:
-        return f"ProcessGroupSwml(rank={self._rank}, size={self._size}, job={self.worker.info.name!r})"
+        where = (f"job={self.worker.info.name!r}" if self.worker is not None
+                 else f"host leader rank {self.layout.local_ranks[0]}")
+        return f"ProcessGroupSwml(rank={self._rank}, size={self._size}, {where})"
 
     # -- all_reduce -------------------------------------------------------------
     def _switch_reason(self, tensors: list[torch.Tensor], op) -> str | None:
@@ -243,9 +269,20 @@ class ProcessGroupSwml(dist.ProcessGroup):
         fut: torch.futures.Future = torch.futures.Future()
         size = self._size
 
-        def done(cf) -> None:
+        def run() -> None:
             try:
-                cf.result()
+                if self.local is not None:
+                    self.local.reduce_to_leader(flat, "SUM")
+                error = None
+                if self.worker is not None:
+                    try:
+                        self.worker.allreduce(flat.detach().numpy())
+                    except BaseException as e:  # noqa: BLE001 - shared with the host below
+                        error = e
+                if self.local is not None:
+                    self.local.share(flat, error)
+                elif error is not None:
+                    raise error
                 if avg:
                     flat.div_(size)
                 value = finish()
@@ -254,7 +291,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
                 return
             fut.set_result(value)
 
-        self.worker.allreduce_async(flat.detach().numpy()).add_done_callback(done)
+        self._pipeline.submit(run)
         return _FutureWork(fut)
 
     def allreduce(self, tensors, opts=None):
@@ -361,6 +398,14 @@ class ProcessGroupSwml(dist.ProcessGroup):
         return self.gloo.monitored_barrier(*args, **kwargs)
 
     # -- life cycle -------------------------------------------------------------
+    def _close_switch_side(self) -> None:
+        try:
+            if self.worker is not None:
+                self.worker.close()
+        finally:
+            if self.local is not None:
+                self.local.shutdown()
+
     def shutdown(self) -> None:
         """Leave the job on the switch (after the queued reductions) and stop Gloo."""
         if self._closed:
@@ -368,7 +413,8 @@ class ProcessGroupSwml(dist.ProcessGroup):
         self._closed = True
         _live.discard(self)
         try:
-            self.worker.close()
+            self._pipeline.shutdown(wait=True)
+            self._close_switch_side()
         finally:
             self.gloo.shutdown()
 
@@ -385,7 +431,9 @@ _live: "weakref.WeakSet[ProcessGroupSwml]" = weakref.WeakSet()
 def _close_live_groups() -> None:
     for pg in list(_live):
         try:
-            pg.worker.close()
+            pg._pipeline.shutdown(wait=True)
+            if pg.worker is not None:
+                pg.worker.close()
         except Exception:  # noqa: BLE001 - exiting anyway
             pass
 

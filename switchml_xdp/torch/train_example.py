@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ class TrainConfig:
     seed: int = 0
     bucket_kb: float = 1.0     # DDP bucket cap: small, so a step has two buckets (650 + 4160)
     test_fraction: float = 0.25
+    ranks_per_host: int = 1    # >1: the swml run uses the swml process group (hosts.py)
 
 
 # --------------------------------------------------------------------- rank side
@@ -98,8 +98,16 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
     try:
         xtr, ytr, xte, yte = load_digits_split(cfg)
         model = make_model(cfg)
-        ddp = DDP(model, bucket_cap_mb=cfg.bucket_kb / 1024)
-        if mode == "swml":
+        swml = None
+        if mode == "swml" and cfg.ranks_per_host > 1:
+            # Several ranks a host: one Worker a host, through the swml
+            # process group, which reduces each host's ranks first.
+            from switchml_xdp.torch import SwmlOptions
+
+            swml = dist.new_group(backend="swml", pg_options=SwmlOptions(
+                switch=switch, job=job, backend=backend, verbose=rank == 0))
+        ddp = DDP(model, bucket_cap_mb=cfg.bucket_kb / 1024, process_group=swml)
+        if mode == "swml" and swml is None:
             from switchml_xdp import Worker
             from switchml_xdp.torch import register_hook
 
@@ -144,12 +152,15 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         result = {"mode": mode, "world": world, "config": cfg.__dict__, **curves,
                   "param_spread": (spread - low).abs().max().item(),
                   "test_samples": len(yte), "train_samples": len(ytr)}
-        if worker is not None:
-            st = worker.stats()
+        streamer = worker or (swml.worker if swml is not None else None)  # rank 0 leads its host
+        if streamer is not None:
+            st = streamer.stats()
             result["worker"] = {k: st[k] for k in ("backend", "k", "slots", "tensors", "elements",
                                                    "packets_sent", "retransmissions") if k in st}
-            result["buckets"] = hook_state.buckets
-            result["fallback_buckets"] = hook_state.fallback_buckets
+            result["worker"]["job_world"] = streamer.info.world
+            result["buckets"] = hook_state.buckets if hook_state else swml.switch_calls
+            result["fallback_buckets"] = (hook_state.fallback_buckets if hook_state
+                                          else swml.fallbacks)
         dist.barrier()
         return result if rank == 0 else None
     finally:
@@ -178,35 +189,24 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
 
 def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float) -> dict:
     """All ranks of one training run as processes in their namespaces; rank 0's result."""
-    world = len(lab.workers)
-    procs = []
-    for rank, host in enumerate(lab.workers):
-        argv = [sys.executable, "-m", "switchml_xdp.torch.train_example", "--rank", str(rank),
-                "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
-                "--switch", lab.switch.ip, "--job", job, "--backend", backend,
-                "--config", json.dumps(cfg.__dict__)]
-        # Gloo binds to the lab interface, not to whatever the hostname resolves to.
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": host.iface, "OMP_NUM_THREADS": "1"}
-        procs.append(lab.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env))
-    outs, errors = [], []
-    deadline = time.monotonic() + timeout
-    for rank, p in enumerate(procs):
-        try:
-            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{mode} training did not finish within {timeout:g} s") from None
-        outs.append((stdout, stderr))
-        if p.returncode != 0:
-            errors.append(f"rank {rank} ({mode}) exited {p.returncode}:\n{stderr.strip()[-2000:]}")
-    if errors:
-        raise RuntimeError("\n".join(errors))
-    lines = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"rank 0 ({mode}) printed no result:\n{outs[0][1].strip()[-2000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
+    from ..lab.cluster import RanksFailed, rank_result, run_ranks
+
+    per_host = cfg.ranks_per_host
+    world = len(lab.workers) * per_host
+    placements = []
+    for rank in range(world):
+        placements.append((lab.workers[rank // per_host], [
+            sys.executable, "-m", "switchml_xdp.torch.train_example", "--rank", str(rank),
+            "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
+            "--switch", lab.switch.ip, "--job", job, "--backend", backend,
+            "--config", json.dumps(cfg.__dict__)]))
+    try:
+        outs = run_ranks(lab, placements, timeout)
+    except RanksFailed as e:
+        raise RuntimeError(f"{mode} training failed: {e}") from None
+    result = rank_result(outs[0][0])
+    if result is None:
+        raise RuntimeError(f"rank 0 ({mode}) printed no result")
     notes = [ln for ln in outs[0][1].splitlines() if ln.startswith("switchml-xdp:")]
     result["notes"] = notes
     return result
@@ -255,7 +255,8 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
         r = results[mode]
         if mode == "swml":
             w = r.get("worker", {})
-            how = (f"switch, {w.get('backend', '?')} datapath, k={w.get('k', '?')}: "
+            how = (f"switch, {w.get('backend', '?')} datapath, k={w.get('k', '?')}, "
+                   f"{w.get('job_world', '?')} members: "
                    f"{r.get('buckets', 0)} buckets, {w.get('packets_sent', 0)} packets, "
                    f"{w.get('retransmissions', 0)} retransmissions")
         else:
@@ -276,12 +277,14 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
     cfg = cfg or TrainConfig()
     results: dict[str, dict] = {}
     with Lab(workers=workers, rate_mbit=rate) as lab:
-        out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} workers"
+        out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} hosts x "
+            f"{cfg.ranks_per_host} rank(s)"
             + (f", links shaped to {rate:g} Mbit/s" if rate else ""))
         with SwitchProcess(lab) as sw:
             out(sw.ready_line)
             for mode in MODES:
-                out(f"training with {mode}: {cfg.epochs} epochs, batch {cfg.batch} x {workers} ranks ...")
+                out(f"training with {mode}: {cfg.epochs} epochs, batch {cfg.batch} x "
+                    f"{workers * cfg.ranks_per_host} ranks ...")
                 t0 = time.monotonic()
                 job = f"train-{secrets.token_hex(4)}"
                 results[mode] = _run_mode(lab, mode, cfg, backend, job, timeout)
