@@ -28,7 +28,7 @@ import time
 import numpy as np
 import pytest
 
-from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_ranks
+from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_rank_processes
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install 'switchml-xdp[torch]' (torch==2.13.0)")
@@ -303,7 +303,7 @@ def ranks(lab8, switch):
     placements = [(host, [sys.executable, __file__, str(rank), str(WORLD), hosts[0].ip,
                           lab8.switch.ip]) for rank, host in enumerate(hosts)]
     try:
-        outs = run_ranks(lab8, placements, RANK_DEADLINE_S, env)
+        outs = run_rank_processes(lab8, placements, RANK_DEADLINE_S, env)
     except RanksFailed as e:
         pytest.fail(str(e))
     results = [rank_result(out) for out, _ in outs]

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_ranks
+from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_rank_processes
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
@@ -126,7 +126,7 @@ def ranks(lab8, switch):
     placements = [(hosts[rank // PER_HOST], [sys.executable, __file__, str(rank), hosts[0].ip,
                                               lab8.switch.ip]) for rank in range(WORLD)]
     try:
-        outs = run_ranks(lab8, placements, RANK_DEADLINE_S)
+        outs = run_rank_processes(lab8, placements, RANK_DEADLINE_S)
     except RanksFailed as e:
         pytest.fail(str(e))
     results = [rank_result(out) for out, _ in outs]

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from .. import wire
 
-SYSTEMS = ("swml-afxdp", "swml-udp", "userspace", "gloo")
+# The 16-bit pair compares like with like: the switch's 16-bit block format
+# (precision="16") against Gloo reducing the tensor cast to float16, which is
+# what torch's fp16_compress_hook does. Both carry 2 bytes an element.
+SYSTEMS = ("swml-afxdp", "swml-udp", "userspace", "gloo", "swml-afxdp16", "gloo-fp16")
+DEFAULT_SYSTEMS = ("swml-afxdp", "swml-udp", "userspace", "gloo")
 LABELS = {
     "swml-afxdp": "switchml-xdp, afxdp",
     "swml-udp": "switchml-xdp, udp",
     "userspace": "user-space switch",
     "gloo": "Gloo ring (TCP)",
+    "swml-afxdp16": "switchml-xdp, afxdp, 16-bit",
+    "gloo-fp16": "Gloo ring, fp16 compression",
 }
+GLOO_SYSTEMS = ("gloo", "gloo-fp16")        # no k: a row of theirs matches every k
+BYTES_PER_ELEMENT = {"swml-afxdp16": 2, "gloo-fp16": 2}   # on the wire; 4 otherwise
 DEFAULT_WORKERS = (2, 4, 8)
 DEFAULT_LOSSES = (0.0, 0.001, 0.01)
 DEFAULT_KS = (64, 256)
@@ -27,25 +35,30 @@ FOREIGN_WARN_PCT = 5.0       # other processes' CPU share above which a result i
 # Header-adjusted link bounds (what the shaper counts: the Ethernet frame from
 # destination MAC to the end of the payload; no preamble, FCS or gap, which a
 # veth does not have).
-SWML_HEADERS = wire.HEADERS_LEN                 # Ethernet 14 + IPv4 20 + UDP 8 + swml 16
+SWML_HEADERS = wire.HEADERS_LEN                 # Ethernet 14 + IPv4 20 + UDP 8 + swml 32
 TCP_MSS = 1448                                  # MTU 1500 - IPv4 20 - TCP 20 - timestamps 12
 TCP_FRAME = TCP_MSS + 14 + 20 + 20 + 12         # 1514
 
 
-def swml_bound_mbps(rate_mbit: float, k: int) -> float:
-    """Most tensor bytes a second a worker can reduce through the switch: each
-    packet carries 4k payload bytes in 58 + 4k bytes on the link, and a worker
-    sends every byte once and receives every byte once, each way at the rate."""
-    return rate_mbit * 4 * k / (SWML_HEADERS + 4 * k)
+def swml_bound_mbps(rate_mbit: float, k: int, wire_bytes: int = 4) -> float:
+    """Most float32 tensor bytes a second a worker can reduce through the
+    switch: each packet carries k elements in wire_bytes * k payload bytes,
+    plus 74 bytes of headers, and a worker sends every element once and
+    receives it once, each way at the rate."""
+    return rate_mbit * 4 * k / (SWML_HEADERS + wire_bytes * k)
 
 
-def gloo_bound_mbps(rate_mbit: float, workers: int) -> float:
+def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4) -> float:
     """Ring allreduce moves 2(N-1)/N of the tensor over each link direction, in
-    TCP segments of 1448 payload bytes in 1514-byte frames."""
+    TCP segments of 1448 payload bytes in 1514-byte frames; float32 tensor
+    bytes a second when each element travels in wire_bytes."""
     if workers < 2:
         return float("inf")
-    return rate_mbit * TCP_MSS / TCP_FRAME * workers / (2 * (workers - 1))
+    return rate_mbit * TCP_MSS / TCP_FRAME * workers / (2 * (workers - 1)) * 4 / wire_bytes
 
 
 def bound_mbps(system: str, rate_mbit: float, k: int | None, workers: int) -> float:
-    return gloo_bound_mbps(rate_mbit, workers) if system == "gloo" else swml_bound_mbps(rate_mbit, k)
+    wire_bytes = BYTES_PER_ELEMENT.get(system, 4)
+    if system in GLOO_SYSTEMS:
+        return gloo_bound_mbps(rate_mbit, workers, wire_bytes)
+    return swml_bound_mbps(rate_mbit, k, wire_bytes)

@@ -46,7 +46,8 @@ from typing import Callable, Sequence
 
 from .constants import (DEFAULT_ITERATIONS, DEFAULT_KS, DEFAULT_LOSSES, DEFAULT_OUT,
                         DEFAULT_RATE_MBIT, DEFAULT_SIZE, DEFAULT_WARMUP, DEFAULT_WORKERS,
-                        GLOO_PORT, SWML_HEADERS, SYSTEMS, bound_mbps)
+                        DEFAULT_SYSTEMS, GLOO_PORT, GLOO_SYSTEMS, SWML_HEADERS, SYSTEMS,
+                        bound_mbps)
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
 from .rank_group import RankError, RankGroup
 from .report import SKIPPED, markdown, row_line
@@ -99,7 +100,7 @@ class BenchConfig:
     warmup: int = DEFAULT_WARMUP
     losses: Sequence[float] = DEFAULT_LOSSES
     ks: Sequence[int] = DEFAULT_KS
-    systems: Sequence[str] = SYSTEMS
+    systems: Sequence[str] = DEFAULT_SYSTEMS
     out_dir: str = DEFAULT_OUT
     job_slots: int | None = None
     check: bool = True
@@ -207,10 +208,10 @@ class Bench:
         self.out(f"machine before the run: load {quiet['loadavg']}, {quiet['busy_pct_1s']}% busy; "
                  f"top: {', '.join(quiet['top'][:3])}")
         reason = _afxdp_unavailable_reason()
-        if reason and "swml-afxdp" in cfg.systems:
+        if reason and {"swml-afxdp", "swml-afxdp16"} & set(cfg.systems):
             self.unavailable["swml-afxdp"] = reason
         torch_reason = None
-        if "gloo" in cfg.systems:
+        if set(GLOO_SYSTEMS) & set(cfg.systems):
             try:
                 import torch  # noqa: F401
             except ImportError as e:
@@ -226,23 +227,23 @@ class Bench:
                 lab.set_loss(0.0)          # attach the loss injector once
                 for k in cfg.ks:
                     self._swml_systems(lab, k)
-                if "gloo" in cfg.systems:
+                for system in (s for s in GLOO_SYSTEMS if s in cfg.systems):
                     if torch_reason:
                         for loss in cfg.losses:
-                            self._record("gloo", n, None, loss, None, status=f"unavailable: {torch_reason}")
+                            self._record(system, n, None, loss, None, status=f"unavailable: {torch_reason}")
                     else:
-                        self._gloo(lab)
+                        self._gloo(lab, system)
         doc = {"meta": self._meta(started, quiet), "results": self.results}
         self.write(doc)
         return doc
 
-    def _swml_args(self, lab, backend: str, job: str, k: int):
+    def _swml_args(self, lab, backend: str, job: str, k: int, precision: str = "32"):
         cfg = self.cfg
 
         def argv_of(rank, host):
             argv = ["--system", "swml", "--backend", backend, "--switch", lab.switch.ip,
                     "--job", job, "--rank", str(rank), "--world", str(len(lab.workers)),
-                    "--size", str(cfg.size), "--k", str(k)]
+                    "--size", str(cfg.size), "--k", str(k), "--precision", precision]
             if rank == 0:
                 argv += ["--cpu"] + (["--check"] if cfg.check else [])
             return argv
@@ -274,17 +275,19 @@ class Bench:
         n = len(lab.workers)
         set_loss = lab.set_loss
 
-        wanted = [s for s in ("swml-afxdp", "swml-udp") if s in cfg.systems]
+        wanted = [s for s in ("swml-afxdp", "swml-udp", "swml-afxdp16") if s in cfg.systems]
         if wanted:
             with SwitchProcess(lab, self._switch_args(k)) as sw:
                 for system in wanted:
-                    backend = system.split("-")[1]
-                    if system in self.unavailable and system == "swml-afxdp":
+                    backend = "udp" if system == "swml-udp" else "afxdp"
+                    precision = "16" if system.endswith("16") else "32"
+                    if "swml-afxdp" in self.unavailable and backend == "afxdp":
                         for loss in cfg.losses:
                             self._record(system, n, k, loss, None,
-                                         status=f"unavailable: {self.unavailable[system]}")
+                                         status=f"unavailable: {self.unavailable['swml-afxdp']}")
                         continue
-                    self._phase(lab, system, k, self._swml_args(lab, backend, f"{backend}{n}k{k}", k),
+                    job = f"{backend}{precision}n{n}k{k}"
+                    self._phase(lab, system, k, self._swml_args(lab, backend, job, k, precision),
                                 set_loss, self._counter_deltas(lab))
                     lab.set_loss(0.0)
                 assert sw.proc.poll() is None, "the switch died:\n" + "\n".join(sw.output[-20:])
@@ -320,16 +323,17 @@ class Bench:
             return {"switch_counters": {k: now[k] - before[k] for k in now if now[k] != before[k]}}
         return snap
 
-    def _gloo(self, lab) -> None:
+    def _gloo(self, lab, system: str = "gloo") -> None:
         from .tcp_loss import TcpLoss
 
         cfg = self.cfg
         master = lab.workers[0].ip
+        precision = "16" if system == "gloo-fp16" else "32"
 
         def argv_of(rank, host):
             argv = ["--system", "gloo", "--rank", str(rank), "--world", str(len(lab.workers)),
                     "--size", str(cfg.size), "--master", master, "--master-port", str(GLOO_PORT),
-                    "--iface", host.iface]
+                    "--iface", host.iface, "--precision", precision]
             if rank == 0:
                 argv += ["--cpu"] + (["--check"] if cfg.check else [])
             return argv
@@ -342,7 +346,7 @@ class Bench:
                 seen = sum(c[d]["seen"] - snap[d]["seen"] for d in c)
                 dropped = sum(c[d]["dropped"] - snap[d]["dropped"] for d in c)
                 return {"tcp_frames": seen, "tcp_dropped": dropped}
-            self._phase(lab, "gloo", None, argv_of, tl.set, loss_snap)
+            self._phase(lab, system, None, argv_of, tl.set, loss_snap)
 
     # -- output --------------------------------------------------------------------
     def _meta(self, started: float, quiet: dict) -> dict:

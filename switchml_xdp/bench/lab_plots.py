@@ -19,6 +19,8 @@ STYLE = {
     "swml-udp": dict(color="tab:cyan", marker="s"),
     "userspace": dict(color="tab:orange", marker="^"),
     "gloo": dict(color="tab:red", marker="D"),
+    "swml-afxdp16": dict(color="tab:purple", marker="o", ls="-."),
+    "gloo-fp16": dict(color="tab:pink", marker="D", ls="-."),
 }
 
 

@@ -33,16 +33,17 @@ class _SwmlRank:
         self.w = Worker(a.switch, a.job, a.rank, a.world, backend=a.backend, verbose=False,
                         join_timeout=120)
         self._one = np.zeros(1, np.int32)
-        self.name = self.w.backend_name
+        self.precision = a.precision
+        self.name = self.w.backend_name + ("" if a.precision == "32" else f", {a.precision}-bit")
 
     def barrier(self) -> None:
         self._one[0] = 1
         self.w.allreduce(self._one)
 
     def allreduce(self, a) -> None:
-        self.w.allreduce(a)
+        self.w.allreduce(a, precision=self.precision)
 
-    GAUGES = ("srtt_us", "rto_us")          # afxdp engine state, not counts
+    GAUGES = ("srtt_us", "rto_us", "cwnd")  # the engine's and the window's state, not counts
 
     def counters(self) -> dict:
         s = self.w.stats()
@@ -68,15 +69,23 @@ class _GlooRank:
 
         torch.set_num_threads(1)     # N ranks share the machine's cores
         self.torch, self.dist = torch, dist
+        self.fp16 = a.precision == "16"
         dist.init_process_group("gloo", rank=a.rank, world_size=a.world,
                                 timeout=datetime.timedelta(seconds=300))
-        self.name = f"gloo (torch {torch.__version__})"
+        self.name = f"gloo (torch {torch.__version__})" + (", fp16" if self.fp16 else "")
 
     def barrier(self) -> None:
         self.dist.barrier()
 
     def allreduce(self, a) -> None:
-        self.dist.all_reduce(self.torch.from_numpy(a))
+        t = self.torch.from_numpy(a)
+        if not self.fp16:
+            self.dist.all_reduce(t)
+            return
+        # torch's fp16_compress_hook: reduce a float16 copy, cast back (timed)
+        half = t.to(self.torch.float16)
+        self.dist.all_reduce(half)
+        t.copy_(half)
 
     def counters(self) -> dict:
         return {}
@@ -150,6 +159,9 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
 @click.option("--master-port", type=int, default=GLOO_PORT, show_default=True,
               help="rank 0's port (Gloo's rendezvous)")
 @click.option("--iface", default=None, help="the interface towards the switch")
+@click.option("--precision", type=click.Choice(["32", "16"]), default="32", show_default=True,
+              help="swml: the payload format (16: the 16-bit block format); gloo: 16 reduces "
+                   "a float16 copy, as torch's fp16 compression hook")
 @click.option("--cpu", is_flag=True, help="sample the machine's CPU times (rank 0)")
 @click.option("--check", is_flag=True, help="check the first timed result")
 def rank_main(**options) -> None:

@@ -3,7 +3,7 @@
 PNG plots are lab_plots.py."""
 from __future__ import annotations
 
-from .constants import FOREIGN_WARN_PCT, LABELS, SYSTEMS, swml_bound_mbps
+from .constants import FOREIGN_WARN_PCT, GLOO_SYSTEMS, LABELS, SYSTEMS, swml_bound_mbps
 
 SKIPPED = "skipped"   # status of the cells after a failed one of the same rank group
 
@@ -34,7 +34,7 @@ def row_line(r: dict) -> str:
 def find_row(results, system, workers, k, loss):
     for r in results:
         if (r["system"] == system and r["workers"] == workers and r["loss"] == loss
-                and (system == "gloo" or r["k"] == k) and r["status"] == "ok"):
+                and (system in GLOO_SYSTEMS or r["k"] == k) and r["status"] == "ok"):
             return r
     return None
 
@@ -169,7 +169,7 @@ def markdown(doc: dict) -> str:
             for p in meta["losses"]:
                 rows = {s: find_row(res, s, n, k, p) or next(
                     (r for r in res if r["system"] == s and r["workers"] == n and r["loss"] == p
-                     and (s == "gloo" or r["k"] == k)), None) for s in systems}
+                     and (s in GLOO_SYSTEMS or r["k"] == k)), None) for s in systems}
                 sw, gl = best_swml(res, n, k, p), find_row(res, "gloo", n, None, p)
                 ratio = f"{sw['tat_median_s'] / gl['tat_median_s']:.2f}" if sw and gl else "–"
                 lines.append(f"| {n} | {p * 100:g}% | " + " | ".join(_cell(rows[s]) for s in systems)

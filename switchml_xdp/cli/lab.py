@@ -378,7 +378,9 @@ def _list_of(kind, what: str):
               help="what to run: swml-afxdp / swml-udp (the XDP switch, workers on the afxdp or "
                    "udp backend), userspace (the same protocol served by a user-space switch "
                    "process on a UDP socket instead of XDP: the baseline that shows what XDP "
-                   "buys), gloo (torch.distributed's ring allreduce over TCP)")
+                   "buys), gloo (torch.distributed's ring allreduce over TCP); and the 16-bit "
+                   "pair: swml-afxdp16 (the switch's 16-bit block format) and gloo-fp16 (Gloo on "
+                   "a float16 copy, as torch's fp16 compression hook)")
 @click.option("--job-slots", type=click.IntRange(8, 1024), default=None,
               help="slots a job gets on the switches [default: a window that keeps the link "
                    "busy for 3 ms, 16..512]")

@@ -139,11 +139,11 @@ class RanksFailed(RuntimeError):
     """Rank processes exited non-zero or ran past their deadline."""
 
 
-def run_ranks(lab: Lab, placements: Sequence[tuple[Host, Sequence[str]]], timeout: float,
+def run_rank_processes(lab: Lab, placements: Sequence[tuple[Host, Sequence[str]]], timeout: float,
               env: dict[str, str] | None = None) -> list[tuple[str, str]]:
-    """Run one process per (host, argv) at once, each in its host's namespace
-    with Gloo bound to the host's lab interface; returns their (stdout,
-    stderr) in order. RanksFailed with every failing rank's stderr tail if one exits
+    """run_ranks with processes: one per (host, argv), all at once, each in
+    its host's namespace with Gloo bound to the host's lab interface; returns
+    their (stdout, stderr) in order. RanksFailed with every failing rank's stderr tail if one exits
     non-zero, or with every rank's if they are not all done within
     `timeout` seconds (then all are killed)."""
     procs = []

@@ -189,7 +189,7 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
 
 def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float) -> dict:
     """All ranks of one training run as processes in their namespaces; rank 0's result."""
-    from ..lab.cluster import RanksFailed, rank_result, run_ranks
+    from ..lab.cluster import RanksFailed, rank_result, run_rank_processes
 
     per_host = cfg.ranks_per_host
     world = len(lab.workers) * per_host
@@ -201,7 +201,7 @@ def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout:
             "--switch", lab.switch.ip, "--job", job, "--backend", backend,
             "--config", json.dumps(cfg.__dict__)]))
     try:
-        outs = run_ranks(lab, placements, timeout)
+        outs = run_rank_processes(lab, placements, timeout)
     except RanksFailed as e:
         raise RuntimeError(f"{mode} training failed: {e}") from None
     result = rank_result(outs[0][0])
