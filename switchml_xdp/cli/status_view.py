@@ -114,7 +114,8 @@ def slots_in_use(st: dict) -> int:
 
 def headline(st: dict) -> str:
     p = st["params"]
-    return (f"switch {st['iface']}: {st['label']}, k={p['k']}, slots {slots_in_use(st)}/{p['slots']} "
+    return (f"switch {st['iface']}: {st['label']}, fanout {st.get('fanout', 'multicast')}, "
+            f"k={p['k']}, slots {slots_in_use(st)}/{p['slots']} "
             f"in use, data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
             f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
             f"up {time.time() - st['started']:.0f} s")
