@@ -133,19 +133,38 @@ def test_without_unicast_fanout_results_come_only_as_shadow_replies(lab):
         assert stats["retransmissions"] > 0, stats
 
 
-def test_down_removes_the_fanout_filter_of_a_crashed_switch(lab):
+def crash(sw) -> None:
+    sw.proc.send_signal(signal.SIGKILL)
+    sw.proc.wait(10)
+
+
+def test_a_restarted_switch_keeps_the_mode_and_down_removes_the_filter_after_a_crash(lab):
     from switchml_xdp.lab.cluster import SwitchProcess
 
     with SwitchProcess(lab, ["--fanout", "unicast"]) as sw:
-        sw.proc.send_signal(signal.SIGKILL)
-        sw.proc.wait(10)
+        crash(sw)
         assert fanout_filter(lab) is not None, "the data plane must outlive its daemon"
         status = switch_cli(lab, "status")
         assert "fanout unicast" in status.stdout, status.stdout
+        # A new daemon without --fanout takes over the running data plane as it is.
+        # (Crashed, not stopped: SwitchProcess.stop() would clean up after it.)
+        again = SwitchProcess(lab)
+        assert "fanout unicast" in again.ready_line, again.ready_line
+        crash(again)
         down = switch_cli(lab, "down", sw.iface)
         assert down.returncode == 0, down.stderr
         assert "fan-out" in down.stdout, down.stdout
         assert fanout_filter(lab) is None
+
+
+def test_a_switch_restarted_with_multicast_removes_the_filter(lab):
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    with SwitchProcess(lab, ["--fanout", "unicast"]) as sw:
+        crash(sw)
+        with SwitchProcess(lab, ["--fanout", "multicast"]) as again:
+            assert "fanout multicast" in again.ready_line, again.ready_line
+            assert fanout_filter(lab) is None
 
 
 def test_fanout_unicast_needs_the_xdp_data_plane(lab):
