@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 PASS_SOURCE = "lab/swml_pass.c"
 PASS_PROG = "swml_pass"
 NO_MULTICAST_PROG = "swml_pass_no_multicast"   # in PASS_SOURCE too
+# The switch's own interface gets a qdisc, as a real NIC has (veth's default
+# is none): what the stack sends there (the unicast fan-out's copies, above
+# all) then waits when the peer's 256-frame ring is full, where without one
+# veth drops it. XDP_TX'd frames never pass a qdisc. The depth: Linux's
+# default txqueuelen.
+SWITCH_QDISC_HANDLE = 0x10000    # 1:
+SWITCH_QDISC_PACKETS = 1000
 
 
 class Lab:
@@ -374,6 +381,8 @@ class Lab:
         ipr.link("set", index=i, address=host.mac)
         ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
         ipr.link("set", index=i, state="up")
+        if host is self.switch:
+            ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)
 
     def _attach_pass_program(self) -> None:
         """Compile xdp/lab/swml_pass.c once and attach it, native, to every
