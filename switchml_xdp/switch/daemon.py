@@ -372,7 +372,8 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
         raise
 
     def ready():
-        print(f"swml-switch: up on {iface} ({dataplane.label}, fanout {dataplane.fanout}, k={params.k}, {params.slots} slots, "
+        print(f"swml-switch: up on {iface} ({dataplane.label}, k={params.k}, {params.slots} slots, "
+              f"fanout {dataplane.fanout}, "
               f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}"
               + (f", metrics http://{metrics[0]}:{metrics[1]}/metrics" if metrics else "")
               + f") in {time.monotonic() - t0:.2f} s", flush=True)
