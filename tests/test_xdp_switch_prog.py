@@ -17,7 +17,7 @@ import pytest
 from frames import (BROADCAST, ETH_P_IP, IP_DF, IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request,
                     ethernet, ipv4_checksum, ipv6_udp_frame, parse_udp_frame, tcp_frame,
                     udp_frame)
-from switchml_xdp import layout, wire
+from switchml_xdp import bpf, layout, wire
 from xdp_tester import (PROG_K, PROG_SLOTS, Action, SwitchTester, assert_accounted, only,
                         require_bpf, sw, switch_prog, unicast_prog, usw)  # noqa: F401 - fixtures
 
@@ -410,3 +410,22 @@ def test_the_default_multicast_fanout_sends_the_result_itself(sw):
     job = sw.add_job(world=2)
     assert sw.round(job, 1, [vec(1), vec(2)]).action == Action.TX
     assert sw.maps.members.lookup(job.id * wire.MAX_WORLD).mac[:] == [0] * 6
+
+
+def test_the_tc_fanout_leaves_a_frame_without_the_switch_s_mark_alone(usw):
+    """Only the switch program's metadata asks for a fan-out: a RESULT-shaped
+    frame from the network (here the very frame the switch produced, without
+    its metadata) goes on untouched (TC_ACT_OK) and is copied to nobody."""
+    from switchml_xdp.switch.dataplane import SwitchParams
+    from switchml_xdp.switch.xdp_dataplane import FANOUT_PROG, FANOUT_SOURCE, program_defines
+
+    TC_ACT_OK = 0   # include/uapi/linux/pkt_cls.h
+    job = usw.add_job(world=2)
+    run = usw.round(job, 0, [vec(1), vec(2)])
+    frame = run.frame[ct.sizeof(layout.ctype("swml_fanout_meta")):]
+    defines = program_defines(SwitchParams(usw.k, usw.slots, usw.port),
+                              bpf.pin_dir(usw.pins_name), usw.switch.ip, usw.switch.mac, "unicast")
+    with bpf.compile_program(FANOUT_SOURCE, None, defines, maps_only=True) as prog:
+        retval, out, _ = bpf.test_run(prog.load(FANOUT_PROG, "sched_cls"), frame)
+    assert retval == TC_ACT_OK and out == frame
+    assert usw.counters() == only(rx=2, aggregated=1, completed=1)
