@@ -163,7 +163,8 @@ def test_join_reply_fields(lab8, switch):
             assert rep["group"] == {"ip": gip, "mac": gmac, "port": PORT}
             assert gip == f"239.77.{rep['job_id'] >> 8}.{rep['job_id'] & 255}"
             assert rep["switch"] == {"iface": switch.iface, "ip": lab8.switch.ip,
-                                     "mac": lab8.switch.mac, "port": wire.DEFAULT_PORT}
+                                     "mac": lab8.switch.mac, "port": wire.DEFAULT_PORT,
+                                     "fanout": "multicast"}
             assert rep["lease_s"] == LEASE_S and rep["heartbeat_s"] == LEASE_S / 4
         assert replies[0]["job_id"] == replies[1]["job_id"]
         assert replies[0]["slot_base"] == replies[1]["slot_base"]

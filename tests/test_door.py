@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from conftest import NO_LAB, needs_lab
-from switchml_xdp import bpf, net
+from switchml_xdp import bpf, layout, net
 from switchml_xdp.bpf import compile as bpf_compile
 from switchml_xdp.switch.xdp_dataplane import address_defines
 
@@ -297,9 +297,10 @@ def test_pinned_maps_outlive_their_program():
         with bpf.compile_program("swml_switch.c", "swml_switch", defines):
             pass
         assert sorted(os.listdir(d)) == ["counters", "job_stats", "jobs", "members", "slots"]
-        with bpf.PinnedMap(f"{d}/members", ct.c_uint64) as m:
-            m.update(3, ct.c_uint64(0x1234))
-            assert m.lookup(3).value == 0x1234
+        Member = layout.ctype("swml_member")
+        with bpf.PinnedMap(f"{d}/members", Member) as m:
+            m.update(3, Member(ip=0x1234, port=7))
+            assert (m.lookup(3).ip, m.lookup(3).port) == (0x1234, 7)
             with pytest.raises(bpf.PinnedMapError) as e:
                 m.lookup(10**6)
             assert e.value.errno == errno.ENOENT

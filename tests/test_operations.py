@@ -198,8 +198,8 @@ def captured_up(monkeypatch):
     """`swml-switch up` without a switch: what it would have run."""
     seen = {}
 
-    def make_dataplane(name, iface, params, mode):
-        seen.update(dataplane=name, iface=iface, params=params, mode=mode)
+    def make_dataplane(name, iface, params, mode, fanout):
+        seen.update(dataplane=name, iface=iface, params=params, mode=mode, fanout=fanout)
         return object()
 
     def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None):
@@ -216,17 +216,19 @@ def captured_up(monkeypatch):
 def test_config_file_gives_the_options_and_the_command_line_wins(tmp_path, captured_up):
     cfg = tmp_path / "switch.toml"
     cfg.write_text('iface = "eth7"\nelements = 64\nslots = 512\nrequire-token = true\n'
-                   'metrics = "127.0.0.1:9109"\njob-slots = 32\n')
+                   'metrics = "127.0.0.1:9109"\njob-slots = 32\nfanout = "unicast"\n')
     # The systemd unit's form: everything from the file.
     r = CliRunner().invoke(switch_cli.main, ["up", "--config", str(cfg)])
     assert r.exit_code == 0, r.output
     assert captured_up["iface"] == "eth7" and captured_up["params"].k == 64
     assert captured_up["params"].slots == 512 and captured_up["job_slots"] == 32
     assert captured_up["require_token"] is True and captured_up["metrics"] == ("127.0.0.1", 9109)
-    r = CliRunner().invoke(switch_cli.main, ["up", "--config", str(cfg), "eth9", "-k", "128"])
+    assert captured_up["fanout"] == "unicast"
+    r = CliRunner().invoke(switch_cli.main, ["up", "--config", str(cfg), "eth9", "-k", "128",
+                                             "--fanout", "multicast"])
     assert r.exit_code == 0, r.output
     assert captured_up["iface"] == "eth9" and captured_up["params"].k == 128
-    assert captured_up["params"].slots == 512
+    assert captured_up["params"].slots == 512 and captured_up["fanout"] == "multicast"
 
 
 def test_the_systemd_units_command_line_works(tmp_path, captured_up):
@@ -256,6 +258,7 @@ def test_default_config_file_is_read_when_it_exists(tmp_path, captured_up, monke
     ('iface = "eth0"\nelement = 64\n', "unknown key 'element'"),
     ('iface = "eth0"\nelements = 999\n', "elements: 999 is not in the range"),
     ('iface = "eth0"\nmode = "offload"\n', "mode: 'offload' is not one of"),
+    ('iface = "eth0"\nfanout = "broadcast"\n', "fanout: 'broadcast' is not one of"),
     ('iface = "eth0"\nrequire-token = "yes"\n', "require-token: true or false"),
     ('iface = "eth0"\nmetrics = "x:70000"\n', "metrics:"),
     ('iface = \n', "not valid TOML"),

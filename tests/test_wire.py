@@ -27,7 +27,8 @@ def test_generated_layout_is_fresh():
 def test_layout_is_the_compilers(k):
     defines, sizes, fields = layout_gen.compiler_view(TOP, k)
     assert defines == layout.DEFINES
-    assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_job_stats", "swml_slot", "us_job", "us_member", "us_state",
+    assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_job_stats", "swml_slot",
+                          "swml_fanout_meta", "us_job", "us_member", "us_state",
                           "swml_loss_cfg", "swml_loss_counters"}
     for struct, size in sizes.items():
         dt, ct = layout.dtype(struct, k), layout.ctype(struct, k)

@@ -35,7 +35,8 @@ from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
 from switchml_xdp import bpf, wire
 from switchml_xdp.switch.daemon import read_state
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
-from switchml_xdp.switch.xdp_dataplane import address_defines
+from switchml_xdp.switch.dataplane import SwitchParams
+from switchml_xdp.switch.xdp_dataplane import program_defines
 from switchml_xdp.worker.afxdp_backend import compile_redirect
 from switchml_xdp.worker.control import JobInfo
 
@@ -88,12 +89,29 @@ def switch_prog():
         yield sw
 
 
+@pytest.fixture(scope="module")
+def unicast_prog():
+    """The same, built for `swml-switch up --fanout unicast`."""
+    require_bpf()
+    with SwitchTester(k=PROG_K, slots=PROG_SLOTS, fanout="unicast") as sw:
+        yield sw
+
+
+def _emptied(tester: "SwitchTester"):
+    """The module's switch, emptied; afterwards, every packet must be accounted for."""
+    tester.reset()
+    yield tester
+    assert_accounted(tester.counters())
+
+
 @pytest.fixture
 def sw(switch_prog):
-    """The module's switch, emptied; afterwards, every packet must be accounted for."""
-    switch_prog.reset()
-    yield switch_prog
-    assert_accounted(switch_prog.counters())
+    yield from _emptied(switch_prog)
+
+
+@pytest.fixture
+def usw(unicast_prog):
+    yield from _emptied(unicast_prog)
 
 
 class XdpTester:
@@ -144,13 +162,14 @@ class Result:
 
 
 class SwitchTester(XdpTester):
-    """xdp/swml_switch.c specialised for k elements, `slots` slots and `port`,
-    with its maps in a pin directory of its own."""
+    """xdp/swml_switch.c specialised for k elements, `slots` slots, `port`
+    and `fanout` (as the daemon compiles it), with its maps in a pin
+    directory of its own."""
 
     SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.255.0.1"
 
     def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT,
-                 ip: str = SWITCH_IP, mac: str = SWITCH_MAC):
+                 ip: str = SWITCH_IP, mac: str = SWITCH_MAC, fanout: str = "multicast"):
         self.k, self.slots, self.port = k, slots, port
         self.switch = Endpoint(mac, ip, port)
         # SwitchMaps finds an interface's maps by its name: a made-up name, a directory of our own.
@@ -160,9 +179,7 @@ class SwitchTester(XdpTester):
         try:
             super().__init__(bpf.compile_program(
                 "swml_switch.c", "swml_switch",
-                {"SWML_K": k, "SWML_SLOTS": slots, "SWML_PORT": port,
-                 "SWML_PIN_DIR": bpf.c_string(pins),
-                 **address_defines(ip, mac)}))
+                program_defines(SwitchParams(k, slots, port), pins, ip, mac, fanout)))
             self.maps = SwitchMaps(self.pins_name, k)
         except BaseException:
             bpf.remove_pins(pins)

@@ -22,11 +22,26 @@ struct swml_job {
 	__u8 group_mac[6];
 };
 
-/* members[job_id * SWML_MAX_WORLD + rank]: the address a rank must send from. */
+/* members[job_id * SWML_MAX_WORLD + rank]: the address a rank must send from,
+ * where its unicast RESULTs go (--fanout unicast, xdp/swml_fanout.c). */
 struct swml_member {
 	__be32 ip;
+	__u8 mac[6]; /* written by the switch program, not the control plane: the Ethernet
+			source of the rank's last DATA packet that passed every check (the
+			next hop's MAC where the worker is routed); all zero until then.
+			Never from the join's `mac` field, which nobody vouches for. */
 	__be16 port;
-	__u16 pad;
+};
+
+/* --fanout unicast: what the switch program (XDP) leaves in a completed RESULT's
+ * metadata (bpf_xdp_adjust_meta) for the tc fan-out program, which copies the
+ * RESULT to every member of `job`. Only XDP on this host can write metadata, so
+ * a frame from the network cannot ask for a fan-out; the magic tells ours from
+ * metadata another XDP program might leave. */
+#define SWML_FANOUT_META_MAGIC 0x53574d4c /* "SWML" */
+struct swml_fanout_meta {
+	__u32 magic;
+	__u32 job;
 };
 
 /* job_stats[job_id] (per CPU): what the data plane did for a job, cumulative

@@ -10,13 +10,19 @@
  *   SWML_SWITCH_IP      the switch's IPv4 address, as the __be32 reads on this host
  *   SWML_SWITCH_MAC_HI  its MAC: bytes 0-3 as a __u32 reads them on this host,
  *   SWML_SWITCH_MAC_LO  bytes 4-5 as a __u16 reads them
+ *   SWML_FANOUT_UNICAST defined: --fanout unicast (see below)
  *
  * Per packet of (job, rank, slot, ver, round), after DESIGN.md "Data plane":
  *   not IPv4/UDP to our port          -> XDP_PASS (the box stays reachable)
  *   to our port, not our MAC and IP   -> XDP_PASS (flooded or forwarded: not for us)
  *   malformed / foreign / stale       -> XDP_DROP, counted by reason, no slot touched
  *   newer round, or rank new to it    -> aggregate; the last one is rewritten into a
- *                                        multicast RESULT and sent with XDP_TX
+ *                                        multicast RESULT and sent with XDP_TX;
+ *                                        with SWML_FANOUT_UNICAST, marked in its
+ *                                        metadata and passed (XDP_PASS) to the tc
+ *                                        program xdp/swml_fanout.c, which sends a
+ *                                        unicast copy to each member: XDP cannot
+ *                                        clone a frame
  *   rank already in the round         -> shadow reply if complete, else drop
  * The parse prologue is swml_parse.h (shared with the redirect program); the
  * step on the slot is swml_slot.h (shared with the user-space baseline,
@@ -69,17 +75,8 @@ static __always_inline int swml_slot_trylock(struct swml_slot *s)
 #define SWML_PAIR_ALIGN 8 /* u64 loads at any address: see swml_slot.h */
 #include "swml_slot.h"
 
-#ifndef SWML_K
-#error "SWML_K must be defined"
-#endif
-#ifndef SWML_SLOTS
-#error "SWML_SLOTS must be defined"
-#endif
 #ifndef SWML_PORT
 #define SWML_PORT SWML_DEFAULT_PORT
-#endif
-#ifndef SWML_PIN_DIR
-#error "SWML_PIN_DIR must be defined"
 #endif
 #if !defined(SWML_SWITCH_IP) || !defined(SWML_SWITCH_MAC_HI) || !defined(SWML_SWITCH_MAC_LO)
 #error "SWML_SWITCH_IP, SWML_SWITCH_MAC_HI and SWML_SWITCH_MAC_LO must be defined"
@@ -88,15 +85,7 @@ static __always_inline int swml_slot_trylock(struct swml_slot *s)
 #define SWML_PAYLOAD_LEN (SWML_K * 4)
 #define SWML_PAYLOAD_LEN16 (SWML_K * 2) /* SWML_FMT_INT16 */
 
-/* Pinned: `status`, `down` and a restarted daemon open them by path; a reload
- * on the same interface re-uses them (bcc opens an existing pin). */
-BPF_TABLE_PINNED("array", u32, struct swml_job, jobs, SWML_MAX_JOBS, SWML_PIN_DIR "/jobs");
-BPF_TABLE_PINNED("array", u32, struct swml_member, members,
-		 SWML_MAX_JOBS * SWML_MAX_WORLD, SWML_PIN_DIR "/members");
-BPF_TABLE_PINNED("array", u32, struct swml_slot, slots, SWML_SLOTS, SWML_PIN_DIR "/slots");
-BPF_TABLE_PINNED("percpu_array", u32, u64, counters, SWML_CNT_NUM, SWML_PIN_DIR "/counters");
-BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX_JOBS,
-		 SWML_PIN_DIR "/job_stats");
+#include "swml_tables.h"
 
 static __always_inline void swml_count(u32 reason)
 {
@@ -206,6 +195,25 @@ static __always_inline int swml_to_us(const struct ethhdr *eth, const struct iph
 	       *(const __u16 *)(eth->h_dest + 4) == (__u16)SWML_SWITCH_MAC_LO;
 }
 
+#ifdef SWML_FANOUT_UNICAST
+/* Hand a completed RESULT (already rewritten, to the job's group) to the tc
+ * fan-out: the mark goes in front of the frame, as XDP metadata, which the
+ * stack keeps with the frame up to tc ingress. A driver without room for
+ * metadata cannot take part: the RESULT is dropped and counted, and the
+ * members get it as shadow replies to their retransmissions. */
+static __always_inline int swml_to_fanout(struct xdp_md *ctx, u32 job_id)
+{
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct swml_fanout_meta)))
+		return swml_drop(SWML_CNT_UNICAST_NO_META);
+	struct swml_fanout_meta *meta = (void *)(long)ctx->data_meta;
+	if ((void *)(meta + 1) > (void *)(long)ctx->data)
+		return swml_drop(SWML_CNT_UNICAST_NO_META); /* for the verifier */
+	meta->magic = SWML_FANOUT_META_MAGIC;
+	meta->job = job_id;
+	return XDP_PASS;
+}
+#endif
+
 int swml_switch(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -302,9 +310,22 @@ int swml_switch(struct xdp_md *ctx)
 		js->results += outcome == SWML_CNT_COMPLETED;
 		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	}
+#ifdef SWML_FANOUT_UNICAST
+	/* The packet passed every check: its source MAC is where the rank's
+	 * unicast RESULTs go. Every rank of a round has sent one before the round
+	 * completes, so the fan-out finds all of them learnt. Written only when
+	 * it changed: a store a packet would bounce the entry between CPUs. */
+	if (*(const __u32 *)m->mac != *(const __u32 *)eth->h_source ||
+	    *(const __u16 *)(m->mac + 4) != *(const __u16 *)(eth->h_source + 4))
+		__builtin_memcpy(m->mac, eth->h_source, ETH_ALEN);
+#endif
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
 	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);
+#ifdef SWML_FANOUT_UNICAST
+	if (outcome == SWML_CNT_COMPLETED)
+		return swml_to_fanout(ctx, job_id);
+#endif
 	return XDP_TX;
 
 pass:

@@ -91,20 +91,27 @@
 #define SWML_CNT_PASSED 5         /* not swml: handed to the kernel stack */
 #define SWML_CNT_OTHER_HOST 6     /* to our port but not to our MAC and IP: passed */
 #define SWML_CNT_DISAGREED 7      /* also counted above: another tag or op than its round's */
-#define SWML_CNT_TRUNCATED 8      /* shorter than the headers or than its count */
-#define SWML_CNT_BAD_IP 9         /* IP options, fragment, or wrong length */
-#define SWML_CNT_BAD_VERSION 10   /* version nibble not SWML_VERSION */
-#define SWML_CNT_BAD_TYPE 11      /* type is not DATA */
-#define SWML_CNT_UNKNOWN_JOB 12   /* no such job */
-#define SWML_CNT_BAD_KEY 13       /* not the job's data key */
-#define SWML_CNT_BAD_RANK 14      /* rank >= world */
-#define SWML_CNT_BAD_SOURCE 15    /* source IP/port not the one registered for the rank */
-#define SWML_CNT_BAD_SLOT 16      /* slot outside the job's range */
-#define SWML_CNT_BAD_COUNT 17     /* count != k */
-#define SWML_CNT_BAD_OP 18        /* op or payload format unknown */
-#define SWML_CNT_STALE 19         /* a round older than the slot version's (replay, late copy) */
-#define SWML_CNT_BUSY 20          /* the slot stayed locked by another CPU (a stalled holder) */
-#define SWML_CNT_NUM 21
+/* --fanout unicast (xdp/swml_fanout.c): the completed RESULT goes to each member
+ * as a copy of its own. Outside the rx sum, as DISAGREED is. */
+#define SWML_CNT_UNICAST_COPIES 8      /* unicast copies of RESULTs sent, one per member */
+#define SWML_CNT_UNICAST_NO_MAC 9      /* a member without a learnt MAC yet: no copy for it */
+#define SWML_CNT_UNICAST_CLONE_FAILED 10 /* the kernel refused a copy (bpf_clone_redirect) */
+#define SWML_CNT_UNICAST_NO_META 11    /* the driver could not carry the RESULT to the fan-out
+					  (no XDP metadata room): nobody got it */
+#define SWML_CNT_TRUNCATED 12     /* shorter than the headers or than its count */
+#define SWML_CNT_BAD_IP 13        /* IP options, fragment, or wrong length */
+#define SWML_CNT_BAD_VERSION 14   /* version nibble not SWML_VERSION */
+#define SWML_CNT_BAD_TYPE 15      /* type is not DATA */
+#define SWML_CNT_UNKNOWN_JOB 16   /* no such job */
+#define SWML_CNT_BAD_KEY 17       /* not the job's data key */
+#define SWML_CNT_BAD_RANK 18      /* rank >= world */
+#define SWML_CNT_BAD_SOURCE 19    /* source IP/port not the one registered for the rank */
+#define SWML_CNT_BAD_SLOT 20      /* slot outside the job's range */
+#define SWML_CNT_BAD_COUNT 21     /* count != k */
+#define SWML_CNT_BAD_OP 22        /* op or payload format unknown */
+#define SWML_CNT_STALE 23         /* a round older than the slot version's (replay, late copy) */
+#define SWML_CNT_BUSY 24          /* the slot stayed locked by another CPU (a stalled holder) */
+#define SWML_CNT_NUM 25
 
 #ifndef SWML_NO_STRUCTS
 /* All multi-byte fields in network byte order. */

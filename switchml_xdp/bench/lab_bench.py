@@ -108,6 +108,7 @@ class BenchConfig:
     command: str = ""
     env: dict = dataclasses.field(default_factory=dict)   # extra environment of every rank
     wait_quiet: float = 0.0    # before each measurement, wait up to this long for a quiet machine
+    fanout: str = "multicast"  # the XDP switch's `--fanout` (the user-space one has multicast only)
 
 
 class Bench:
@@ -277,7 +278,7 @@ class Bench:
 
         wanted = [s for s in ("swml-afxdp", "swml-udp", "swml-afxdp16") if s in cfg.systems]
         if wanted:
-            with SwitchProcess(lab, self._switch_args(k)) as sw:
+            with SwitchProcess(lab, [*self._switch_args(k), "--fanout", cfg.fanout]) as sw:
                 for system in wanted:
                     backend = "udp" if system == "swml-udp" else "afxdp"
                     precision = "16" if system.endswith("16") else "32"
@@ -354,7 +355,7 @@ class Bench:
         return {
             "command": cfg.command, "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
             "duration_s": round(time.time() - started, 1),
-            "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets,
+            "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets, "fanout": cfg.fanout,
             "size_bytes": cfg.size, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "ks": list(cfg.ks), "systems": list(cfg.systems), "job_slots": cfg.job_slots,

@@ -31,6 +31,7 @@ from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.netns import ns_path, nsenter_argv
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
+from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import CONTEXT, allreduce_options, version_option
 
@@ -150,6 +151,9 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
               metavar="PACKETS", help="Every shaped queue's depth in packets, like a switch "
               "port's buffer (needs --rate) [default: TBF's 20 ms]")
+@click.option("--no-multicast", is_flag=True,
+              help="The bridge carries no IPv4 multicast from the switch, like a cloud VPC "
+                   "(start the switch with --fanout unicast there); not with loss.")
 @click.option("--switch", "start_switch", is_flag=True,
               help="Also start `swml-switch up` in the lab's switch namespace, in the background "
                    "(it stops when the lab is removed), and print how to run a worker in each "
@@ -158,8 +162,8 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
               help="Options for that switch, as on the `swml-switch up` command line "
                    "(e.g. '-k 64 --dataplane userspace').")
 def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
-       dup: float | None, loss_port: int | None, queue: int | None, start_switch: bool,
-       switch_args: str) -> None:
+       dup: float | None, loss_port: int | None, queue: int | None, no_multicast: bool,
+       start_switch: bool, switch_args: str) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.cluster import start_background_switch
 
@@ -172,7 +176,8 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
             raise click.BadParameter(f"a job has at most {wire.MAX_WORLD} ranks", param_hint="-n")
     with lab_errors():
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
-                  loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue).start()
+                  loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue,
+                  multicast=not no_multicast).start()
         ready = None
         if start_switch:
             try:
@@ -183,6 +188,8 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
     shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "links unshaped"
     if queue:
         shaping += f", {queue}-packet queues"
+    if no_multicast:
+        shaping += "; no multicast from the switch"
     if loss is not None or dup is not None or loss_port is not None:
         port = wire.DEFAULT_PORT if loss_port is None else loss_port
         shaping += (f"; loss {_pct(loss or 0)}, dup {_pct(dup or 0)} on worker links both ways "
@@ -277,7 +284,10 @@ def down(prefix: str | None, all_: bool) -> None:
 @allreduce_options("16MiB", iterations=5, warmup=1)
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="check every element of every result")
-def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify):
+@click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
+              help="the switch's `--fanout`; with unicast the lab carries no multicast from the "
+                   "switch, as a cloud VPC")
+def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify, fanout):
     """Switch + WORKERS workers in a lab, running an allreduce benchmark.
 
     Every argument is checked before anything is built."""
@@ -289,7 +299,8 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
         raise click.BadParameter(f"a job has at most {wire.MAX_WORLD} ranks", param_hint="--workers")
     with lab_errors():
         try:
-            run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo)
+            run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo,
+                     fanout=fanout)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
 
@@ -396,8 +407,10 @@ def _list_of(kind, what: str):
 @click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
               metavar="PACKETS", help="Every shaped queue's depth in packets (a switch port's "
               "buffer) [default: TBF's 20 ms]")
+@click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
+              help="the XDP switch's `--fanout` (the lab keeps multicast: this measures the cost)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, wait_quiet):
+          env, wait_quiet, fanout):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -432,7 +445,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
-        wait_quiet=wait_quiet,
+        wait_quiet=wait_quiet, fanout=fanout,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)

@@ -104,6 +104,13 @@ def sample_with_rates(interval: float, previous: list[dict] | None = None) -> li
 OUTCOMES = [n for n in wire.COUNTER_NAMES if n not in wire.DROP_REASONS]
 
 
+def outcomes(st: dict) -> list[str]:
+    """OUTCOMES that this switch can count: the unicast fan-out's only with it."""
+    if st.get("fanout") == "unicast":
+        return OUTCOMES
+    return [n for n in OUTCOMES if not n.startswith("unicast_")]
+
+
 def _rate(v: float | None, fmt: str = ".0f") -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -115,7 +122,8 @@ def slots_in_use(st: dict) -> int:
 def headline(st: dict) -> str:
     p = st["params"]
     return (f"switch {st['iface']}: {st['label']}, k={p['k']}, slots {slots_in_use(st)}/{p['slots']} "
-            f"in use, data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
+            f"in use, fanout {st.get('fanout', 'multicast')}, "
+            f"data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
             f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
             f"up {time.time() - st['started']:.0f} s")
 
@@ -157,13 +165,13 @@ def format_text(st: dict) -> str:
         lines.append("  no jobs")
     c = st.get("counters")
     if c:
-        lines.append("  packets: " + ", ".join(f"{n} {c[n]}" for n in OUTCOMES))
+        lines.append("  packets: " + ", ".join(f"{n} {c[n]}" for n in outcomes(st)))
         drops = {n: c[n] for n in wire.DROP_REASONS if c[n]}
         lines.append("  dropped: " + (", ".join(f"{n} {v}" for n, v in drops.items()) or "none"))
     if rates:
         cr = rates["counters"]
         lines.append(f"  per second over {rates['interval_s']:.1f} s: "
-                     + ", ".join(f"{n} {_rate(cr.get(n))}" for n in OUTCOMES))
+                     + ", ".join(f"{n} {_rate(cr.get(n))}" for n in outcomes(st)))
         drops = {n: v for n, v in rates["drops"].items() if v}
         lines.append("  dropped per second: "
                      + (", ".join(f"{n} {_rate(v, '.1f')}" for n, v in drops.items()) or "none"))
@@ -210,7 +218,7 @@ def render_frame(switches: list[dict]):
         if rates:
             cr = rates["counters"]
             parts.append(Text("  per second: " + ", ".join(
-                f"{n} {_rate(cr.get(n))}" for n in OUTCOMES)))
+                f"{n} {_rate(cr.get(n))}" for n in outcomes(st))))
             drops = Table(box=None, pad_edge=False, header_style="bold")
             drops.add_column("dropped: reason")
             drops.add_column("per second", justify="right")

@@ -9,7 +9,7 @@ import click
 
 from .. import wire
 from ..switch import daemon
-from ..switch.dataplane import SwitchParams
+from ..switch.dataplane import FANOUTS, SwitchParams
 from . import status_view
 from .common import CONTEXT, Listen, version_option
 from .switch_config import config_option
@@ -40,6 +40,11 @@ def main() -> None:
                    "(a thread of the daemon on a UDP socket, no XDP: a baseline, or a fallback)")
 @click.option("--mode", type=click.Choice(["native", "generic"]), default=None,
               help="XDP mode, for --dataplane xdp only [default: native, falling back to generic]")
+@click.option("--fanout", type=click.Choice(FANOUTS), default=None,
+              help="how RESULTs reach a job's members: one frame to the job's multicast group, "
+                   "or a unicast copy to each member, for networks without multicast (cloud "
+                   "VPCs); xdp data plane only [default: the running switch's when taking one "
+                   "over, else multicast]")
 @click.option("--lease", type=click.FloatRange(0.2, 600), default=daemon.DEFAULT_LEASE_S,
               show_default=True, help="seconds without a heartbeat before a job is aborted")
 @click.option("--require-token", is_flag=True,
@@ -53,8 +58,8 @@ def main() -> None:
                    "reason, per-job packets and bytes, jobs, members, slots; docs/operations.md) "
                    "[default: off; ADDR: every address]")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
-def up(config, iface, elements, slots, job_slots, port, control_port, dataplane, mode, lease,
-       require_token, initial_seq, metrics, verbose):
+def up(config, iface, elements, slots, job_slots, port, control_port, dataplane, mode, fanout,
+       lease, require_token, initial_seq, metrics, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C.
 
     Options may also come from a TOML file (--config; /etc/swml/switch.toml is
@@ -67,7 +72,8 @@ def up(config, iface, elements, slots, job_slots, port, control_port, dataplane,
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="swml-switch: %(message)s")
     try:
-        dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode)
+        dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode,
+                                   fanout)
         daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
                    metrics=metrics)
     except daemon.SwitchError as e:

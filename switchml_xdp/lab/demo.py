@@ -16,11 +16,15 @@ from .topology import Lab
 
 
 def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, backend: str,
-             verify: bool, rate: float | None, out=print) -> list[dict]:
-    with Lab(workers=workers, rate_mbit=rate) as lab:
+             verify: bool, rate: float | None, out=print, fanout: str = "multicast") -> list[dict]:
+    """fanout: the switch's --fanout; "unicast" also takes multicast off the lab's
+    bridge (Lab(multicast=False)), to show it working where there is none."""
+    unicast = fanout == "unicast"
+    with Lab(workers=workers, rate_mbit=rate, multicast=not unicast) as lab:
         out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} workers on a bridge"
-            + (f", links shaped to {rate:g} Mbit/s" if rate else ""))
-        with SwitchProcess(lab) as sw:
+            + (f", links shaped to {rate:g} Mbit/s" if rate else "")
+            + (", no multicast" if unicast else ""))
+        with SwitchProcess(lab, ["--fanout", fanout]) as sw:
             out(sw.ready_line)
             procs = []
             # The job's token, through the environment (argv is visible to every user).

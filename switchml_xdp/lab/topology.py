@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 
 PASS_SOURCE = "lab/swml_pass.c"
 PASS_PROG = "swml_pass"
+NO_MULTICAST_PROG = "swml_pass_no_multicast"   # in PASS_SOURCE too
+# The switch's own interface gets a qdisc, as a real NIC has (veth's default
+# is none): what the stack sends there (the unicast fan-out's copies, above
+# all) then waits when the peer's 256-frame ring is full, where without one
+# veth drops it. XDP_TX'd frames never pass a qdisc. The depth: Linux's
+# default txqueuelen.
+SWITCH_QDISC_HANDLE = 0x10000    # 1:
+SWITCH_QDISC_PACKETS = 1000
 
 
 class Lab:
@@ -61,7 +69,7 @@ class Lab:
                  rate_mbit: float | None = None, keep: bool = False,
                  loss: float | str | None = None, dup: float | str | None = None,
                  loss_port: int | None = None, igmp: bool = False,
-                 queue_packets: int | None = None):
+                 queue_packets: int | None = None, multicast: bool = True):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of
         duplicating, data-port UDP frames on every worker link in both
         directions; giving either (or loss_port) attaches the loss injector at
@@ -70,7 +78,10 @@ class Lab:
         igmp: the bridge snoops IGMP, runs a querier and floods no group
         nobody joined, like a strict switch (lab/igmp.py). queue_packets:
         every shaped queue's depth in packets, a switch port's buffer
-        (needs rate_mbit; lab/shaping.py)."""
+        (needs rate_mbit; lab/shaping.py). multicast=False: the bridge
+        carries no IPv4 multicast from the switch, as a cloud VPC (for
+        `swml-switch up --fanout unicast`; not with loss, whose injector
+        takes the switch's port)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix)
         check_rate(rate_mbit)
@@ -78,6 +89,10 @@ class Lab:
         if queue_packets is not None and rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")
         self.queue_packets = queue_packets
+        if not multicast and (loss is not None or dup is not None or loss_port is not None):
+            raise LabError("a lab without multicast takes no loss or dup (both use the "
+                           "switch's bridge port)")
+        self.multicast = multicast
         try:
             self.loss = None if loss is None else loss_mod.probability(loss, "loss")
             self.dup = None if dup is None else loss_mod.probability(dup, "dup")
@@ -148,6 +163,7 @@ class Lab:
             "rate_mbit": self.rate_mbit, "queue_packets": self.queue_packets,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "igmp": self.igmp,
+            "multicast": self.multicast,
             "switch": dataclasses.asdict(self.switch),
             "workers": [dataclasses.asdict(w) for w in self.workers],
             "owner_pid": None if self.keep else os.getpid(),
@@ -166,7 +182,8 @@ class Lab:
         lab = cls(workers=len(state["workers"]), prefix=prefix,
                   rate_mbit=state.get("rate_mbit"), keep=True, loss=state.get("loss"),
                   dup=state.get("dup"), loss_port=state.get("loss_port"),
-                  igmp=state.get("igmp", False), queue_packets=state.get("queue_packets"))
+                  igmp=state.get("igmp", False), queue_packets=state.get("queue_packets"),
+                  multicast=state.get("multicast", True))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -364,13 +381,19 @@ class Lab:
         ipr.link("set", index=i, address=host.mac)
         ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
         ipr.link("set", index=i, state="up")
+        if host is self.switch:
+            ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)
 
     def _attach_pass_program(self) -> None:
-        """Compile xdp/lab/swml_pass.c once and attach it, native, to every bridge-side end."""
+        """Compile xdp/lab/swml_pass.c once and attach it, native, to every
+        bridge-side end (on the switch's, without multicast, its variant that
+        drops the switch's multicast)."""
         try:
             self._pass = bpf.compile_program(PASS_SOURCE, PASS_PROG)
+            no_multicast = None if self.multicast else self._pass.load(NO_MULTICAST_PROG)
             for host in self.hosts:
-                bpf.attach(host.peer, self._pass.fd, "native", netns=self.bridge_ns)
+                fd = no_multicast if host is self.switch and no_multicast else self._pass.fd
+                bpf.attach(host.peer, fd, "native", netns=self.bridge_ns)
         except bpf.BpfError as e:
             raise LabError(f"cannot attach the lab's pass program: {e}") from e
 

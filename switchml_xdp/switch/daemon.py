@@ -29,7 +29,7 @@ from dataclasses import asdict
 
 from .. import net, wire
 from .control import ControlServer
-from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
+from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .metrics import MetricsError, MetricsServer, SwitchCollector
 from .userspace import UserspaceDataplane
@@ -47,14 +47,19 @@ class SwitchError(RuntimeError):
     """A reason `up` or `down` cannot proceed, for the user in one line."""
 
 
-def make_dataplane(name: str, iface: str, params: SwitchParams, mode: str | None = None) -> Dataplane:
-    """The data plane called `name` (a key of DATAPLANES); `mode` is XDP's only."""
+def make_dataplane(name: str, iface: str, params: SwitchParams, mode: str | None = None,
+                   fanout: str | None = None) -> Dataplane:
+    """The data plane called `name` (a key of DATAPLANES); `mode` and a
+    unicast `fanout` are XDP's only."""
     try:
         if name == "xdp":
-            return XdpDataplane(iface, params, mode)
+            return XdpDataplane(iface, params, mode, fanout)
         if mode is not None:
             raise SwitchError(f"--mode is the XDP data plane's (native or generic); "
                               f"the {name} data plane has none")
+        if fanout not in (None, DEFAULT_FANOUT):
+            raise SwitchError(f"--fanout {fanout} needs the xdp data plane; the {name} data "
+                              f"plane sends RESULTs by {DEFAULT_FANOUT} only")
         return DATAPLANES[name](iface, params)
     except DataplaneError as e:
         raise SwitchError(str(e)) from None
@@ -275,7 +280,9 @@ class Switch:
         return counters
 
     def switch_info(self) -> dict:
-        return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port}
+        """What joiners are told of the switch (and `status` shows)."""
+        return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port,
+                "fanout": self.dp.fanout}
 
     def write_state(self) -> None:
         os.makedirs(STATE_DIR, exist_ok=True)
@@ -366,6 +373,7 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
 
     def ready():
         print(f"swml-switch: up on {iface} ({dataplane.label}, k={params.k}, {params.slots} slots, "
+              f"fanout {dataplane.fanout}, "
               f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}"
               + (f", metrics http://{metrics[0]}:{metrics[1]}/metrics" if metrics else "")
               + f") in {time.monotonic() - t0:.2f} s", flush=True)

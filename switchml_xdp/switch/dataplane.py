@@ -38,6 +38,14 @@ class DataplaneError(RuntimeError):
     """Why a data plane cannot be opened or started, in one line."""
 
 
+#: How a completed RESULT reaches the members of its job (`swml-switch up
+#: --fanout`): one frame to the job's multicast group, or a unicast copy to
+#: each member, for networks without multicast (docs/design-decisions.md,
+#: "Unicast fan-out").
+FANOUTS = ("multicast", "unicast")
+DEFAULT_FANOUT = "multicast"
+
+
 @dataclass(frozen=True)
 class SwitchParams:
     k: int = wire.DEFAULT_K
@@ -74,6 +82,11 @@ class Dataplane(abc.ABC):
     def mode(self) -> str | None:
         """The mode in use, once started: "native"/"generic" XDP, "user-space"."""
 
+    @property
+    def fanout(self) -> str:
+        """How RESULTs reach the members (a name of FANOUTS), once opened."""
+        return DEFAULT_FANOUT
+
     @abc.abstractmethod
     def check_free(self, state: dict | None) -> None:
         """Raise DataplaneError if something other than this switch (or a dead
@@ -103,7 +116,8 @@ class Dataplane(abc.ABC):
 
     def state(self) -> dict:
         """What the state file records about the data plane (other processes read it)."""
-        return {"dataplane": self.name, "mode": self.mode, "label": self.label, "prog_id": 0}
+        return {"dataplane": self.name, "mode": self.mode, "label": self.label, "prog_id": 0,
+                "fanout": self.fanout}
 
     def status_extra(self) -> dict:
         """Extra fields of the control protocol's `status` reply."""

@@ -7,6 +7,10 @@ can see. Program and pins stay when the daemon dies: the data plane goes on
 serving its running jobs, `status` and `down` find it from any shell, and a
 restarted daemon adopts it (the new program reuses the pinned maps and
 replaces the old one in one netlink call: the data plane never stops).
+
+With --fanout unicast a second program works beside it: xdp/swml_fanout.c on
+the interface's tc ingress (bpf.tc_attach), which copies each completed
+RESULT to every member; it stays, goes and is adopted with the XDP program.
 """
 from __future__ import annotations
 
@@ -14,10 +18,14 @@ import logging
 import os
 
 from .. import bpf, net, wire
-from .dataplane import Dataplane, DataplaneError, SwitchParams, netns_inode
+from .dataplane import (
+    DEFAULT_FANOUT, FANOUTS, Dataplane, DataplaneError, SwitchParams, netns_inode,
+)
 from .maps import SwitchMaps
 
 PROG_NAME = "swml_switch"
+FANOUT_SOURCE = "swml_fanout.c"
+FANOUT_PROG = "swml_fanout"
 
 log = logging.getLogger("swml.switch")
 
@@ -26,14 +34,23 @@ class XdpDataplane(Dataplane):
     name = "xdp"
     needs_root = True
 
-    def __init__(self, iface: str, params: SwitchParams, mode: str | None = None):
+    def __init__(self, iface: str, params: SwitchParams, mode: str | None = None,
+                 fanout: str | None = None):
         """mode: "native" or "generic"; None: native, falling back to generic
-        (or the adopted data plane's mode)."""
+        (or the adopted data plane's mode). fanout: a name of FANOUTS; None:
+        the adopted data plane's, else multicast."""
         super().__init__(iface, params)
+        if fanout is not None and fanout not in FANOUTS:
+            raise DataplaneError(f"--fanout must be one of {', '.join(FANOUTS)}, not {fanout!r}")
         self.requested_mode = mode
+        self.requested_fanout = fanout
         self._mode: str | None = None
+        self._fanout = fanout or DEFAULT_FANOUT
         self.prog_id = 0
+        self.fanout_prog_id = 0       # the tc program's, once attached (unicast)
         self._prog: bpf.Program | None = None
+        self._fanout_prog: bpf.Program | None = None
+        self._fanout_fd = -1
 
     @property
     def label(self) -> str:
@@ -42,6 +59,10 @@ class XdpDataplane(Dataplane):
     @property
     def mode(self) -> str | None:
         return self._mode
+
+    @property
+    def fanout(self) -> str:
+        return self._fanout
 
     def check_free(self, state: dict | None) -> None:
         att = self._attachment()
@@ -61,24 +82,36 @@ class XdpDataplane(Dataplane):
             mac = net.link_mac(self.iface)
         except net.NetError as e:
             raise DataplaneError(str(e)) from None
-        defines = {"SWML_K": self.params.k, "SWML_SLOTS": self.params.slots,
-                   "SWML_PORT": self.params.port, "SWML_PIN_DIR": bpf.c_string(pins),
-                   **address_defines(ip, mac)}
+        self._fanout = self.requested_fanout or (adopt or {}).get("fanout") or DEFAULT_FANOUT
+        defines = program_defines(self.params, pins, ip, mac, self._fanout)
         try:
             bpf.ensure_bpffs(pins)
             # The maps are created and pinned, or re-opened where pinned already.
             self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
         except bpf.BpfError as e:
             raise DataplaneError(f"cannot load the switch program: {e}") from None
+        if self._fanout == "unicast":
+            try:   # the same defines: the same pinned maps
+                self._fanout_prog = bpf.compile_program(FANOUT_SOURCE, None, defines,
+                                                        maps_only=True)
+                self._fanout_fd = self._fanout_prog.load(FANOUT_PROG, "sched_cls")
+            except bpf.BpfError as e:
+                raise DataplaneError(f"cannot load the unicast fan-out program: {e}") from None
         self.maps = SwitchMaps(self.iface, self.params.k)
         return self.maps
 
     def start(self, adopt: dict | None) -> None:
+        # The fan-out before the XDP program that marks frames for it; and,
+        # going back to multicast, removed only once no XDP program marks any.
         try:
+            if self._fanout == "unicast":
+                self.fanout_prog_id = bpf.tc_attach(self.iface, self._fanout_fd, FANOUT_PROG)
             self._mode = bpf.attach(self.iface, self._prog.fd,
                                     self.requested_mode or (adopt or {}).get("mode"), replace=True)
             self.prog_id = self._attachment().prog_id
-        except bpf.XdpError as e:
+            if self._fanout != "unicast":
+                bpf.tc_detach(self.iface, name=FANOUT_PROG)
+        except bpf.BpfError as e:
             raise DataplaneError(str(e)) from None
 
     def close(self) -> None:
@@ -87,15 +120,21 @@ class XdpDataplane(Dataplane):
                 bpf.detach(self.iface, prog_id=self.prog_id)
             except bpf.XdpError as e:
                 log.warning("%s", e)
+        if self.fanout_prog_id:
+            try:
+                bpf.tc_detach(self.iface, name=FANOUT_PROG)
+            except bpf.BpfError as e:
+                log.warning("%s", e)
         if self.maps is not None:
             self.maps.close()
-        if self._prog is not None:
-            self._prog.close()
+        for prog in (self._prog, self._fanout_prog):
+            if prog is not None:
+                prog.close()
         if self.prog_id:
             bpf.remove_pins(bpf.pin_dir(self.iface))
 
     def state(self) -> dict:
-        return {**super().state(), "prog_id": self.prog_id}
+        return {**super().state(), "prog_id": self.prog_id, "fanout_prog_id": self.fanout_prog_id}
 
     def _attachment(self) -> bpf.Attachment:
         try:
@@ -120,14 +159,20 @@ class XdpDataplane(Dataplane):
                 att = bpf.attachment(iface, netns=netns)
             except bpf.XdpError:
                 continue   # not there
+            where_text = f" in network namespace {netns}" if netns else ""
             if att.prog_id and _is_ours(att.prog_id, state):
                 try:
                     if bpf.detach(iface, netns=netns, prog_id=att.prog_id):
-                        did.append("detached XDP" + (f" in network namespace {netns}" if netns else ""))
+                        did.append("detached XDP" + where_text)
                 except bpf.XdpError as e:
                     failed.append(str(e))
             elif att.prog_id:
                 did.append(f"left XDP program {att.prog_id} attached (not the switch's)")
+            try:
+                if bpf.tc_detach(iface, netns=netns, name=FANOUT_PROG):
+                    did.append("removed the unicast fan-out's tc filter" + where_text)
+            except bpf.BpfError as e:
+                failed.append(str(e))
             break
         else:
             if state and state.get("netns_inode") not in (None, netns_inode()):
@@ -139,6 +184,14 @@ class XdpDataplane(Dataplane):
         if bpf.remove_pins(bpf.pin_dir(iface)):
             did.append("removed pinned maps")
         return did, failed
+
+
+def program_defines(params: SwitchParams, pins: str, ip: str, mac: str,
+                    fanout: str = DEFAULT_FANOUT) -> dict[str, object]:
+    """The defines both programs (swml_switch.c, swml_fanout.c) are compiled with."""
+    return {"SWML_K": params.k, "SWML_SLOTS": params.slots, "SWML_PORT": params.port,
+            "SWML_PIN_DIR": bpf.c_string(pins), **address_defines(ip, mac),
+            **({"SWML_FANOUT_UNICAST": 1} if fanout == "unicast" else {})}
 
 
 def address_defines(ip: str, mac: str) -> dict[str, int]:

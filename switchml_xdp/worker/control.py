@@ -38,6 +38,10 @@ class JobInfo:
     heartbeat_s: float
     key: int           # the job's data key: every DATA packet carries it
     seq_base: int      # the seq of the job's first packet
+    # How RESULTs come: "multicast" (to the group) or "unicast" (to `port` on
+    # this worker's own address, like shadow replies). Both are accepted either
+    # way; this says which to expect. A switch older than the choice: multicast.
+    fanout: str = "multicast"
 
 
 class ControlClient:
@@ -180,7 +184,8 @@ class ControlClient:
         sw, grp = reply["switch"], reply["group"]
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
-                       grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"])
+                       grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"],
+                       sw.get("fanout", "multicast"))
         self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
                             **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)

@@ -15,3 +15,18 @@ int swml_pass(struct xdp_md *ctx)
 {
     return XDP_PASS;
 }
+
+/* Lab(multicast=False): on the switch's bridge-side end, in place of swml_pass,
+ * drop what the switch sends to an IPv4 multicast group (destination MAC
+ * 01:00:5e, the low half of its fourth byte's top bit clear: RFC 1112), as a
+ * network without multicast (a cloud VPC) does; everything else passes. */
+int swml_pass_no_multicast(struct xdp_md *ctx)
+{
+    unsigned char *dst = (void *)(long)ctx->data;
+
+    if ((void *)(dst + 6) > (void *)(long)ctx->data_end)
+        return XDP_PASS;
+    if (dst[0] == 0x01 && dst[1] == 0x00 && dst[2] == 0x5e && !(dst[3] & 0x80))
+        return XDP_DROP;
+    return XDP_PASS;
+}
