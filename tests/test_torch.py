@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip(
-    "torch", reason="PyTorch is an optional extra: pip install 'switchml-xdp[torch]' (torch==2.13.0)")
+    "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0) "
+                    "or scripts/setup.sh --torch")
 
 WORLD = 4
 HOOK_PORT = 48870          # the hook's Worker: a job of its own, beside the swml group's
