@@ -224,6 +224,14 @@ def _check_ops(swml, rank: int, k: int) -> dict:
         out["broadcast"][name] = bool(torch.equal(t.contiguous().reshape(-1).view(torch.uint8),
                                                   want.contiguous().reshape(-1).view(torch.uint8)))
 
+    # parameters (leaves that require grad) are written in place, as Gloo writes them
+    param = torch.nn.Parameter(torch.full((4,), float(rank)))
+    dist.all_reduce(param, op=R.AVG, group=swml)
+    avg_ok = torch.equal(param.detach(), torch.full((4,), sum(range(WORLD)) / WORLD))
+    param = torch.nn.Parameter(torch.full((3,), float(rank)))
+    dist.broadcast(param, src=root, group=swml)
+    out["parameters_ok"] = bool(avg_ok and torch.equal(param.detach(), torch.full((3,), float(root))))
+
     # barrier: the ranks leave it together (rank 0 comes late)
     if rank == 0:
         time.sleep(0.5)
@@ -575,10 +583,12 @@ def test_backend_broadcast_bit_exact_and_barrier_through_the_switch(ranks):
         assert all(o["broadcast"].values()), (r["rank"], o["broadcast"])
         if r["rank"] != 0:
             assert o["barrier_waited_s"] >= 0.3, o["barrier_waited_s"]   # rank 0 came 0.5 s late
-        # every call above went through the switch: 12 float + 3 int32 + 1 after
-        # the refusal + 1 coalesced + 6 broadcasts + 1 barrier (Gloo did the comparisons)
+        assert o["parameters_ok"]
+        # every call above went through the switch: 12 float + 3 int32 + 1 after the
+        # refusal + 1 coalesced + 6 broadcasts + 2 on parameters + 1 barrier (Gloo
+        # did the comparisons)
         assert o["fallbacks"] == 0
-        assert o["switch_calls"] == 24
+        assert o["switch_calls"] == 26
 
 
 def test_hook_gradients_within_quantization_bound_of_gloo(ranks):

@@ -1,4 +1,5 @@
-"""`swml`: a torch.distributed backend whose all_reduce goes through the switch.
+"""`swml`: a torch.distributed backend whose all_reduce, broadcast and barrier go
+through the switch.
 
     import switchml_xdp.torch                       # registers the backend
     from switchml_xdp.torch import SwmlOptions
@@ -313,8 +314,10 @@ class ProcessGroupSwml(dist.ProcessGroup):
         name = _op_name(op)
         work_dtype = _WORK_DTYPE[tensors[0].dtype]
         t = tensors[0]
+        # detach(): the result is written into the tensors' storage, as Gloo writes
+        # it, also into parameters that require grad (autograd refuses copy_ there).
         if len(tensors) == 1 and t.dtype == work_dtype and t.is_contiguous():
-            return self._through_switch(t.view(-1), _SWITCH_OPS[name], lambda: tensors,
+            return self._through_switch(t.detach().view(-1), _SWITCH_OPS[name], lambda: tensors,
                                         avg=name == "AVG")
         flat = torch.cat([x.detach().reshape(-1).to(work_dtype) for x in tensors])
 
@@ -322,7 +325,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
             off = 0
             for x in tensors:
                 n = x.numel()
-                x.copy_(flat[off:off + n].view_as(x))
+                x.detach().copy_(flat[off:off + n].view_as(x))
                 off += n
             return tensors
 
@@ -367,7 +370,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
             return self._through_switch(buf, "sum", lambda: tensors)  # the root keeps its own
 
         def finish():
-            t.copy_(buf.view(torch.uint8)[:nbytes].view(t.dtype).view_as(t))
+            t.detach().copy_(buf.view(torch.uint8)[:nbytes].view(t.dtype).view_as(t))
             return tensors
 
         return self._through_switch(buf, "sum", finish)
