@@ -3,16 +3,25 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 
 
-.PHONY: setup demo test bench bench-lab clean setup-vm vm-demo vm-test
+.PHONY: setup setup-torch setup-test demo test bench bench-lab clean setup-vm vm-demo vm-test
 
+# torch (the [torch] extra) only for the targets that use it: test and bench-lab
+# (and `swml-lab train`: make setup-torch). demo, bench and the VM lab go without.
 setup:
 	bash scripts/setup.sh
+
+setup-torch:
+	bash scripts/setup.sh --torch
+
+setup-test:
+	bash scripts/setup.sh --vm --torch
 
 demo: setup
 	$(VENV)/bin/swml-lab demo -n 4 $(DEMO_ARGS)
 
-# setup-vm: the suite includes one VM lab run (tests/test_vm.py, ~3.5 min under TCG).
-test: setup-vm
+# The suite includes one VM lab run (tests/test_vm.py, ~3.5 min under TCG) and the
+# PyTorch tests: setup-test installs what both need.
+test: setup-test
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # The switch's cost per packet (kernel BPF stats) with afxdp workers, as README's table.
@@ -24,7 +33,7 @@ bench: setup
 # ./swml-lab-bench-DATE-TIME/, or where BENCH_ARGS="--out DIR" says (README's
 # figures: --out bench/results). Gloo needs torch (the package's [torch] extra);
 # e.g. make bench-lab BENCH_ARGS="-n 2,4 --rate 100".
-bench-lab: setup
+bench-lab: setup-torch
 	$(VENV)/bin/swml-lab bench $(BENCH_ARGS)
 
 # The lab in qemu VMs (switchml_xdp/lab/vm.py): switch VM + workers, virtio-net,

@@ -5,12 +5,16 @@
 # Running it twice is harmless: every step checks before it acts.
 # --vm: also what `swml-lab vm` needs (make vm-demo, make vm-test): qemu, Debian's
 # kernel for the guests, a static busybox for their initramfs.
+# --torch: also PyTorch (the package's [torch] extra), for what uses it: the tests
+# (make test), `swml-lab train` and the Gloo peer of `swml-lab bench` (make
+# bench-lab). The switch, the workers and `make demo` do not need it.
 set -euo pipefail
-vm=0
+vm=0 torch=0
 for arg in "$@"; do
   case $arg in
     --vm) vm=1 ;;
-    *) echo "usage: $0 [--vm]" >&2; exit 2 ;;
+    --torch) torch=1 ;;
+    *) echo "usage: $0 [--vm] [--torch]" >&2; exit 2 ;;
   esac
 done
 
@@ -77,11 +81,19 @@ stamp="$venv/.swml-installed"
 newest=$(find "$top/pyproject.toml" "$top/setup.py" "$top/worker" "$top/switchml_xdp" "$top/xdp" \
   -type f \( -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.toml' \) \
   -newer "$stamp" -print -quit 2>/dev/null || true)
-if [ ! -f "$stamp" ] || [ -n "$newest" ]; then
-  say "installing switchml-xdp into $venv"
-  # torch==2.13.0 exactly: a local CPU build here; other specs pull GBs of CUDA.
+extras="test"
+need_torch=''
+if [ "$torch" = 1 ]; then
+  extras="test,torch"
+  "$venv/bin/python" -c 'import torch' 2>/dev/null || need_torch=1
+fi
+if [ ! -f "$stamp" ] || [ -n "$newest" ] || [ -n "$need_torch" ]; then
+  say "installing switchml-xdp${need_torch:+ and torch} into $venv"
+  # [torch] pins torch==2.13.0: here pip finds a local CPU build; elsewhere a plain
+  # `pip install torch` pulls a CUDA build of GBs (README: the CPU index for hosts
+  # without a GPU). A venv that has torch keeps it when a later run lacks --torch.
   # sklearn/matplotlib come from Debian (PyPI's would replace Debian's numpy).
-  "$venv/bin/pip" install -q --disable-pip-version-check -e "$top[test,torch]"
+  "$venv/bin/pip" install -q --disable-pip-version-check -e "${top}[${extras}]"
   touch "$stamp"
 else
   say "switchml-xdp already installed in $venv"

@@ -34,7 +34,8 @@ def _torch_missing() -> str | None:
     try:
         import torch  # noqa: F401
     except ImportError as e:
-        return f"torch is not installed ({e}); `pip install torch==2.13.0` adds the Gloo peer"
+        return (f"torch is not installed ({e}); `pip install -e '.[torch]'` "
+                "(or scripts/setup.sh --torch) adds the Gloo peer")
     return None
 
 

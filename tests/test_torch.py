@@ -31,7 +31,8 @@ import pytest
 from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_rank_processes
 
 torch = pytest.importorskip(
-    "torch", reason="PyTorch is an optional extra: pip install 'switchml-xdp[torch]' (torch==2.13.0)")
+    "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0) "
+                    "or scripts/setup.sh --torch")
 
 WORLD = 4
 HOOK_PORT = 48870          # the hook's Worker: a job of its own, beside the swml group's
@@ -39,6 +40,7 @@ MASTER_PORT = 29531
 STEPS = 5
 LR = 0.1
 PARAM_ATOL = 1e-5          # after STEPS steps; observed differences are ~1e-8
+BF16_ULPS = 4              # bfloat16 DDP after STEPS steps vs Gloo's, in ulps of the largest parameter
 RANK_DEADLINE_S = 90       # the four ranks take ~5-15 s (a loaded machine: more)
 
 
@@ -120,7 +122,7 @@ def _check_backend(swml, rank: int, k: int) -> dict:
         fb = {}
         for name, t, op in [("int64", torch.arange(10) * (rank + 1), dist.ReduceOp.SUM),
                             ("int64 again", torch.arange(10) * (rank + 1), dist.ReduceOp.SUM),
-                            ("max", torch.randn(10, generator=gen), dist.ReduceOp.MAX)]:
+                            ("product", torch.randn(10, generator=gen), dist.ReduceOp.PRODUCT)]:
             a, b = t.clone(), t.clone()
             dist.all_reduce(a, op=op, group=swml)
             dist.all_reduce(b, op=op)
@@ -131,6 +133,167 @@ def _check_backend(swml, rank: int, k: int) -> dict:
     out["fallback_warnings"] = ours
     out["warning_points_at_caller"] = all(w.filename == __file__ for w in caught
                                           if "falls back to gloo" in str(w.message))
+    return out
+
+
+_SIGNIFICAND_BITS = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+_MIN_SUBNORMAL_LOG2 = {torch.float32: -149, torch.float16: -24, torch.bfloat16: -133}
+
+
+def _cast_bound(y: torch.Tensor) -> np.ndarray:
+    """|y - z| for y = z rounded to y's dtype (from a float32 z): half an ulp,
+    at most 2^-p |y| (p significand bits) or half the smallest subnormal."""
+    p, sub = _SIGNIFICAND_BITS[y.dtype], _MIN_SUBNORMAL_LOG2[y.dtype]
+    mag = np.abs(y.float().numpy().astype(np.float64))
+    return np.maximum(np.ldexp(mag, -p), np.ldexp(1.0, sub - 1))
+
+
+def _check_ops(swml, rank: int, k: int) -> dict:
+    """float16/bfloat16, AVG/MIN/MAX, broadcast and barrier through the switch."""
+    import torch.distributed as dist
+
+    R = dist.ReduceOp
+    out: dict = {"float": [], "int32": {}}
+    before = (swml.fallbacks, swml.switch_calls)
+    gen = torch.Generator().manual_seed(200 + rank)
+    n = 700
+    base = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-6, 3, (n,), generator=gen).float())
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        x = base.to(dt)
+        xs = _gather(x.float())
+        for op in ("SUM", "AVG", "MIN", "MAX"):
+            ys, yg = x.clone(), x.clone()
+            dist.all_reduce(ys, op=getattr(R, op), group=swml)
+            dist.all_reduce(yg, op=getattr(R, op))
+            case = {"dtype": str(dt), "op": op, "dtype_kept": ys.dtype == dt,
+                    "same_on_all_ranks": all(np.array_equal(c, _gather(ys.float())[0])
+                                             for c in _gather(ys.float()))}
+            if op in ("MIN", "MAX"):
+                want = torch.stack([torch.from_numpy(c) for c in xs]).to(dt)
+                want = want.min(0).values if op == "MIN" else want.max(0).values
+                case["exact"] = bool(torch.equal(ys, want)) and bool(torch.equal(ys, yg))
+            else:
+                scale = WORLD if op == "AVG" else 1     # AVG = SUM / WORLD (a power of 2: exact)
+                y32 = ys.float().numpy() * scale
+                bound, exact = _bound_sum(xs, y32, k)
+                bound = bound / scale + _cast_bound(ys) * (1 + 2.0 ** -6)
+                got = ys.float().numpy().astype(np.float64)
+                # Gloo adds in the dtype: each addition rounds by 2^-p of a partial sum
+                slack = (WORLD * 2.0 ** -_SIGNIFICAND_BITS[dt]
+                         * np.sum([np.abs(c.astype(np.float64)) for c in xs], axis=0)) / scale
+                case["vs_exact"] = _ratio(np.abs(got - exact / scale), bound)
+                case["vs_gloo"] = _ratio(np.abs(got - yg.float().numpy()), bound + slack)
+            out["float"].append(case)
+
+    xi = torch.randint(-2**20, 2**20, (333,), generator=gen, dtype=torch.int32)
+    for op in ("SUM", "MIN", "MAX"):
+        ys, yg = xi.clone(), xi.clone()
+        dist.all_reduce(ys, op=getattr(R, op), group=swml)
+        dist.all_reduce(yg, op=getattr(R, op))
+        out["int32"][op] = bool(torch.equal(ys, yg))
+    try:
+        dist.all_reduce(xi.clone(), op=R.AVG, group=swml)
+        out["int32_avg_error"] = None
+    except ValueError as e:
+        out["int32_avg_error"] = str(e)
+    one = torch.ones(3, dtype=torch.int32)     # the job goes on after the refusal
+    dist.all_reduce(one, group=swml)
+    out["after_error_ok"] = bool(torch.equal(one, torch.full((3,), WORLD, dtype=torch.int32)))
+
+    # coalesced bfloat16 MAX: exact, like Gloo's
+    a = [torch.randn(5, generator=gen).bfloat16(), torch.randn(3, 4, generator=gen).bfloat16()]
+    b = [t.clone() for t in a]
+    dist.all_reduce_coalesced(a, op=R.MAX, group=swml)
+    dist.all_reduce_coalesced(b, op=R.MAX)
+    out["coalesced_max_equal"] = all(torch.equal(p, q) for p, q in zip(a, b))
+
+    # broadcast: the root's bits (NaN payloads, odd byte counts, a transposed target)
+    root = 1
+    bits = torch.Generator().manual_seed(7)     # the same on every rank: the expected bits
+    cases = {"float32": torch.randint(-2**31, 2**31 - 1, (7,), generator=bits, dtype=torch.int32).view(torch.float32),
+             "bfloat16": torch.randint(-2**15, 2**15 - 1, (5,), generator=bits, dtype=torch.int16).view(torch.bfloat16),
+             "int64": torch.randint(-2**62, 2**62, (3,), generator=bits, dtype=torch.int64),
+             "uint8": torch.randint(0, 256, (5,), generator=bits, dtype=torch.uint8),
+             "scalar": torch.tensor(3.25, dtype=torch.float64),
+             "transposed": torch.randn(3, 5, generator=bits).t()}
+    out["broadcast"] = {}
+    for name, want in cases.items():
+        t = want.clone() if rank == root else torch.full_like(want, 0).view(want.dtype)
+        if name == "transposed" and rank != root:
+            t = torch.zeros(3, 5).t()
+        dist.broadcast(t, src=root, group=swml)
+        out["broadcast"][name] = bool(torch.equal(t.contiguous().reshape(-1).view(torch.uint8),
+                                                  want.contiguous().reshape(-1).view(torch.uint8)))
+
+    # parameters (leaves that require grad) are written in place, as Gloo writes them
+    param = torch.nn.Parameter(torch.full((4,), float(rank)))
+    dist.all_reduce(param, op=R.AVG, group=swml)
+    avg_ok = torch.equal(param.detach(), torch.full((4,), sum(range(WORLD)) / WORLD))
+    param = torch.nn.Parameter(torch.full((3,), float(rank)))
+    dist.broadcast(param, src=root, group=swml)
+    out["parameters_ok"] = bool(avg_ok and torch.equal(param.detach(), torch.full((3,), float(root))))
+
+    # barrier: the ranks leave it together (rank 0 comes late)
+    if rank == 0:
+        time.sleep(0.5)
+    t0 = time.monotonic()
+    dist.barrier(group=swml)
+    out["barrier_waited_s"] = time.monotonic() - t0
+    out["fallbacks"] = swml.fallbacks - before[0]
+    out["switch_calls"] = swml.switch_calls - before[1]
+    return out
+
+
+class _Bucket:
+    """What allreduce_hook and torch's compression wrappers use of a GradBucket."""
+
+    def __init__(self, t: torch.Tensor):
+        self._t = t
+
+    def buffer(self) -> torch.Tensor:
+        return self._t
+
+    def set_buffer(self, t: torch.Tensor) -> None:
+        self._t = t
+
+
+def _check_hook_dtypes(worker, rank: int, k: int) -> dict:
+    """The hook on float16/bfloat16 buckets, at precision "16", and wrapped in
+    torch's fp16/bf16 compression wrappers: each average vs the exact one."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+
+    from switchml_xdp import quant, quant16
+    from switchml_xdp.torch import HookState, allreduce_hook
+
+    gen = torch.Generator().manual_seed(300 + rank)
+    x = torch.randn(1500, generator=gen) * torch.exp2(torch.randint(-6, 3, (1500,), generator=gen).float())
+    s32, s16 = HookState(worker), HookState(worker, precision="16")
+    out = {}
+    for name, state, dt, hook in [("bfloat16", s32, torch.bfloat16, allreduce_hook),
+                                  ("float16", s32, torch.float16, allreduce_hook),
+                                  ("p16 float32", s16, torch.float32, allreduce_hook),
+                                  ("p16 bfloat16", s16, torch.bfloat16, allreduce_hook),
+                                  ("fp16 wrapper", s32, torch.float32, dh.fp16_compress_wrapper(allreduce_hook)),
+                                  ("bf16 wrapper", s32, torch.float32, dh.bf16_compress_wrapper(allreduce_hook))]:
+        inp = x.to(dt)
+        # what the switch reduced: the bucket as the hook (after any wrapper) got it, in float32
+        sent = {"fp16 wrapper": inp.half(), "bf16 wrapper": inp.bfloat16()}.get(name, inp).float()
+        got = hook(state, _Bucket(inp.clone())).wait()
+        xs = _gather(sent)
+        y32 = got.float().numpy() * WORLD
+        if state is s16:
+            exp_global, _ = quant.global_exponents(xs, k)
+            bound = quant16.error_bound16(y32, exp_global, WORLD, k)
+            exact = np.sum([c.astype(np.float64) for c in xs], axis=0)
+        else:
+            bound, exact = _bound_sum(xs, y32, k)
+        # the hook's one rounding of the float32 average to the bucket's dtype
+        # (the wrappers hand back their float16/bfloat16 bucket)
+        bound = bound / WORLD + _cast_bound(got) * (1 + 2.0 ** -6)
+        out[name] = {"dtype": str(got.dtype),
+                     "vs_exact": _ratio(np.abs(got.float().numpy().astype(np.float64) - exact / WORLD), bound)}
+    out["buckets"] = s32.buckets + s16.buckets
+    out["fallback_buckets"] = s32.fallback_buckets + s16.fallback_buckets
     return out
 
 
@@ -219,21 +382,24 @@ def _check_hook(worker, rank: int, k: int) -> dict:
     return out
 
 
-def _train_steps(rank: int, mode: str, worker=None, swml=None) -> torch.Tensor:
+def _train_steps(rank: int, mode: str, worker=None, swml=None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """mode: gloo, hook (the swml hook), hook16 (at precision "16"), backend
+    (DDP over the swml group)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from switchml_xdp.torch import register_hook
 
-    model = _make_model()
+    model = _make_model().to(dtype)
     ddp = DDP(model, bucket_cap_mb=0.001, process_group=swml if mode == "backend" else None)
-    if mode == "hook":
-        register_hook(ddp, worker)
+    if mode.startswith("hook"):
+        register_hook(ddp, worker, precision="16" if mode == "hook16" else "32")
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     for step in range(STEPS):
         x, y = _batch(rank, step)
         opt.zero_grad()
-        loss_fn(ddp(x), y).backward()
+        loss_fn(ddp(x.to(dtype)), y).backward()
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
@@ -257,12 +423,27 @@ def _rank_main(rank: int, world: int, master: str, switch: str) -> dict:
     res["backend_name"] = dist.get_backend(swml)
     k = swml.worker.info.k
     res["backend"] = _check_backend(swml, rank, k)
+    t_ops = time.monotonic()
+    res["ops"] = _check_ops(swml, rank, k)
+    res["t_ops_only"] = time.monotonic() - t_ops
     with Worker(switch, f"torchhook-{os.environ['SWML_TEST_TOKEN']}", rank, world, backend="udp",
                 port=HOOK_PORT, verbose=False) as worker:
         res["hook"] = _check_hook(worker, rank, k)
+        t_hd = time.monotonic()
+        res["hook_dtypes"] = _check_hook_dtypes(worker, rank, k)
+        res["t_hook_dtypes"] = time.monotonic() - t_hd
         params = {m: _train_steps(rank, m, worker, swml) for m in ("gloo", "hook", "backend")}
+        fallbacks, t_bf16 = swml.fallbacks, time.monotonic()
+        bf16 = {m: _train_steps(rank, m, worker, swml, torch.bfloat16)
+                for m in ("gloo", "hook", "hook16", "backend")}
+        res["bf16_fallbacks"] = swml.fallbacks - fallbacks
+        res["t_bf16_steps"] = time.monotonic() - t_bf16
+    res["t_ops"] = time.monotonic() - t_ops
     ref = params["gloo"]
     res["steps"] = {m: float((p - ref).abs().max()) for m, p in params.items() if m != "gloo"}
+    ref16 = bf16["gloo"].float()
+    res["bf16_steps"] = {m: float((p.float() - ref16).abs().max()) for m, p in bf16.items() if m != "gloo"}
+    res["bf16_ulp"] = float(ref16.abs().max()) * 2.0 ** -7   # one ulp at the largest parameter
     res["steps_moved"] = float((ref - torch.cat([p.detach().reshape(-1)
                                                  for p in _make_model().parameters()])).abs().max())
     same = {}
@@ -354,12 +535,46 @@ def test_backend_all_reduce_within_quantization_bound_of_gloo(ranks):
 def test_backend_falls_back_to_gloo_with_one_warning_per_kind(ranks):
     for r in ranks:
         b = r["backend"]
-        assert b["fallback_equal"] == {"int64": True, "int64 again": True, "max": True}
+        assert b["fallback_equal"] == {"int64": True, "int64 again": True, "product": True}
         assert b["fallback_count"] == 3
-        assert len(b["fallback_warnings"]) == 2, b["fallback_warnings"]   # int64 once, MAX once
+        assert len(b["fallback_warnings"]) == 2, b["fallback_warnings"]   # int64 once, PRODUCT once
         assert any("torch.int64" in w for w in b["fallback_warnings"])
-        assert any("MAX" in w for w in b["fallback_warnings"])
+        assert any("PRODUCT" in w for w in b["fallback_warnings"])
         assert b["warning_points_at_caller"]
+
+
+def test_backend_dtypes_and_ops_through_the_switch(ranks):
+    """float32/float16/bfloat16 SUM and AVG within the bound (the switch's, plus
+    the one rounding to the dtype) of the exact result and of Gloo's; MIN/MAX
+    and int32 exact; int32 AVG refused on every rank, the job going on."""
+    for r in ranks:
+        o = r["ops"]
+        assert len(o["float"]) == 12
+        for case in o["float"]:
+            assert case["dtype_kept"] and case["same_on_all_ranks"], (r["rank"], case)
+            if case["op"] in ("MIN", "MAX"):
+                assert case["exact"], (r["rank"], case)
+            else:
+                assert case["vs_exact"] <= 1.0, (r["rank"], case)
+                assert case["vs_gloo"] <= 1.0, (r["rank"], case)
+        assert o["int32"] == {"SUM": True, "MIN": True, "MAX": True}
+        assert "integer average is not exact" in o["int32_avg_error"]
+        assert o["after_error_ok"]
+        assert o["coalesced_max_equal"]
+
+
+def test_backend_broadcast_bit_exact_and_barrier_through_the_switch(ranks):
+    for r in ranks:
+        o = r["ops"]
+        assert all(o["broadcast"].values()), (r["rank"], o["broadcast"])
+        if r["rank"] != 0:
+            assert o["barrier_waited_s"] >= 0.3, o["barrier_waited_s"]   # rank 0 came 0.5 s late
+        assert o["parameters_ok"]
+        # every call above went through the switch: 12 float + 3 int32 + 1 after the
+        # refusal + 1 coalesced + 6 broadcasts + 2 on parameters + 1 barrier (Gloo
+        # did the comparisons)
+        assert o["fallbacks"] == 0
+        assert o["switch_calls"] == 26
 
 
 def test_hook_gradients_within_quantization_bound_of_gloo(ranks):
@@ -374,6 +589,35 @@ def test_hook_gradients_within_quantization_bound_of_gloo(ranks):
         assert h["hook_buckets"] >= 3   # 1 bucket in the first step, 2 after DDP rebuilt them
         assert h["float64_fallback_buckets"] == 3 and h["float64_equal_to_gloo"]
         assert h["float64_warnings"] == 1
+
+
+def test_hook_float16_bfloat16_precision16_and_torch_wrappers(ranks):
+    for r in ranks:
+        h = r["hook_dtypes"]
+        for name in ("bfloat16", "float16", "p16 float32", "p16 bfloat16", "fp16 wrapper", "bf16 wrapper"):
+            assert h[name]["vs_exact"] <= 1.0, (r["rank"], name, h[name])
+        assert h["bfloat16"]["dtype"] == "torch.bfloat16" and h["float16"]["dtype"] == "torch.float16"
+        assert h["p16 float32"]["dtype"] == "torch.float32"
+        assert h["buckets"] == 6 and h["fallback_buckets"] == 0
+
+
+def test_hook_refuses_precision16_where_the_datapath_lacks_it():
+    from switchml_xdp.torch import HookState
+
+    class _Afxdp:
+        precisions, backend_name = ("32",), "afxdp"
+
+    with pytest.raises(ValueError, match="not streamed by this Worker's afxdp datapath"):
+        HookState(_Afxdp(), precision="16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        HookState(_Afxdp(), precision="8")
+
+
+def test_ddp_bfloat16_steps_within_tolerance_of_gloo(ranks):
+    for r in ranks:
+        for mode, diff in r["bf16_steps"].items():
+            assert diff <= BF16_ULPS * r["bf16_ulp"], (r["rank"], mode, diff, r["bf16_ulp"])
+        assert r["bf16_fallbacks"] == 0
 
 
 def test_ddp_steps_end_within_tolerance_of_gloo(ranks):

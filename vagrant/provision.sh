@@ -7,7 +7,8 @@
 #                --mtu M --rank R
 #   [--iface IFACE]   the lab interface; default: the one holding --ip
 #
-# 1. scripts/setup.sh, the project's own set-up (the one `make demo` runs).
+# 1. scripts/setup.sh, the project's own set-up (the one `make demo` runs), without
+#    --torch: the VMs run the switch and `swml-worker bench`, they do not train.
 # 2. /etc/switchml-xdp/vm.env: this VM's role, rank, addresses (the only place the
 #    VM keeps them), and swml-nic.service, which readies the lab NIC at every boot
 #    (vagrant/tune-nic.sh: MTU, queue pairs, offloads, multicast).

@@ -1,4 +1,4 @@
-"""PyTorch integration (needs the `torch` extra: `pip install switchml-xdp[torch]`).
+"""PyTorch integration (needs the `torch` extra: `pip install -e '.[torch]'` from a checkout).
 
 Two ways in, both over a `switchml_xdp.Worker`:
 
@@ -11,8 +11,9 @@ Two ways in, both over a `switchml_xdp.Worker`:
       register_hook(ddp, worker)
 
 * A torch.distributed backend named "swml", registered when this module is
-  imported: `dist.all_reduce` of float32/int32 CPU tensors (SUM; AVG for
-  float32) goes through the switch, everything else through Gloo.
+  imported: all_reduce of float32/float16/bfloat16/int32 CPU tensors (SUM,
+  AVG, MIN, MAX), broadcast and barrier go through the switch, the rest
+  through Gloo (backend.py's docstring, docs/pytorch.md).
 
       import switchml_xdp.torch
       dist.init_process_group("swml", ..., pg_options=SwmlOptions(switch=switch_ip))
@@ -26,8 +27,8 @@ try:
     import torch  # noqa: F401
     import torch.distributed as _dist
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError("switchml_xdp.torch needs PyTorch: pip install 'switchml-xdp[torch]' "
-                      f"(torch==2.13.0) ({e})") from e
+    raise ImportError("switchml_xdp.torch needs PyTorch: pip install -e '.[torch]' from a "
+                      f"checkout (torch==2.13.0; docs/pytorch.md) ({e})") from e
 if not _dist.is_available():  # pragma: no cover
     raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
 

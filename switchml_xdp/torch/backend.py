@@ -1,4 +1,5 @@
-"""`swml`: a torch.distributed backend whose all_reduce goes through the switch.
+"""`swml`: a torch.distributed backend whose all_reduce, broadcast and barrier go
+through the switch.
 
     import switchml_xdp.torch                       # registers the backend
     from switchml_xdp.torch import SwmlOptions
@@ -7,16 +8,24 @@
                             pg_options=SwmlOptions(switch="10.0.0.1"))
     dist.all_reduce(t)                               # float32/int32 CPU: the switch
 
-What goes where:
-- `all_reduce` (and `all_reduce_coalesced`) of float32 or int32 CPU tensors
-  with SUM (and AVG for float32, which Gloo lacks) go through a
-  `switchml_xdp.Worker` joined to the switch. float32 is quantized as in
-  docs/quantization.md; int32 sums are exact.
-- Every other all_reduce (other dtypes, MIN/MAX/PRODUCT, CUDA tensors, lists of
-  several tensors) falls back to a Gloo process group built from the same
-  store, with one warning per kind (dtype, op) per process group.
-- Every other collective (broadcast, all_gather, barrier, send/recv, ...) is
-  Gloo's: the switch only adds.
+What goes where (docs/pytorch.md has the table):
+- `all_reduce` (and `all_reduce_coalesced`) of CPU tensors of float32, int32,
+  float16 or bfloat16 with SUM, AVG, MIN or MAX go through a
+  `switchml_xdp.Worker` joined to the switch. float16/bfloat16 are widened to
+  float32 (exactly), reduced as float32, then rounded back once. SUM/AVG of
+  floats are quantized as in docs/quantization.md (32-bit mode); int32 sums
+  and every MIN/MAX are exact. AVG divides the sum by the world size; an
+  integer AVG is refused (ValueError) on every rank, as Gloo refuses it.
+- `broadcast` of one CPU tensor of any dtype: its bytes, as int32, summed with
+  every other rank's zeros (exact), so every rank gets the root's bits.
+- `barrier`: one int32 round through the switch (after this group's pending
+  Gloo work, as Gloo's own barrier waits for it).
+- Everything else that the switch could be asked for (PRODUCT, bitwise ops,
+  other dtypes, CUDA tensors, lists of several tensors) falls back to a Gloo
+  process group built from the same store, with one warning per kind per
+  process group; `fallbacks` counts those calls, `switch_calls` the others.
+- The rest (all_gather, reduce_scatter, gather, scatter, all_to_all,
+  send/recv) is Gloo's by design, without a warning: the switch only adds.
 
 Configuration: `pg_options=SwmlOptions(...)`, or the environment:
 SWML_SWITCH (the switch's address, required one way or the other), SWML_JOB
@@ -53,7 +62,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
-    AllreduceCoalescedOptions, AllreduceOptions, BarrierOptions, ProcessGroupGloo, ReduceOp,
+    AllreduceCoalescedOptions, AllreduceOptions, ProcessGroupGloo, ReduceOp,
 )
 
 from .. import wire
@@ -61,7 +70,15 @@ from ..worker.api import Worker, local_end
 from .hosts import HostLayout, LocalGroup, agree_layout
 
 BACKEND_NAME = "swml"
-_SWITCH_DTYPES = (torch.float32, torch.int32)
+# dtype -> the dtype the Worker reduces it as. float16/bfloat16 widen to float32
+# exactly (every value, NaN and inf included), so the result is float32's,
+# rounded once on the way back.
+_WORK_DTYPE = {torch.float32: torch.float32, torch.int32: torch.int32,
+               torch.float16: torch.float32, torch.bfloat16: torch.float32}
+# ReduceOp name -> the Worker's op (AVG: a sum, divided by the world size after).
+_SWITCH_OPS = {"SUM": "sum", "AVG": "sum", "MIN": "min", "MAX": "max"}
+_WHAT_THE_SWITCH_DOES = ("the switch does SUM/AVG/MIN/MAX of float32, int32, float16, bfloat16 "
+                         "and broadcast of any dtype, on CPU tensors")
 _JOB_KEY = "swml/job"
 _TOKEN_KEY = "swml/token"
 
@@ -193,9 +210,10 @@ class ProcessGroupSwml(dist.ProcessGroup):
         except BaseException:
             self._close_switch_side()
             raise
-        self.fallbacks = 0          # all_reduce calls that went to Gloo
-        self.switch_calls = 0       # all_reduce calls that went through the switch
+        self.fallbacks = 0          # all_reduce/broadcast calls that went to Gloo instead
+        self.switch_calls = 0       # all_reduce/broadcast/barrier calls through the switch
         self._warned: set = set()
+        self._gloo_pending: list = []   # Gloo's Work not yet completed (see barrier)
         self._lock = threading.Lock()
         self._closed = False
         _live.add(self)
@@ -234,36 +252,69 @@ class ProcessGroupSwml(dist.ProcessGroup):
                  else f"host leader rank {self.layout.local_ranks[0]}")
         return f"ProcessGroupSwml(rank={self._rank}, size={self._size}, {where})"
 
-    # -- all_reduce -------------------------------------------------------------
-    def _switch_reason(self, tensors: list[torch.Tensor], op) -> str | None:
-        """Why these tensors cannot go through the switch (None if they can)."""
+    # -- checks -----------------------------------------------------------------
+    def _cpu_reason(self, collective: str, tensors: list[torch.Tensor]) -> str | None:
+        """Why these tensors cannot be handed to the Worker at all (None if they can)."""
+        if len(tensors) != 1 and collective != "all_reduce_coalesced":
+            return f"{collective} of a list of {len(tensors)} tensors"
+        if not tensors:
+            return f"{collective} of no tensors"
+        if any(t.device.type != "cpu" for t in tensors):
+            # CUDA tensors: Gloo reduces them; quantizing on the GPU is not done yet.
+            return f"{collective} on {tensors[0].device.type} tensors"
+        if any(t.layout != torch.strided for t in tensors):
+            return f"{collective} on {tensors[0].layout} tensors"
+        if any(t.is_quantized for t in tensors):
+            return f"{collective} on quantized tensors"
+        return None
+
+    def _allreduce_reason(self, collective: str, tensors: list[torch.Tensor], op) -> str | None:
+        """Why this all_reduce cannot go through the switch (None if it can); a
+        ValueError for what no backend reduces exactly (an integer average)."""
         name = _op_name(op)
         dtypes = {t.dtype for t in tensors}
-        if any(t.device.type != "cpu" for t in tensors):
-            return f"{name} on {tensors[0].device.type} tensors"
-        if any(t.layout != torch.strided for t in tensors):
-            return f"{name} on {tensors[0].layout} tensors"
-        if len(dtypes) != 1 or next(iter(dtypes)) not in _SWITCH_DTYPES:
-            return f"{name} on {', '.join(sorted(str(d) for d in dtypes))}"
-        if name == "SUM" or (name == "AVG" and tensors[0].dtype == torch.float32):
-            if any(t.is_conj() or t.is_neg() for t in tensors):
-                return f"{name} on tensors with a pending conj/neg view"
-            return None
-        return f"{name} on {tensors[0].dtype}"
+        if name == "AVG" and any(not (d.is_floating_point or d.is_complex) for d in dtypes):
+            # Raised on every rank alike, before anything is sent: nobody waits.
+            raise ValueError(
+                f"{collective} with ReduceOp.AVG on {', '.join(sorted(map(str, dtypes)))}: an "
+                "integer average is not exact (Gloo refuses it too); use SUM and divide as "
+                "the application needs")
+        reason = self._cpu_reason(collective, tensors)
+        if reason:
+            return reason
+        if len(dtypes) != 1 or next(iter(dtypes)) not in _WORK_DTYPE:
+            return f"{collective} on {', '.join(sorted(str(d) for d in dtypes))}"
+        if name not in _SWITCH_OPS:
+            return f"{collective} {name}"
+        if any(t.is_conj() or t.is_neg() for t in tensors):
+            return f"{collective} {name} on tensors with a pending conj/neg view"
+        return None
 
-    def _warn_fallback(self, reason: str) -> None:
+    def _fallback(self, reason: str, start):
+        """Count and warn (once per kind) for a call that Gloo does instead."""
         with self._lock:
             self.fallbacks += 1
             first = reason not in self._warned
             self._warned.add(reason)
         if first:
-            warnings.warn(f"switchml_xdp: all_reduce {reason} is not done by the switch "
-                          "(only float32/int32 SUM and float32 AVG on CPU are): it falls back to gloo "
-                          "(warned once per kind)", RuntimeWarning, stacklevel=_caller_level())
+            warnings.warn(f"switchml_xdp: {reason} is not done by the switch ({_WHAT_THE_SWITCH_DOES}): "
+                          "it falls back to gloo (warned once per kind)", RuntimeWarning,
+                          stacklevel=_caller_level())
+        return self._gloo(start())
 
-    def _reduce_through_switch(self, flat: torch.Tensor, avg: bool, finish) -> _FutureWork:
-        """Reduce a contiguous 1-D CPU tensor in place; finish() runs after (on the
-        Worker's thread) and returns the future's value."""
+    def _gloo(self, work):
+        """Keep Gloo's Work until it completes: barrier() waits for it first."""
+        with self._lock:
+            self._gloo_pending = [w for w in self._gloo_pending if not w.is_completed()]
+            self._gloo_pending.append(work)
+        return work
+
+    # -- through the switch -------------------------------------------------------
+    def _through_switch(self, flat: torch.Tensor, op: str, finish, avg: bool = False) -> _FutureWork:
+        """Reduce a contiguous 1-D float32/int32 CPU tensor in place with the
+        Worker's `op` (first among each host's ranks, then through the
+        switch among the hosts' leaders); finish() runs after, on the group's
+        thread, and returns the future's value."""
         with self._lock:
             self.switch_calls += 1
         fut: torch.futures.Future = torch.futures.Future()
@@ -272,11 +323,11 @@ class ProcessGroupSwml(dist.ProcessGroup):
         def run() -> None:
             try:
                 if self.local is not None:
-                    self.local.reduce_to_leader(flat, "SUM")
+                    self.local.reduce_to_leader(flat, op.upper())
                 error = None
                 if self.worker is not None:
                     try:
-                        self.worker.allreduce(flat.detach().numpy())
+                        self.worker.allreduce(flat.detach().numpy(), op)
                     except BaseException as e:  # noqa: BLE001 - shared with the host below
                         error = e
                 if self.local is not None:
@@ -284,7 +335,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
                 elif error is not None:
                     raise error
                 if avg:
-                    flat.div_(size)
+                    flat.div_(size)   # in float32, before any rounding to float16/bfloat16
                 value = finish()
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
                 fut.set_exception(e)
@@ -294,6 +345,30 @@ class ProcessGroupSwml(dist.ProcessGroup):
         self._pipeline.submit(run)
         return _FutureWork(fut)
 
+    def _reduce(self, tensors: list[torch.Tensor], op) -> _FutureWork:
+        """all_reduce of tensors that _allreduce_reason passed: in place when
+        one contiguous tensor is already the Worker's dtype, else through one
+        flat buffer of it, copied (rounded, for float16/bfloat16) back."""
+        name = _op_name(op)
+        work_dtype = _WORK_DTYPE[tensors[0].dtype]
+        t = tensors[0]
+        # detach(): the result is written into the tensors' storage, as Gloo writes
+        # it, also into parameters that require grad (autograd refuses copy_ there).
+        if len(tensors) == 1 and t.dtype == work_dtype and t.is_contiguous():
+            return self._through_switch(t.detach().view(-1), _SWITCH_OPS[name], lambda: tensors,
+                                        avg=name == "AVG")
+        flat = torch.cat([x.detach().reshape(-1).to(work_dtype) for x in tensors])
+
+        def finish():
+            off = 0
+            for x in tensors:
+                n = x.numel()
+                x.detach().copy_(flat[off:off + n].view_as(x))
+                off += n
+            return tensors
+
+        return self._through_switch(flat, _SWITCH_OPS[name], finish, avg=name == "AVG")
+
     def allreduce(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -302,97 +377,106 @@ class ProcessGroupSwml(dist.ProcessGroup):
         elif not isinstance(opts, AllreduceOptions):  # allreduce(tensors, op)
             op, opts = opts, AllreduceOptions()
             opts.reduceOp = op
-        reason = ("a list of several tensors" if len(tensors) != 1
-                  else self._switch_reason(tensors, opts.reduceOp))
+        reason = self._allreduce_reason("all_reduce", tensors, opts.reduceOp)
         if reason:
-            self._warn_fallback(reason)
-            return self.gloo.allreduce(tensors, opts)
-        t = tensors[0]
-        avg = _op_name(opts.reduceOp) == "AVG"
-        if t.is_contiguous():
-            return self._reduce_through_switch(t.view(-1), avg, lambda: [t])
-        buf = t.contiguous().view(-1)
-        return self._reduce_through_switch(buf, avg, lambda: [t.copy_(buf.view_as(t))])
+            return self._fallback(reason, lambda: self.gloo.allreduce(tensors, opts))
+        return self._reduce(tensors, opts.reduceOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
         if opts is None:
             opts = AllreduceCoalescedOptions()
-        reason = self._switch_reason(tensors, opts.reduceOp) if tensors else "of no tensors"
+        reason = self._allreduce_reason("all_reduce_coalesced", tensors, opts.reduceOp)
         if reason:
-            self._warn_fallback(reason)
-            return self.gloo.allreduce_coalesced(tensors, opts)
-        avg = _op_name(opts.reduceOp) == "AVG"
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+            return self._fallback(reason, lambda: self.gloo.allreduce_coalesced(tensors, opts))
+        return self._reduce(tensors, opts.reduceOp)
+
+    def broadcast(self, tensors, opts):
+        """The root's bytes as int32 (zero-padded to a multiple of 4), every
+        other rank's zeros: the switch's int32 sum is the root's bits, exactly."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        reason = self._cpu_reason("broadcast", tensors)
+        if reason:
+            return self._fallback(reason, lambda: self.gloo.broadcast(tensors, opts))
+        t = tensors[0]
+        nbytes = t.numel() * t.element_size()
+        buf = torch.zeros(-(-nbytes // 4), dtype=torch.int32)
+        root = opts.rootRank
+        if self._rank == root:
+            src = t.detach().resolve_conj().resolve_neg().reshape(-1)
+            buf.view(torch.uint8)[:nbytes].copy_(src.view(torch.uint8))
+            return self._through_switch(buf, "sum", lambda: tensors)  # the root keeps its own
 
         def finish():
-            off = 0
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[off:off + n].view_as(t))
-                off += n
+            t.detach().copy_(buf.view(torch.uint8)[:nbytes].view(t.dtype).view_as(t))
             return tensors
 
-        return self._reduce_through_switch(flat, avg, finish)
+        return self._through_switch(buf, "sum", finish)
 
-    # -- everything else is Gloo's ------------------------------------------------
-    def broadcast(self, tensors, opts):
-        return self.gloo.broadcast(tensors, opts)
+    def barrier(self, opts=None):
+        """One 1-element int32 round: it completes when every rank has made it,
+        after this rank's earlier switch calls (the Worker runs them in order)
+        and its pending Gloo work (waited for here, as Gloo's barrier does)."""
+        with self._lock:
+            pending, self._gloo_pending = self._gloo_pending, []
+        for w in pending:
+            w.wait()
+        return self._through_switch(torch.zeros(1, dtype=torch.int32), "sum", lambda: [])
 
+    # -- everything else is Gloo's (by design: no warning, no count) ----------------
     def allgather(self, output_tensors, input_tensors, opts):
-        return self.gloo.allgather(output_tensors, input_tensors, opts)
+        return self._gloo(self.gloo.allgather(output_tensors, input_tensors, opts))
 
     def all_gather_single(self, output, input, opts):
-        return self.gloo._allgather_base(output, input, opts)
+        return self._gloo(self.gloo._allgather_base(output, input, opts))
 
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists, input_list, opts):
-        return self.gloo.allgather_coalesced(output_lists, input_list, opts)
+        return self._gloo(self.gloo.allgather_coalesced(output_lists, input_list, opts))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         works = [self.gloo._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         for w in works[:-1]:
             w.wait()
-        return works[-1]
+        return self._gloo(works[-1])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_tensors, input_tensors, opts):
-        return self.gloo.gather(output_tensors, input_tensors, opts)
+        return self._gloo(self.gloo.gather(output_tensors, input_tensors, opts))
 
     def scatter(self, output_tensors, input_tensors, opts):
-        return self.gloo.scatter(output_tensors, input_tensors, opts)
+        return self._gloo(self.gloo.scatter(output_tensors, input_tensors, opts))
 
     def reduce(self, tensors, opts):
-        return self.gloo.reduce(tensors, opts)
+        return self._gloo(self.gloo.reduce(tensors, opts))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
-        return self.gloo.reduce_scatter(output_tensors, input_tensors, opts)
+        return self._gloo(self.gloo.reduce_scatter(output_tensors, input_tensors, opts))
 
     def reduce_scatter_single(self, output, input, opts):
-        return self.gloo._reduce_scatter_base(output, input, opts)
+        return self._gloo(self.gloo._reduce_scatter_base(output, input, opts))
 
     _reduce_scatter_base = reduce_scatter_single
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        return self.gloo.alltoall(output_tensors, input_tensors, opts)
+        return self._gloo(self.gloo.alltoall(output_tensors, input_tensors, opts))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        return self.gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+        return self._gloo(self.gloo.alltoall_base(output, input, output_split_sizes,
+                                                  input_split_sizes, opts))
 
     alltoall_base = all_to_all_single
 
     def send(self, tensors, dst, tag):
-        return self.gloo.send(tensors, dst, tag)
+        return self._gloo(self.gloo.send(tensors, dst, tag))
 
     def recv(self, tensors, src, tag):
-        return self.gloo.recv(tensors, src, tag)
+        return self._gloo(self.gloo.recv(tensors, src, tag))
 
     def recv_anysource(self, tensors, tag):
-        return self.gloo.recv_anysource(tensors, tag)
-
-    def barrier(self, opts=None):
-        return self.gloo.barrier(opts if opts is not None else BarrierOptions())
+        return self._gloo(self.gloo.recv_anysource(tensors, tag))
 
     def monitored_barrier(self, *args, **kwargs):
         return self.gloo.monitored_barrier(*args, **kwargs)

@@ -14,7 +14,17 @@ size (the gradient average, as the built-in `allreduce_hook` computes it).
 DDP launches buckets in the same order on every rank, which is what the
 Worker needs (every rank issues the same calls in the same order).
 
-Buckets the switch cannot carry (not float32, or not on the CPU) go through
+float16 and bfloat16 buckets (a model in that dtype) are widened to float32
+(exactly), reduced and divided as float32, and rounded back once.
+
+precision="16" (`register_hook(model, worker, precision="16")`) streams every
+bucket in the switch's 16-bit block format (docs/quantization.md, bound B16):
+half the bytes on every link, the switch's own replacement for torch's
+fp16_compress_wrapper/bf16_compress_wrapper (which still compose with this
+hook: they hand it a float16/bfloat16 bucket). The udp datapath streams it;
+the afxdp one does not yet, and the hook refuses it up front there.
+
+Buckets the switch cannot carry (other dtypes, or not on the CPU) go through
 the fallback process group (the default group unless given) with the
 built-in hook's arithmetic, with a one-time warning.
 """
@@ -24,10 +34,15 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..worker.api import Worker
+from ..worker.calls import check_precision
+
+# Bucket dtypes the switch reduces, each as float32 (float16/bfloat16 widen exactly).
+_SWITCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -35,13 +50,25 @@ class HookState:
     """What `allreduce_hook` needs: the Worker, and where unsupported buckets go.
 
     process_group: the group for fallback buckets (None: the default group).
+    precision: "32" (default) or "16", the switch's 16-bit block format for
+    every bucket (half the bytes; bound B16 in docs/quantization.md).
     """
     worker: Worker
     process_group: dist.ProcessGroup | None = None
+    precision: str = "32"
     buckets: int = 0                    # buckets reduced through the switch
     fallback_buckets: int = 0           # buckets that went to process_group
     _warned: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self):
+        # At registration, not in the first backward pass: buckets are float32 sums.
+        check_precision(self.precision, np.float32, "sum")
+        if self.precision not in self.worker.precisions:
+            raise ValueError(f"the hook's precision {self.precision!r} is not streamed by this "
+                             f"Worker's {self.worker.backend_name} datapath (it does "
+                             f"{', '.join(self.worker.precisions)}); use backend='udp' or "
+                             "precision='32'")
 
 
 def _state(state) -> HookState:
@@ -60,7 +87,7 @@ def _fallback(st: HookState, tensor: torch.Tensor) -> torch.futures.Future[torch
         st._warned.add(kind)
     if first:
         warnings.warn(f"switchml_xdp: DDP bucket of {tensor.dtype} on {tensor.device.type} "
-                      "cannot go through the switch (float32 CPU only); such buckets use the "
+                      "cannot go through the switch (float32, float16, bfloat16 on CPU only); such buckets use the "
                       "process group's allreduce instead (warned once)", RuntimeWarning, stacklevel=3)
     group = st.process_group
     tensor.div_(dist.get_world_size(group))
@@ -76,9 +103,12 @@ def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch
     """
     st = _state(state)
     tensor = bucket.buffer()
-    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or not tensor.is_contiguous():
+    if tensor.dtype not in _SWITCH_DTYPES or tensor.device.type != "cpu":
         return _fallback(st, tensor)
     world = st.worker.info.world
+    # DDP's buckets are flat and contiguous: float32 ones are reduced in place.
+    in_place = tensor.dtype == torch.float32 and tensor.is_contiguous()
+    flat = tensor.view(-1) if in_place else tensor.detach().reshape(-1).to(torch.float32)
     fut: torch.futures.Future = torch.futures.Future()
     with st._lock:
         st.buckets += 1
@@ -86,20 +116,24 @@ def allreduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch
     def done(cf) -> None:  # runs on the worker's thread (or here, if already done)
         try:
             cf.result()
-            tensor.div_(world)
+            flat.div_(world)      # in float32: one rounding to float16/bfloat16 after
+            if not in_place:
+                tensor.copy_(flat.view_as(tensor))
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
             fut.set_exception(e)
             return
         fut.set_result(tensor)
 
-    st.worker.allreduce_async(tensor.detach().numpy()).add_done_callback(done)
+    st.worker.allreduce_async(flat.detach().numpy(), precision=st.precision).add_done_callback(done)
     return fut
 
 
 def register_hook(model: torch.nn.parallel.DistributedDataParallel, worker: Worker,
-                  process_group: dist.ProcessGroup | None = None) -> HookState:
+                  process_group: dist.ProcessGroup | None = None,
+                  precision: str = "32") -> HookState:
     """Send `model`'s gradient buckets through `worker`; returns the hook's state
-    (it counts buckets, see HookState)."""
-    state = HookState(worker, process_group)
+    (it counts buckets, see HookState). precision="16": the switch's 16-bit
+    block format (HookState)."""
+    state = HookState(worker, process_group, precision)
     model.register_comm_hook(state, allreduce_hook)
     return state

@@ -139,9 +139,9 @@ class Worker:
         if array.dtype not in (np.float32, np.int32):
             raise TypeError(f"allreduce supports float32 and int32 arrays, not {array.dtype}")
         check_precision(precision, array.dtype, op)
-        if precision not in self._backend.precisions:
+        if precision not in self.precisions:
             raise ValueError(f"the {self.backend_name} backend does not stream precision "
-                             f"{precision!r} yet (it does {', '.join(self._backend.precisions)})")
+                             f"{precision!r} yet (it does {', '.join(self.precisions)})")
         if not array.flags.c_contiguous:
             raise ValueError("allreduce works in place and needs a C-contiguous array "
                              "(np.ascontiguousarray makes one; copy the result back)")
@@ -152,6 +152,11 @@ class Worker:
                         precision)
             self._calls += 1
             return self._executor.submit(self._reduce, array, call)
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The precisions this Worker's datapath streams (allreduce's `precision`)."""
+        return self._backend.precisions
 
     def _reduce(self, array: np.ndarray, call: Call) -> np.ndarray:
         with self._lock:
