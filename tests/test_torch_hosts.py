@@ -96,6 +96,31 @@ def _rank_main(rank: int, master: str, switch: str) -> dict:
     dist.all_reduce(a, op=dist.ReduceOp.AVG, group=swml)
     res["avg"] = float(a[0])
 
+    # MIN/MAX exact, float16/bfloat16 sums within float32's bound plus one
+    # rounding to the dtype, against Gloo on the same inputs.
+    exact_ops, close = {}, {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+        base = (torch.randn(777, generator=gen) * 100).to(dtype)
+        for op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+            a, b = base.clone(), base.clone()
+            dist.all_reduce(a, op=op, group=swml)
+            dist.all_reduce(b, op=op)
+            exact_ops[f"{dtype}-{op}"] = bool(torch.equal(a, b))
+        if dtype in (torch.float16, torch.bfloat16):
+            a, b = base.clone(), base.float()
+            dist.all_reduce(a, group=swml)
+            dist.all_reduce(b)
+            ulp = torch.finfo(dtype).eps * b.abs().max().item()
+            close[str(dtype)] = float((a.float() - b).abs().max().item() / ulp)
+    res["min_max_exact"] = exact_ops
+    res["half_sums_in_ulps"] = close
+    # broadcast from a rank that is not its host's leader: its bits exactly
+    src = torch.randn(1001, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    got = src.clone() if rank == 1 else torch.zeros(1001, dtype=torch.bfloat16)
+    dist.broadcast(got, src=1, group=swml)
+    res["broadcast_exact"] = bool(torch.equal(got.view(torch.int16), src.view(torch.int16)))
+    dist.barrier(group=swml)
+
     # A call the hosts disagree on (host 0 sends 100 elements, host 1 101):
     # an error on every rank, leaders and the rest, and the group goes on.
     bad = torch.ones(100 + swml.layout.host_index)
@@ -151,6 +176,14 @@ def test_sums_through_two_levels(ranks):
         assert r["int32_exact"]
         assert r["avg"] == pytest.approx(sum(range(WORLD)) / WORLD)
         assert r["fallbacks"] == 0 and r["switch_calls"] > 0
+
+
+def test_ops_dtypes_broadcast_barrier_through_two_levels(ranks):
+    for r in ranks:
+        assert all(r["min_max_exact"].values()), r["min_max_exact"]
+        for dtype, ulps in r["half_sums_in_ulps"].items():
+            assert ulps <= 2.0, (dtype, ulps)     # the switch's bound, then one rounding
+        assert r["broadcast_exact"]
 
 
 def test_a_disagreement_reaches_every_rank_of_every_host(ranks):
