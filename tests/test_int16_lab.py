@@ -1,8 +1,8 @@
 """precision="16" end to end against the real XDP switch (lab8, k=256): the
 16-bit allreduce is what switchml_xdp.quant16 defines bit for bit and within
 bound (B16) of the exact sum; a rank asking for 16 bits against one asking for
-32 raises CallMismatch on every rank and the next call is exact; the afxdp
-backend refuses precision 16 (not streamed yet) before anything is sent."""
+32 raises CallMismatch on every rank and the next call is exact. The afxdp
+backend's 16-bit jobs: tests/test_int16_afxdp.py."""
 from __future__ import annotations
 
 import numpy as np

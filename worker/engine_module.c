@@ -10,8 +10,10 @@
  *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy, window a
  *     switchml_xdp.worker.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
- *     .allreduce(array, op, tag) -> status  whole tensor, GIL released;
- *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...
+ *     .allreduce(array, op, tag, fmt) -> status  whole tensor, GIL released;
+ *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
+ *                                   fmt SWML_FMT_INT16: the 16-bit format
+ *                                   (float32 SUM only)
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
  *     .next_index                   packets of the job's life so far
@@ -20,13 +22,15 @@
  *   block_exponents(x, k, exp_out, nonfinite_out)
  *   quantize(x, k, exp_global, world, out)
  *   dequantize(sums, exp_global, nonfinite_any, world, out)
+ *   quantize16(x, k, exp_global, out: int16)  the 16-bit format (quant16.py)
+ *   dequantize16(results: int16, exp_global, nonfinite_any, world, out)
  *   exponent_bits(world)
  *   ordered(x: float32, op, out: int32)       float32 MIN/MAX map (ordered.py)
  *   unordered(q: int32, out: float32)         its inverse
  *   packets(n, k, slots, is_float, op)        packets of a call (plans.py)
  *   window_trace(slots, window, events)       window.c on a list of events, for
  *                                             tests against window.py
- * The quant functions mirror switchml_xdp/quant.py and ordered.py so tests
+ * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
  * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
  * `abort` is a writable buffer of at least 4 bytes; a nonzero first word stops
@@ -79,7 +83,7 @@ static int get_buf(PyObject *obj, Py_buffer *b, int writable, const char *kinds,
 	if (b->itemsize != itemsize || !kind || !strchr(kinds, kind)) {
 		PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous buffer of %s, got format '%s'",
 			     what, itemsize == 4 ? (strchr(kinds, 'f') ? "float32" : "int32")
-						 : "int8/bool",
+				 : itemsize == 2 ? "int16" : "int8/bool",
 			     b->format ? b->format : "B");
 		PyBuffer_Release(b);
 		return -1;
@@ -156,16 +160,19 @@ out_x:
 	return ret;
 }
 
-static PyObject *py_quantize(PyObject *self, PyObject *args)
+/* quantize(x, k, exp_global, world, out: int32[nb*k]) (quant.quantize), or with
+ * bits16 quantize16(x, k, exp_global, out: int16[nb*k]) (quant16.quantize16). */
+static PyObject *quantize_buffers(PyObject *args, int bits16)
 {
 	PyObject *xo, *eo, *oo;
 	Py_ssize_t k;
-	long world;
+	long world = 1;
 	Py_buffer x, e, o;
 	PyObject *ret = NULL;
 	int too_big = 0;
 
-	if (!PyArg_ParseTuple(args, "OnOlO", &xo, &k, &eo, &world, &oo))
+	if (bits16 ? !PyArg_ParseTuple(args, "OnOO", &xo, &k, &eo, &oo)
+		   : !PyArg_ParseTuple(args, "OnOlO", &xo, &k, &eo, &world, &oo))
 		return NULL;
 	if (k < 1)
 		return PyErr_Format(PyExc_ValueError, "k must be positive");
@@ -175,12 +182,13 @@ static PyObject *py_quantize(PyObject *self, PyObject *args)
 		return NULL;
 	if (get_buf(eo, &e, 0, "b", 1, "exp_global"))
 		goto out_x;
-	if (get_buf(oo, &o, 1, "i", 4, "out"))
+	if (get_buf(oo, &o, 1, bits16 ? "h" : "i", bits16 ? 2 : 4, "out"))
 		goto out_e;
 	{
 		Py_ssize_t n = buf_len(&x), nb = (n + k - 1) / k;
 		int L = swml_exponent_bits((uint32_t)world);
-		uint32_t limit = 1u << (30 - L);
+		/* the largest |q| each format allows (quant.py, quant16.py) */
+		uint32_t limit = bits16 ? 1u << 14 : 1u << (30 - L);
 
 		if (e.len != nb || buf_len(&o) != nb * k) {
 			PyErr_Format(PyExc_ValueError, "need %zd exponents and %zd outputs", nb, nb * k);
@@ -190,20 +198,28 @@ static PyObject *py_quantize(PyObject *self, PyObject *args)
 		for (Py_ssize_t b = 0; b < nb; b++) {
 			Py_ssize_t m = n - b * k < k ? n - b * k : k;
 			const float *xb = (const float *)x.buf + b * k;
+			int16_t *o16 = (int16_t *)o.buf + b * k;
+			int32_t *o32 = (int32_t *)o.buf + b * k;
 			int8_t eg = ((int8_t *)e.buf)[b];
 			int bad;
 
-			if (eg >= swml_block_exponent(xb, m, &bad))
-				swml_quantize_block(xb, m, k, eg, L, (int32_t *)o.buf + b * k);
-			else
-				too_big |= swml_quantize_block_checked(xb, m, k, eg, L,
-								       (int32_t *)o.buf + b * k) > limit;
+			if (eg >= swml_block_exponent(xb, m, &bad)) {
+				if (bits16)
+					swml_quantize16_block(xb, m, k, eg, o16);
+				else
+					swml_quantize_block(xb, m, k, eg, L, o32);
+			} else {
+				too_big |= (bits16 ? swml_quantize16_block_checked(xb, m, k, eg, o16)
+						   : swml_quantize_block_checked(xb, m, k, eg, L, o32))
+					   > limit;
+			}
 		}
 		Py_END_ALLOW_THREADS
 		if (too_big) {
-			PyErr_SetString(PyExc_ValueError,
-					"exp_global is smaller than a block's local exponent: "
-					"values would not fit the int32 headroom");
+			PyErr_Format(PyExc_ValueError,
+				     "exp_global is smaller than a block's local exponent: "
+				     "values would not fit the %s", bits16 ? "int16 payload"
+									: "int32 headroom");
 			goto out;
 		}
 	}
@@ -217,8 +233,22 @@ out_x:
 	return ret;
 }
 
-static PyObject *py_dequantize(PyObject *self, PyObject *args)
+static PyObject *py_quantize(PyObject *self, PyObject *args)
 {
+	return quantize_buffers(args, 0);
+}
+
+static PyObject *py_quantize16(PyObject *self, PyObject *args)
+{
+	return quantize_buffers(args, 1);
+}
+
+/* dequantize(sums: int32[nb*k], exp_global, nonfinite_any, world, out)
+ * (quant.dequantize), or with bits16 dequantize16(results: int16[nb*k], ...)
+ * (quant16.dequantize16). */
+static PyObject *dequantize_buffers(PyObject *args, int bits16)
+{
+	const char *what = bits16 ? "results" : "sums";
 	PyObject *so, *eo, *fo, *oo;
 	long world;
 	Py_buffer s, e, f, o;
@@ -228,7 +258,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
 		return NULL;
 	if (check_world(world))
 		return NULL;
-	if (get_buf(so, &s, 0, "i", 4, "sums"))
+	if (get_buf(so, &s, 0, bits16 ? "h" : "i", bits16 ? 2 : 4, what))
 		return NULL;
 	if (get_buf(eo, &e, 0, "b", 1, "exp_global"))
 		goto out_s;
@@ -241,8 +271,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
 		int L = swml_exponent_bits((uint32_t)world);
 
 		if (nb == 0 || f.len != nb || buf_len(&s) % nb) {
-			PyErr_SetString(PyExc_ValueError, "sums must be nblocks * k int32, with one "
-					"exponent and one flag per block");
+			PyErr_Format(PyExc_ValueError, "%s must be nblocks * k %s, with one "
+				     "exponent and one flag per block", what, bits16 ? "int16" : "int32");
 			goto out;
 		}
 		k = buf_len(&s) / nb;
@@ -253,9 +283,14 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
 		Py_BEGIN_ALLOW_THREADS
 		for (Py_ssize_t b = 0; b < nb; b++) {
 			Py_ssize_t m = n - b * k < k ? n - b * k : k;
+			int8_t eg = ((int8_t *)e.buf)[b];
+			int nf = ((uint8_t *)f.buf)[b] != 0;
+			float *y = (float *)o.buf + b * k;
 
-			swml_dequantize_block((const int32_t *)s.buf + b * k, m, ((int8_t *)e.buf)[b], L,
-					      ((uint8_t *)f.buf)[b] != 0, (float *)o.buf + b * k);
+			if (bits16)
+				swml_dequantize16_block((const int16_t *)s.buf + b * k, m, eg, L, nf, y);
+			else
+				swml_dequantize_block((const int32_t *)s.buf + b * k, m, eg, L, nf, y);
 		}
 		Py_END_ALLOW_THREADS
 	}
@@ -269,6 +304,16 @@ out_e:
 out_s:
 	PyBuffer_Release(&s);
 	return ret;
+}
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args)
+{
+	return dequantize_buffers(args, 0);
+}
+
+static PyObject *py_dequantize16(PyObject *self, PyObject *args)
+{
+	return dequantize_buffers(args, 1);
 }
 
 /* One direction of the float32 MIN/MAX map over whole buffers: float32 ->
@@ -582,21 +627,22 @@ static int check_usable(EngineObject *self)
 
 static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"array", "op", "tag", NULL};
+	static char *kwlist[] = {"array", "op", "tag", "fmt", NULL};
 	PyObject *arg;
-	unsigned char op;
+	unsigned char op, fmt;
 	unsigned long tag;
 	struct swml_call call;
 	Py_buffer b;
 	char kind;
 	int status;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Obk", kwlist, &arg, &op, &tag))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Obkb", kwlist, &arg, &op, &tag, &fmt))
 		return NULL;
-	if (op >= SWML_OP_NUM || tag > 0xffffffffUL)
-		return PyErr_Format(PyExc_ValueError, "allreduce: op must be an SWML_OP_* and tag "
-				    "fit 32 bits");
+	if (op >= SWML_OP_NUM || tag > 0xffffffffUL || fmt >= SWML_FMT_NUM)
+		return PyErr_Format(PyExc_ValueError, "allreduce: op must be an SWML_OP_*, tag "
+				    "fit 32 bits and fmt be an SWML_FMT_*");
 	call.op = op;
+	call.fmt = fmt;
 	call.tag = (uint32_t)tag;
 	if (check_usable(self))
 		return NULL;
@@ -606,6 +652,12 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *
 	if (b.itemsize != 4 || (kind != 'f' && kind != 'i')) {
 		PyErr_Format(PyExc_TypeError, "allreduce takes a writable C-contiguous float32 or "
 			     "int32 buffer, not format '%s'", b.format ? b.format : "B");
+		PyBuffer_Release(&b);
+		return NULL;
+	}
+	if (fmt == SWML_FMT_INT16 && (kind != 'f' || op != SWML_OP_SUM)) {
+		PyErr_SetString(PyExc_ValueError, "allreduce: fmt SWML_FMT_INT16 is for a float32 "
+				"SUM only");
 		PyBuffer_Release(&b);
 		return NULL;
 	}
@@ -694,9 +746,10 @@ static PyObject *Engine_get_fd(EngineObject *self, void *closure)
 
 static PyMethodDef Engine_methods[] = {
 	{"allreduce", (PyCFunction)(void (*)(void))Engine_allreduce, METH_VARARGS | METH_KEYWORDS,
-	 "allreduce(array, op, tag) -> status: reduce a writable C-contiguous float32/int32 "
-	 "buffer in place over the job with op (SWML_OP_*), as the call tagged tag (GIL "
-	 "released for the whole tensor)."},
+	 "allreduce(array, op, tag, fmt) -> status: reduce a writable C-contiguous "
+	 "float32/int32 buffer in place over the job with op (SWML_OP_*), as the call tagged "
+	 "tag, payloads in fmt (SWML_FMT_*; INT16 for a float32 SUM only) (GIL released for "
+	 "the whole tensor)."},
 	{"pending_slots", (PyCFunction)Engine_pending_slots, METH_NOARGS,
 	 "Slots that were still waiting for a result when the last allreduce failed."},
 	{"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters as a dict."},
@@ -723,6 +776,11 @@ static PyTypeObject EngineType = {
 
 static PyMethodDef module_methods[] = {
 	{"exponent_bits", py_exponent_bits, METH_VARARGS, "exponent_bits(world) -> L"},
+	{"quantize16", py_quantize16, METH_VARARGS,
+	 "quantize16(x: float32, k, exp_global: int8[nb], out: int16[nb*k]) (quant16.py)"},
+	{"dequantize16", py_dequantize16, METH_VARARGS,
+	 "dequantize16(results: int16[nb*k], exp_global: int8[nb], nonfinite_any: bool[nb], "
+	 "world, out: float32[n])"},
 	{"ordered", py_ordered, METH_VARARGS,
 	 "ordered(x: float32, op, out: int32): the float32 MIN/MAX map (switchml_xdp/ordered.py)"},
 	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},

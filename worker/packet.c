@@ -29,10 +29,11 @@ static void put32(uint8_t *p, uint32_t v)
 	put16(p + 2, v & 0xffff);
 }
 
-void swml_build_template(uint8_t t[SWML_L2L4_LEN], const struct swml_addrs *a, uint32_t k)
+void swml_build_template(uint8_t t[SWML_L2L4_LEN], const struct swml_addrs *a, uint32_t k,
+			 uint8_t fmt)
 {
 	uint8_t *eth = t, *ip = t + SWML_ETH_LEN, *udp = ip + SWML_IP_LEN;
-	uint32_t udp_len = SWML_UDP_LEN + SWML_HDR_LEN + 4 * k;
+	uint32_t udp_len = SWML_UDP_LEN + SWML_HDR_LEN + swml_fmt_size(fmt) * k;
 
 	memset(t, 0, SWML_L2L4_LEN);
 	memcpy(eth, a->dst_mac, 6);
@@ -90,11 +91,12 @@ static uint32_t get32(const uint8_t *p)
 }
 
 int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a,
-		      uint16_t job, uint32_t k, struct swml_result *r)
+		      uint16_t job, uint32_t k, uint8_t fmt, struct swml_result *r)
 {
 	const uint8_t *ip = f + SWML_ETH_LEN, *udp = ip + SWML_IP_LEN, *h = f + SWML_L2L4_LEN;
+	uint8_t got;
 
-	if (len < SWML_HEADERS_LEN + 4 * k)
+	if (len < SWML_HEADERS_LEN)
 		return -1;
 	/* The redirect program checked IPv4 without options, UDP, our port and
 	 * address, the switch as the source and the RESULT type; a second look
@@ -104,10 +106,20 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 	if (memcmp(ip + 12, a->dst_ip, 4) || get16(udp) != a->dst_port)
 		return -1;
 	if (*HDR_AT(h, ver_type) != ((SWML_VERSION << 4) | SWML_TYPE_RESULT) ||
-	    get16(HDR_AT(h, job)) != job || get16(HDR_AT(h, count)) != k ||
-	    *HDR_AT(h, fmt) != SWML_FMT_INT32)
+	    get16(HDR_AT(h, job)) != job || get16(HDR_AT(h, count)) != k)
 		return -1;
+	got = *HDR_AT(h, fmt);
 	r->flags = *HDR_AT(h, flags);
+	if (got == fmt) {
+		if (len < SWML_HEADERS_LEN + swml_fmt_size(fmt) * k)
+			return -1;
+		r->payload = h + SWML_HDR_LEN;
+	} else if (r->flags & SWML_FLAG_DISAGREE) {
+		r->payload = NULL;
+	} else {
+		return -1;
+	}
+	r->fmt = got;
 	r->op = *HDR_AT(h, op);
 	r->job = job;
 	r->slot = get16(HDR_AT(h, slot));
@@ -115,6 +127,5 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 	r->tag = get32(HDR_AT(h, tag));
 	r->exp = (int8_t)*HDR_AT(h, exp);
 	r->count = (uint16_t)k;
-	r->payload = h + SWML_HDR_LEN;
 	return 0;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * packet.h - the frames the worker engine sends and receives (wire format v2,
- * xdp/swml_wire.h): Ethernet | IPv4 (no options) | UDP | swml_hdr | k x int32.
+ * xdp/swml_wire.h): Ethernet | IPv4 (no options) | UDP | swml_hdr | k x int32
+ * (SWML_FMT_INT32) or k x int16 (SWML_FMT_INT16).
  *
  * Everything in front of the swml header is the same for every DATA packet of
  * a job (addresses, ports, lengths; IP id 0 with DF, so the IPv4 checksum is a
@@ -23,8 +24,16 @@ struct swml_addrs {
 	uint16_t src_port, dst_port;    /* host order */
 };
 
-/* The 42-byte Ethernet/IPv4/UDP prefix of every DATA packet with k elements. */
-void swml_build_template(uint8_t tmpl[SWML_L2L4_LEN], const struct swml_addrs *a, uint32_t k);
+/* Bytes per payload element of format fmt (SWML_FMT_*). */
+static inline uint32_t swml_fmt_size(uint8_t fmt)
+{
+	return fmt == SWML_FMT_INT16 ? 2 : 4;
+}
+
+/* The 42-byte Ethernet/IPv4/UDP prefix of every DATA packet with k elements
+ * of format fmt. */
+void swml_build_template(uint8_t tmpl[SWML_L2L4_LEN], const struct swml_addrs *a, uint32_t k,
+			 uint8_t fmt);
 
 /* What every DATA packet of one call has in its swml header. */
 struct swml_data_id {
@@ -38,9 +47,10 @@ struct swml_data_id {
 void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags,
 			 uint16_t slot, uint32_t seq, int8_t exp);
 
-/* A RESULT as the engine sees it; payload points into the frame (unaligned). */
+/* A RESULT as the engine sees it; payload points into the frame (unaligned),
+ * NULL for a DISAGREE result in another format than the call's. */
 struct swml_result {
-	uint8_t flags, op;
+	uint8_t flags, op, fmt;
 	int8_t exp;
 	uint16_t job, slot, count;
 	uint32_t seq, tag;
@@ -48,10 +58,12 @@ struct swml_result {
 };
 
 /* Parse a received frame: 0 and *r filled if it is a v2 RESULT of `job` with
- * count k and room for k elements, from the switch (IPv4 source a->dst_ip,
- * UDP source port a->dst_port: where DATA goes); -1 otherwise. The caller
- * checks seq, tag and op against the call. */
+ * count k, from the switch (IPv4 source a->dst_ip, UDP source port
+ * a->dst_port: where DATA goes), in the call's format fmt with room for k
+ * elements of it, or flagged DISAGREE in any format (a round whose ranks
+ * disagree answers in one rank's format, maybe not ours; nothing in it is
+ * read); -1 otherwise. The caller checks seq, tag and op against the call. */
 int swml_parse_result(const uint8_t *frame, uint32_t len, const struct swml_addrs *a,
-		      uint16_t job, uint32_t k, struct swml_result *r);
+		      uint16_t job, uint32_t k, uint8_t fmt, struct swml_result *r);
 
 #endif /* SWML_PACKET_H */

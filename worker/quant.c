@@ -16,6 +16,8 @@
 #include "swml_wire.h"
 
 #define SWML_TOP_BIT 29
+/* quant16.py's _TOP_BIT16: |q| <= 2^14, one bit below int16's range. */
+#define SWML_TOP_BIT16 13
 #define F32_ABS_MASK 0x7fffffffu
 #define F32_MIN_NORMAL_BITS 0x00800000u
 /* |x| bits + 2^23 has bit 31 set iff x is Inf or NaN (exponent field all ones). */
@@ -74,25 +76,71 @@ static inline int shift_of(int8_t exp_global, int L)
 	return (SWML_TOP_BIT - L) - exp_global; /* F, in [-114, 157] */
 }
 
+/* rint((double)x * scale) with Inf/NaN as +0.0, branch-free for the vectorized
+ * loops: exact scaling (a power of two, no over/underflow for any shift here),
+ * the magic-number rounding. */
+static inline double quantized(const float *xp, double scale)
+{
+	uint32_t u, t;
+	float xf;
+	double v;
+
+	memcpy(&u, xp, sizeof u);
+	t = (u & F32_ABS_MASK) + F32_NONFINITE_CARRY;
+	u &= (t >> 31) - 1u;            /* Inf/NaN -> +0.0 */
+	memcpy(&xf, &u, sizeof xf);
+	v = (double)xf * scale;
+	return (v + ROUND_MAGIC) - ROUND_MAGIC;
+}
+
+/* The scalar, checked quantizer of both formats (any exponent, so any
+ * magnitude): libm's rint, values saturated to int32 (wide) or int16, zero
+ * padding from n to k; returns the largest |value| before saturation. */
+static uint32_t quantize_checked(const float *x, size_t n, size_t k, double scale, int wide,
+				 void *out)
+{
+	const double hi = wide ? 2147483647.0 : 32767.0, lo = -hi - 1.0;
+	double peak = 0.0;
+
+	for (size_t i = 0; i < k; i++) {
+		double v = i < n && isfinite(x[i]) ? rint((double)x[i] * scale) : 0.0;
+
+		peak = fabs(v) > peak ? fabs(v) : peak;
+		v = v > hi ? hi : v < lo ? lo : v;
+		if (wide)
+			((int32_t *)out)[i] = (int32_t)v;
+		else
+			((int16_t *)out)[i] = (int16_t)v;
+	}
+	return peak >= 4294967295.0 ? UINT32_MAX : (uint32_t)peak;
+}
+
+/* float32(ints[i] * scale) for n int32 (wide) or int16 at ints, all NaN for a
+ * non-finite block: the last step of both formats. `wide` is a constant at
+ * each call, so each inlined copy keeps one vectorized loop. */
+static inline void scale_back(const void *ints, int wide, size_t n, double scale,
+			      int nonfinite, float *restrict out)
+{
+	if (nonfinite) {
+		for (size_t i = 0; i < n; i++)
+			out[i] = NAN;
+	} else if (wide) {
+		for (size_t i = 0; i < n; i++) /* exact product, one rounding */
+			out[i] = (float)((double)((const int32_t *)ints)[i] * scale);
+	} else {
+		for (size_t i = 0; i < n; i++)
+			out[i] = (float)((double)((const int16_t *)ints)[i] * scale);
+	}
+}
+
 SWML_CLONES
 void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, int L,
 			 int32_t *restrict out)
 {
 	const double scale = ldexp(1.0, shift_of(exp_global, L)); /* exact */
 
-	for (size_t i = 0; i < n; i++) {
-		uint32_t u, t;
-		float xf;
-		double v, r;
-
-		memcpy(&u, x + i, sizeof u);
-		t = (u & F32_ABS_MASK) + F32_NONFINITE_CARRY;
-		u &= (t >> 31) - 1u;            /* Inf/NaN -> +0.0 */
-		memcpy(&xf, &u, sizeof xf);
-		v = (double)xf * scale;         /* exact: a power of two, no over/underflow */
-		r = (v + ROUND_MAGIC) - ROUND_MAGIC;
-		out[i] = (int32_t)r;            /* |r| <= 2^(30-L) by the precondition */
-	}
+	for (size_t i = 0; i < n; i++)
+		out[i] = (int32_t)quantized(x + i, scale); /* |q| <= 2^(30-L) by the precondition */
 	for (size_t i = n; i < k; i++)
 		out[i] = 0;
 }
@@ -100,33 +148,45 @@ void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, 
 uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
 				     int L, int32_t *out)
 {
-	const double scale = ldexp(1.0, shift_of(exp_global, L));
-	double peak = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		double v = isfinite(x[i]) ? rint((double)x[i] * scale) : 0.0;
-
-		peak = fabs(v) > peak ? fabs(v) : peak;
-		out[i] = v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
-	}
-	for (size_t i = n; i < k; i++)
-		out[i] = 0;
-	return peak >= 4294967295.0 ? UINT32_MAX : (uint32_t)peak;
+	return quantize_checked(x, n, k, ldexp(1.0, shift_of(exp_global, L)), 1, out);
 }
 
 SWML_CLONES
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
 			   int nonfinite, float *restrict out)
 {
-	const double scale = ldexp(1.0, -shift_of(exp_global, L));
+	scale_back(sums, 1, n, ldexp(1.0, -shift_of(exp_global, L)), nonfinite, out);
+}
 
-	if (nonfinite) {
-		for (size_t i = 0; i < n; i++)
-			out[i] = NAN;
-		return;
-	}
-	for (size_t i = 0; i < n; i++)
-		out[i] = (float)((double)sums[i] * scale); /* exact product, one rounding */
+static inline int shift16_of(int8_t exp_global)
+{
+	return SWML_TOP_BIT16 - exp_global; /* F16, in [-114, 141] */
+}
+
+SWML_CLONES
+void swml_quantize16_block(const float *x, size_t n, size_t k, int8_t exp_global,
+			   int16_t *restrict out)
+{
+	const double scale = ldexp(1.0, shift16_of(exp_global)); /* exact */
+
+	for (size_t i = 0; i < n; i++) /* |q| <= 2^14 by the precondition */
+		out[i] = (int16_t)(int32_t)quantized(x + i, scale);
+	for (size_t i = n; i < k; i++)
+		out[i] = 0;
+}
+
+uint32_t swml_quantize16_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
+				       int16_t *out)
+{
+	return quantize_checked(x, n, k, ldexp(1.0, shift16_of(exp_global)), 0, out);
+}
+
+SWML_CLONES
+void swml_dequantize16_block(const int16_t *results, size_t n, int8_t exp_global, int L,
+			     int nonfinite, float *restrict out)
+{
+	/* 2^(L - F16) lies in [2^-141, 2^(L+114)]: exact in double */
+	scale_back(results, 0, n, ldexp(1.0, L - shift16_of(exp_global)), nonfinite, out);
 }
 
 #define F32_LOW31 0x7fffffffu

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * quant.h - float32 <-> int32 block quantization of the worker engine.
+ * quant.h - float32 <-> int32 (and int16) block quantization of the worker engine.
  *
  * Bit-identical to the numpy reference switchml_xdp/quant.py (the executable
  * definition; docs/quantization.md explains it):
@@ -44,6 +44,26 @@ uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t 
 /* Dequantize the first n sums of a block into out; all NaN when nonfinite. */
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
 			   int nonfinite, float *out);
+
+/* The 16-bit block format, bit-identical to switchml_xdp/quant16.py (the
+ * definition; docs/quantization.md, "The 16-bit format"): F16 = 13 - E,
+ * q = rint((double)x * 2^F16) as int16 (|q| <= 2^14 whatever the world: the
+ * switch keeps the headroom, returning R = (S + 2^(L-1)) >> L), non-finite and
+ * padding -> 0; y = (float)((double)R * 2^(L - F16)). Same precondition and
+ * vectorization as swml_quantize_block. */
+void swml_quantize16_block(const float *x, size_t n, size_t k, int8_t exp_global,
+			   int16_t *out);
+
+/* The same for any exp_global (scalar): values beyond int16 saturate, and the
+ * largest |q| is returned so that callers can check the 2^14 limit, as
+ * quant16.quantize16() does. */
+uint32_t swml_quantize16_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
+				       int16_t *out);
+
+/* The first n elements of a block of the switch's int16 RESULT into out; all
+ * NaN when nonfinite. */
+void swml_dequantize16_block(const int16_t *results, size_t n, int8_t exp_global, int L,
+			     int nonfinite, float *out);
 
 /* float32 MIN/MAX through the switch's int32 compare, bit-identical to
  * switchml_xdp/ordered.py: each float's bits as an int32, the 31 low bits

@@ -23,8 +23,10 @@
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
 
 /* How a plan's payloads are made: as int32 (as is, or a float32 through the
- * order-preserving map), or quantized with an agreed exponent (float32 sum). */
-enum coding { C_INT32 = 0, C_ORDERED = 1, C_QUANT = 2 };
+ * order-preserving map), or quantized with an agreed exponent (float32 sum),
+ * to int32 or to int16 (the 16-bit format). The two quantized codings share
+ * the exponent round and the lag: only the payload differs. */
+enum coding { C_INT32 = 0, C_ORDERED = 1, C_QUANT = 2, C_QUANT16 = 3 };
 
 struct plan {
 	enum coding coding;
@@ -32,6 +34,7 @@ struct plan {
 	uint8_t *data;
 	size_t n;
 	uint32_t k, S;
+	uint32_t frame_len; /* headers + k elements of the call's fmt */
 	int L;
 	uint64_t blocks, lag, N, base;
 	uint32_t seq0;     /* the wire seq of packet 0 */
@@ -63,6 +66,11 @@ static inline uint32_t slot_of(const struct plan *pl, uint64_t p)
 	return (uint32_t)((pl->base + p) % pl->S);
 }
 
+static inline int quantized(const struct plan *pl)
+{
+	return pl->coding == C_QUANT || pl->coding == C_QUANT16;
+}
+
 static inline int ready(const struct plan *pl, uint64_t p)
 {
 	return (p < pl->S || pl->state[p - pl->S] == P_DONE) &&
@@ -77,7 +85,8 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 	memset(st, 0, sizeof *st);
 	st->cfg = *cfg;
 	st->xsk = xsk;
-	swml_build_template(st->tmpl, &cfg->addrs, cfg->k);
+	for (uint8_t fmt = 0; fmt < SWML_FMT_NUM; fmt++)
+		swml_build_template(st->tmpl[fmt], &cfg->addrs, cfg->k, fmt);
 	st->inflight = malloc(S * sizeof *st->inflight);
 	st->deadline = malloc(S * sizeof *st->deadline);
 	st->rto = malloc(S * sizeof *st->rto);
@@ -120,19 +129,19 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 {
 	const uint32_t k = pl->k;
 	const uint64_t i = pl->base + p;
-	int32_t *payload = (int32_t *)(f + SWML_HEADERS_LEN); /* 64-byte aligned, see xsk_port.h */
+	void *payload = f + SWML_HEADERS_LEN; /* 64-byte aligned, see xsk_port.h */
 	uint8_t flags = ((i / pl->S) & 1) ? SWML_FLAG_SLOT_VER : 0;
 	int8_t exp = 0;
 
 	if (retrans)
 		flags |= SWML_FLAG_RETRANS;
-	memcpy(f, st->tmpl, SWML_L2L4_LEN);
+	memcpy(f, st->tmpl[pl->id.fmt], SWML_L2L4_LEN);
 	if (pl->coding == C_INT32) {
 		size_t off = (size_t)p * k, m = min_u64(k, pl->n - off);
 
 		memcpy(payload, pl->data + off * 4, m * 4);
 		if (m < k)
-			memset(payload + m, 0, (k - m) * 4);
+			memset((int32_t *)payload + m, 0, (k - m) * 4);
 	} else if (pl->coding == C_ORDERED) {
 		size_t off = (size_t)p * k;
 
@@ -143,17 +152,22 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 		if (p >= pl->lag) {
 			uint64_t b = p - pl->lag;
 			size_t off = (size_t)b * k, m = min_u64(k, pl->n - off);
+			const float *x = (const float *)pl->data + off;
+			/* below: cannot happen, the switch returns the max, ours included */
+			int checked = pl->gexp[b] < pl->lexp[b];
 
-			if (pl->gexp[b] >= pl->lexp[b])
-				swml_quantize_block((const float *)pl->data + off, m, k, pl->gexp[b],
-						    pl->L, payload);
-			else /* cannot happen: the switch returns the max, ours included */
-				swml_quantize_block_checked((const float *)pl->data + off, m, k,
-							    pl->gexp[b], pl->L, payload);
+			if (pl->coding == C_QUANT16 && !checked)
+				swml_quantize16_block(x, m, k, pl->gexp[b], payload);
+			else if (pl->coding == C_QUANT16)
+				swml_quantize16_block_checked(x, m, k, pl->gexp[b], payload);
+			else if (!checked)
+				swml_quantize_block(x, m, k, pl->gexp[b], pl->L, payload);
+			else
+				swml_quantize_block_checked(x, m, k, pl->gexp[b], pl->L, payload);
 			if (pl->lnf[b])
 				flags |= SWML_FLAG_NONFINITE;
 		} else {
-			memset(payload, 0, (size_t)k * 4);
+			memset(payload, 0, (size_t)k * swml_fmt_size(pl->id.fmt));
 		}
 	}
 	swml_write_data_hdr(f + SWML_L2L4_LEN, &pl->id, flags, (uint16_t)(i % pl->S),
@@ -199,7 +213,7 @@ static void rtt_sample(struct swml_stream *st, uint64_t rtt)
 static void transmit(struct swml_stream *st, struct plan *pl, uint64_t p, int retrans)
 {
 	const uint32_t s = slot_of(pl, p);
-	uint8_t *f = swml_xsk_tx_reserve(st->xsk, SWML_HEADERS_LEN + 4 * pl->k);
+	uint8_t *f = swml_xsk_tx_reserve(st->xsk, pl->frame_len);
 
 	if (!f) {
 		if (!st->queued[s]) {
@@ -219,7 +233,7 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 	const uint32_t s = slot_of(pl, p);
 
 	pl->state[p] = P_SENT;
-	if (pl->coding == C_QUANT && p < pl->blocks) {
+	if (quantized(pl) && p < pl->blocks) {
 		size_t off = (size_t)p * pl->k;
 		int nf;
 
@@ -249,7 +263,7 @@ static void drain_queue(struct swml_stream *st, struct plan *pl)
 			st->queue_cursor = (s + 1) % S;
 			continue;
 		}
-		f = swml_xsk_tx_reserve(st->xsk, SWML_HEADERS_LEN + 4 * pl->k);
+		f = swml_xsk_tx_reserve(st->xsk, pl->frame_len);
 		if (!f)
 			return;
 		retrans = st->queued[s] == QUEUED_RETRANS;
@@ -317,13 +331,26 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 		if (p >= pl->lag) {
 			uint64_t b = p - pl->lag;
 			size_t off = (size_t)b * k;
-			int32_t sums[SWML_MAX_K] __attribute__((aligned(64)));
+			const int nf = r->flags & SWML_FLAG_NONFINITE;
+			float *y = (float *)pl->data + off;
 
 			/* Block b's input is no longer needed: packets b and b + lag,
-			 * the only ones reading it, both have their results. */
-			memcpy(sums, r->payload, (size_t)k * 4);
-			swml_dequantize_block(sums, min_u64(k, pl->n - off), pl->gexp[b], pl->L,
-					      r->flags & SWML_FLAG_NONFINITE, (float *)pl->data + off);
+			 * the only ones reading it, both have their results. The
+			 * payload is copied out to an aligned buffer for the
+			 * vectorized loops. */
+			if (pl->coding == C_QUANT16) {
+				int16_t res[SWML_MAX_K] __attribute__((aligned(64)));
+
+				memcpy(res, r->payload, (size_t)k * 2);
+				swml_dequantize16_block(res, min_u64(k, pl->n - off), pl->gexp[b],
+							pl->L, nf, y);
+			} else {
+				int32_t sums[SWML_MAX_K] __attribute__((aligned(64)));
+
+				memcpy(sums, r->payload, (size_t)k * 4);
+				swml_dequantize_block(sums, min_u64(k, pl->n - off), pl->gexp[b],
+						      pl->L, nf, y);
+			}
 		}
 	}
 	return 0;
@@ -365,7 +392,8 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 		addrs[i] = d->addr;
 		if (*disagree)
 			continue; /* the call is over: only hand the frames back */
-		if (swml_parse_result(frame, d->len, &st->cfg.addrs, st->cfg.job, pl->k, &r) == 0) {
+		if (swml_parse_result(frame, d->len, &st->cfg.addrs, st->cfg.job, pl->k, pl->id.fmt,
+				      &r) == 0) {
 			if (on_result(st, pl, &r))
 				*disagree = 1;
 		} else {
@@ -472,10 +500,12 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	st->n_pending = 0;
 	if (n == 0)
 		return SWML_OK;
-	pl.coding = dtype == SWML_INT32 ? C_INT32 : call->op == SWML_OP_SUM ? C_QUANT : C_ORDERED;
+	pl.coding = dtype == SWML_INT32 ? C_INT32 : call->op != SWML_OP_SUM ? C_ORDERED
+		    : call->fmt == SWML_FMT_INT16 ? C_QUANT16 : C_QUANT;
 	pl.id = (struct swml_data_id){ .job = st->cfg.job, .rank = st->cfg.rank, .count = (uint16_t)k,
-				       .op = call->op, .fmt = SWML_FMT_INT32, .tag = call->tag,
+				       .op = call->op, .fmt = call->fmt, .tag = call->tag,
 				       .key = st->cfg.key };
+	pl.frame_len = SWML_HEADERS_LEN + swml_fmt_size(call->fmt) * k;
 	pl.data = data;
 	pl.n = n;
 	pl.k = k;
@@ -485,7 +515,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	pl.N = swml_stream_packets(n, k, S, dtype, call->op);
 	if (pl.N > SWML_SEQ_RESYNC_STRIDE)
 		return SWML_E2BIG; /* refused before anything is sent: the stream stays */
-	if (pl.coding == C_QUANT) {
+	if (quantized(&pl)) {
 		pl.lag = min_u64(S, pl.blocks);
 		pl.lexp = malloc(pl.blocks);
 		pl.lnf = malloc(pl.blocks);
@@ -496,7 +526,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	pl.base = st->next_index;
 	pl.seq0 = st->cfg.seq_base + (uint32_t)pl.base;
 	pl.state = calloc(pl.N, 1);
-	if (!pl.state || (pl.coding == C_QUANT && (!pl.lexp || !pl.lnf || !pl.gexp))) {
+	if (!pl.state || (quantized(&pl) && (!pl.lexp || !pl.lnf || !pl.gexp))) {
 		status = SWML_ENOMEM;
 		goto out;
 	}

@@ -10,11 +10,13 @@
  *   int32 and float32 MIN/MAX (the order-preserving map, quant.h), W = min(S,
  *   blocks) for a float32 SUM, which has blocks + W packets: packet p carries
  *   block p's local exponent (-128 past the last block) and block p-W quantized
- *   with the exponent the switch returned with packet p-W (zeros for p < W).
+ *   with the exponent the switch returned with packet p-W (zeros for p < W):
+ *   k int32 (quant.h, SWML_FMT_INT32) or, at fmt SWML_FMT_INT16, k int16 (the
+ *   16-bit format, quant16.py: the same exponent round, half the bytes).
  * Every DATA packet carries the job's key and the call's op and tag. A RESULT
  * counts only from the switch's address and port, for this job, with the seq
- * of a packet in flight on its slot and the call's tag and op; one flagged
- * DISAGREE ends the call (SWML_DISAGREE). After any failed call next_index
+ * of a packet in flight on its slot and the call's tag, op and fmt; one flagged
+ * DISAGREE ends the call (SWML_DISAGREE), whatever its fmt. After any failed call next_index
  * moves to align_up(call start + SWML_SEQ_RESYNC_STRIDE, 2 S), as on every
  * other rank that failed it.
  * Every in-flight packet has a retransmission timer that doubles up to a cap;
@@ -49,7 +51,8 @@ enum swml_dtype { SWML_INT32 = 0, SWML_FLOAT32 = 1 };
 /* The call, as every rank describes it alike (switchml_xdp/worker/calls.py). */
 struct swml_call {
 	uint8_t op;                /* SWML_OP_* */
-	uint32_t tag;
+	uint8_t fmt;               /* SWML_FMT_*: SWML_FMT_INT16 only for a float32 SUM */
+	uint32_t tag;              /* calls.call_tag: covers the precision, so fmt too */
 };
 
 struct swml_stream_cfg {
@@ -88,7 +91,7 @@ struct swml_stream_stats {
 struct swml_stream {
 	struct swml_stream_cfg cfg;
 	struct swml_xsk *xsk;
-	uint8_t tmpl[SWML_L2L4_LEN];
+	uint8_t tmpl[SWML_FMT_NUM][SWML_L2L4_LEN]; /* per payload format: the lengths differ */
 	uint64_t next_index;       /* packets of the job's life so far */
 	struct swml_stream_stats stats;
 	/* per slot, for the packet in flight there */

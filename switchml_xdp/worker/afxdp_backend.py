@@ -12,9 +12,9 @@ everything else still goes to the kernel stack.
 
 Each allreduce is one call into C, which streams the whole tensor with the GIL
 released. The streaming rules, packet format and quantization are those of the
-udp backend (plans.py, quant.py), so both kinds of worker can share a job,
-and so is the retransmission policy (retransmit.py; the engine's estimator in
-worker/stream.c implements its rules). The job's AbortSignal raises a flag the
+udp backend (plans.py, quant.py; quant16.py at precision "16"), so both kinds
+of worker can share a job, and so is the retransmission policy (retransmit.py;
+the engine's estimator in worker/stream.c implements its rules). The job's AbortSignal raises a flag the
 C loop reads every few ms; the loop's status code becomes JobAborted /
 TimeoutError / CallMismatch here.
 """
@@ -93,6 +93,7 @@ def compile_redirect(info: JobInfo, local_ip: str) -> bpf.Program:
 class AfxdpBackend(Backend):
     default_policy = ENGINE_POLICY
     name = "afxdp"
+    precisions = ("32", "16")
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
                  policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
@@ -193,7 +194,9 @@ class AfxdpBackend(Backend):
         with self._call_lock:
             if self._closed:
                 raise RuntimeError("the afxdp backend is closed")
-            status = self._engine.allreduce(flat, call.op_code, call.tag)
+            # call.tag covers the precision (calls.call_tag) as on the udp
+            # backend, so mixed ranks that disagree on it see DISAGREE.
+            status = self._engine.allreduce(flat, call.op_code, call.tag, call.fmt)
         if status == engine.OK:
             return
         if status == engine.DISAGREE:
