@@ -55,7 +55,9 @@ def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, o
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
 
     Start it on every rank; each waits at the switch until all WORLD ranks have
-    joined, then all run the same allreduces, and each prints one row."""
+    joined, then all run the same allreduces, and each prints one row. One
+    host runs one rank of a job (the switch sends results to one address and
+    port per member); a second job on the same host needs another --port."""
     from .. import Worker
     from ..worker.control import ControlError, JobAborted
 

@@ -6,6 +6,12 @@ were made, on the worker's own thread; `allreduce` waits, `allreduce_async`
 returns a future. Every rank must make the same calls in the same order:
 each call carries a tag of its number, length, dtype and op (calls.py), and
 ranks that disagree all get CallMismatch naming the call, never a wrong result.
+
+One host is one rank of a job: the switch sends results to one address and
+port per member, and refuses a second rank of the job from the same address.
+Ranks that share a host (torchrun --nproc_per_node) reduce among themselves
+first and let one leader a host run the Worker; the torch backend does this
+(docs/pytorch.md). Different jobs on one host need different ports.
 """
 from __future__ import annotations
 
