@@ -38,7 +38,8 @@ def test_window_grows_about_ai_a_round_trip_without_backlog():
 
 
 def test_a_backlog_above_target_shrinks_the_window_once_a_round_trip():
-    w = CongestionWindow(slots=256, policy=WindowPolicy(initial=64, target_backlog=8))
+    w = CongestionWindow(slots=256, policy=WindowPolicy(initial=64, target_backlog=8,
+                                                          max_backlog=8))
     w.on_ack(0.001, 0.0)                      # base 1 ms
     before = w.cwnd
     w.on_ack(0.009, 0.010)                    # srtt 2 ms: backlog 64 * 1/2 = 32 > 8
@@ -54,7 +55,8 @@ def test_the_window_settles_where_the_backlog_is_the_target():
     base round trip, as the first packet of a burst does), the window
     converges near the bandwidth-delay product plus the target backlog, far
     below 256 slots."""
-    w = CongestionWindow(slots=256, policy=WindowPolicy(initial=4, target_backlog=8))
+    w = CongestionWindow(slots=256, policy=WindowPolicy(initial=4, target_backlog=8,
+                                                         max_backlog=8))
     rate, base, t = 10.0, 0.001, 0.0
     for _ in range(20000):
         queue = max(0.0, w.cwnd - rate * base * 1e3)    # packets beyond the pipe
@@ -64,8 +66,20 @@ def test_the_window_settles_where_the_backlog_is_the_target():
     assert 10 + 8 - 3 <= w.cwnd <= 10 + 8 + 3, w.cwnd
 
 
+def test_the_backlog_allowed_is_a_millisecond_of_sending_within_8_and_32():
+    slow = CongestionWindow(slots=512, policy=WindowPolicy(initial=10))
+    slow.on_ack(0.002, 0.0)                   # 10 packets / 2 ms: 5 packets a ms
+    assert slow.target == 8
+    mid = CongestionWindow(slots=512, policy=WindowPolicy(initial=40))
+    mid.on_ack(0.002, 0.0)                    # 20 a ms
+    assert mid.target == pytest.approx(0.001 * 40 / 0.002)    # the window before this ack
+    fast = CongestionWindow(slots=512, policy=WindowPolicy(initial=40))
+    fast.on_ack(0.0001, 0.0)                  # 400 a ms
+    assert fast.target == 32
+
+
 def test_a_loss_behind_a_queue_halves_once_a_round_trip():
-    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
+    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32, max_backlog=8))
     w.on_ack(0.001, 0.0)
     w.on_ack(0.004, 0.0005)                   # srtt 1.4 ms on a 1 ms base: backlog 9 > 8
     before = w.cwnd
@@ -139,7 +153,8 @@ def _python_trace(slots, policy, events):
 @pytest.mark.parametrize("policy", [DEFAULT_WINDOW, NO_WINDOW,
                                     WindowPolicy(initial=3, ai=2, beta=0.9, max_mdf=0.3,
                                                  target_backlog=0, pace_burst=1,
-                                                 random_loss_md=0.5)],
+                                                 random_loss_md=0.5, max_backlog=4,
+                                                 target_delay_s=0.01)],
                          ids=["default", "off", "odd"])
 def test_the_engine_window_is_bit_for_bit_the_python_one(policy):
     rng = random.Random(12)
@@ -160,7 +175,7 @@ def test_the_engine_window_is_bit_for_bit_the_python_one(policy):
 
 def test_the_engine_refuses_a_bad_window():
     with pytest.raises(ValueError, match="window"):
-        _engine().window_trace(8, (True, 0.5, 1, 0.5, 0.5, 8, 4, 0.2), [])
+        _engine().window_trace(8, (True, 0.5, 1, 0.5, 0.5, 8, 4, 0.2, 32, 0.001), [])
     with pytest.raises(TypeError):
         _engine().window_trace(8, [1, 2], [])
 

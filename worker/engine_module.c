@@ -399,7 +399,7 @@ static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what
 }
 
 /* WindowPolicy.as_tuple(): (enabled, initial, ai, beta, max_mdf,
- * target_backlog, pace_burst, random_loss_md). None: no window (all the slots
+ * target_backlog, pace_burst, random_loss_md, max_backlog, target_delay_s). None: no window (all the slots
  * at once, no pacing); the numbers are window.py's alone. */
 static int window_arg(PyObject *obj, struct swml_window_policy *w)
 {
@@ -411,13 +411,14 @@ static int window_arg(PyObject *obj, struct swml_window_policy *w)
 		PyErr_SetString(PyExc_TypeError, "window must be WindowPolicy.as_tuple()");
 		return -1;
 	}
-	if (!PyArg_ParseTuple(obj, "pddddddd", &w->enabled, &w->initial, &w->ai, &w->beta,
+	if (!PyArg_ParseTuple(obj, "pddddddddd", &w->enabled, &w->initial, &w->ai, &w->beta,
 			      &w->max_mdf, &w->target_backlog, &w->pace_burst,
-			      &w->random_loss_md))
+			      &w->random_loss_md, &w->max_backlog, &w->target_delay_s))
 		return -1;
 	if (!(w->initial >= 1) || !(w->ai > 0) || !(w->beta > 0) || !(w->max_mdf > 0) ||
 	    !(w->max_mdf < 1) || !(w->target_backlog >= 0) || !(w->pace_burst >= 1) ||
-	    !(w->random_loss_md >= 0) || !(w->random_loss_md < 1)) {
+	    !(w->random_loss_md >= 0) || !(w->random_loss_md < 1) ||
+	    !(w->max_backlog >= w->target_backlog) || !(w->target_delay_s >= 0)) {
 		PyErr_SetString(PyExc_ValueError, "window: parameter out of range");
 		return -1;
 	}

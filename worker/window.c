@@ -16,6 +16,7 @@ void swml_window_init(struct swml_window *w, uint32_t slots,
 	w->slots = slots;
 	w->cwnd = clamp_cwnd(policy->initial, slots);
 	w->srtt = w->base = w->backlog = 0.0;
+	w->target = policy->target_backlog;
 	w->last_decrease = -1e300;
 	w->next_send = 0.0;
 }
@@ -28,16 +29,22 @@ static int may_decrease(const struct swml_window *w, double now)
 void swml_window_ack(struct swml_window *w, double rtt, double now)
 {
 	const struct swml_window_policy *p = &w->policy;
-	double backlog;
+	double backlog, target;
 
 	if (w->base == 0.0 || rtt < w->base)
 		w->base = rtt;
 	w->srtt = w->srtt == 0.0 ? rtt : 0.875 * w->srtt + 0.125 * rtt;
 	backlog = w->backlog = w->cwnd * (w->srtt - w->base) / w->srtt;
-	if (backlog <= p->target_backlog) {
+	target = p->target_delay_s * w->cwnd / w->srtt;
+	if (target < p->target_backlog)
+		target = p->target_backlog;
+	if (target > p->max_backlog)
+		target = p->max_backlog;
+	w->target = target;
+	if (backlog <= target) {
 		w->cwnd += p->ai / w->cwnd;
 	} else if (may_decrease(w, now)) {
-		double f = p->beta * (backlog - p->target_backlog) / backlog;
+		double f = p->beta * (backlog - target) / backlog;
 
 		w->cwnd *= 1.0 - (f < p->max_mdf ? f : p->max_mdf);
 		w->last_decrease = now;
@@ -48,7 +55,7 @@ void swml_window_ack(struct swml_window *w, double rtt, double now)
 void swml_window_loss(struct swml_window *w, double now)
 {
 	if (may_decrease(w, now)) {
-		if (w->backlog > w->policy.target_backlog)
+		if (w->backlog > w->target)
 			w->cwnd *= 0.5;
 		else
 			w->cwnd *= 1.0 - w->policy.random_loss_md;

@@ -16,12 +16,13 @@
 struct swml_window_policy {
 	int enabled;            /* 0: all the slots at once, no pacing (the old rule) */
 	double initial, ai, beta, max_mdf, target_backlog, pace_burst, random_loss_md;
+	double max_backlog, target_delay_s;
 };
 
 struct swml_window {
 	struct swml_window_policy policy;
 	uint32_t slots;
-	double cwnd, srtt, base, backlog, last_decrease, next_send;
+	double cwnd, srtt, base, backlog, target, last_decrease, next_send;
 };
 
 void swml_window_init(struct swml_window *w, uint32_t slots,
