@@ -709,8 +709,8 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
 	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
-	    put_u64(d, "window_stops", s->window_stops) ||
-	    put_u64(d, "pace_stops", s->pace_stops) ||
+	    put_u64(d, "window_waits", s->window_waits) ||
+	    put_u64(d, "pace_waits", s->pace_waits) ||
 	    put_u64(d, "cwnd", (uint64_t)self->stream.win.cwnd) ||
 	    put_u64(d, "tx_kicks", self->xsk.kicks) ||
 	    put_u64(d, "tx_kick_errors", self->xsk.kick_errors) ||

@@ -41,6 +41,7 @@ struct plan {
 	uint8_t *state;    /* [N] P_* */
 	uint64_t next_new; /* the first packet never sent: new packets go in order */
 	uint64_t pace_until; /* a ready packet waits for its paced send time until then */
+	uint64_t waiting;  /* the packet last counted as waiting (UINT64_MAX: none) */
 	int8_t *lexp;      /* [blocks] float32: local exponent of block b */
 	uint8_t *lnf;      /* [blocks] float32: block b has a non-finite element */
 	int8_t *gexp;      /* [blocks] float32: global exponent of block b */
@@ -364,13 +365,18 @@ static void pump(struct swml_stream *st, struct plan *pl)
 
 	pl->pace_until = UINT64_MAX;
 	while (pl->next_new < pl->N && ready(pl, pl->next_new)) {
+		/* pump runs on every pass of the loop: each waiting packet counts once */
+		const int first = pl->waiting != pl->next_new;
+
 		if (st->n_inflight >= limit) {
-			st->stats.window_stops++;
+			st->stats.window_waits += first;
+			pl->waiting = pl->next_new;
 			return;
 		}
 		if (st->win.next_send > now) {
 			pl->pace_until = (uint64_t)(st->win.next_send * 1e9) + 1;
-			st->stats.pace_stops++;
+			st->stats.pace_waits += first;
+			pl->waiting = pl->next_new;
 			return;
 		}
 		send_new(st, pl, pl->next_new++);
@@ -533,6 +539,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	pl.remaining = pl.N;
 	pl.now = pl.last_progress = now_ns();
 	pl.next_check = UINT64_MAX;
+	pl.waiting = UINT64_MAX;
 	if (slack > 1000)
 		prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0);
 

@@ -82,8 +82,8 @@ struct swml_stream_stats {
 	uint64_t sleeps;           /* ppoll calls */
 	uint64_t rtt_samples;
 	uint64_t tensors;
-	uint64_t window_stops;     /* the sender stopped, a packet ready, the window full */
-	uint64_t pace_stops;       /* the sender stopped, a packet ready, to keep the pace */
+	uint64_t window_waits;     /* ready packets that waited for room in the window */
+	uint64_t pace_waits;       /* ready packets that waited for their paced send time */
 };
 
 #define SWML_MAX_PENDING_REPORT 8

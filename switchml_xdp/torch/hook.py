@@ -21,8 +21,8 @@ precision="16" (`register_hook(model, worker, precision="16")`) streams every
 bucket in the switch's 16-bit block format (docs/quantization.md, bound B16):
 half the bytes on every link, the switch's own replacement for torch's
 fp16_compress_wrapper/bf16_compress_wrapper (which still compose with this
-hook: they hand it a float16/bfloat16 bucket). The udp datapath streams it;
-the afxdp one does not yet, and the hook refuses it up front there.
+hook: they hand it a float16/bfloat16 bucket). Both datapaths stream it; the
+hook refuses it up front on a Worker whose datapath does not.
 
 Buckets the switch cannot carry (other dtypes, or not on the CPU) go through
 the fallback process group (the default group unless given) with the
