@@ -36,6 +36,9 @@ __all__ = [
     "global_exponents",
     "shifts",
     "quantize",
+    "offset",
+    "to_offset",
+    "from_offset",
     "switch_sum",
     "dequantize",
     "simulate_allreduce",
@@ -154,6 +157,31 @@ def quantize(
             "values would not fit the int32 headroom"
         )
     return q.astype(np.int32)
+
+
+def offset(world: int) -> int:
+    """The offset of SWML_FMT_OFFSET32 (swml_wire.h): 2**(30-L), the bound of |q|.
+
+    A sender adds it to each payload element, which then lies in
+    ``[0, 2**(31-L)]``; ``world <= 2**L`` of them sum below ``2**32``, so the
+    switch may add two elements as one u64 without a carry crossing between
+    them. Receivers take ``world * offset`` off the sum again.
+    """
+    return 1 << (30 - exponent_bits(world))
+
+
+def to_offset(q: np.ndarray, world: int) -> np.ndarray:
+    """int32 payloads in offset binary, as SWML_FMT_OFFSET32 sends them (the
+    same bits as uint32 q + offset, viewed as int32)."""
+    q = np.asarray(q, dtype=np.int32)
+    return (q.view(np.uint32) + np.uint32(offset(world))).view(np.int32)
+
+
+def from_offset(sums: np.ndarray, world: int) -> np.ndarray:
+    """The int32 sums back from a SWML_FMT_OFFSET32 result: world offsets off."""
+    sums = np.asarray(sums, dtype=np.int32)
+    total = np.uint32((world * offset(world)) & 0xFFFFFFFF)
+    return (sums.view(np.uint32) - total).view(np.int32)
 
 
 def switch_sum(qs: Sequence[np.ndarray]) -> np.ndarray:

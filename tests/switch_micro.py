@@ -1,7 +1,8 @@
 """Micro-benchmark of the switch program alone: ns per packet of each path of
 xdp/swml_switch.c through BPF_PROG_TEST_RUN (no network, no other load).
 
-    sudo .venv/bin/python tests/switch_micro.py [--k 64,256] [--passes 7] [--src DIR] [--json]
+    sudo .venv/bin/python tests/switch_micro.py [--k 64,256] [--passes 7] [--src DIR]
+                                                [--fmt offset32|int32] [--json]
 
 A job of world 2 streams rounds through its slots as workers do: per packet
 index, rank 0's contribution (the first of its round: the k values are copied
@@ -35,15 +36,22 @@ FLAGS_AT = HDR_AT + wire.HDR_DTYPE.fields["flags"][1]
 SEQ = struct.Struct("!I")
 
 
-def stream(sw: SwitchTester, world: int, passes: int, check: bool = True) -> dict[str, float]:
+def stream(sw: SwitchTester, world: int, passes: int, check: bool = True,
+           fmt: int = wire.FMT_INT32) -> dict[str, float]:
     """min over passes of the median ns of each rank's packets (rank 0 first of
-    its round, rank world-1 last); `check`: that the program did what the
-    switch must (not for a variant cut down to measure a part)."""
+    its round, rank world-1 last) in payload format `fmt`; `check`: that the
+    program did what the switch must (not for a variant cut down to measure a
+    part)."""
     sw.reset()
     job = sw.add_job(world=world, slot_count=SLOTS)
     rng = np.random.default_rng(world)
-    frames = [[bytearray(sw.data(job, r, slot, rng.integers(-2**31, 2**31, sw.k, dtype=np.int64)
-                                 .astype(np.int32), seq=slot)) for r in range(world)]
+    # Offset binary: what quantized float sums send, each element within
+    # [0, 2^(31-L)] (swml_wire.h); int32: any bits.
+    top = 2**31 // 4 if fmt == wire.FMT_OFFSET32 else 2**31
+    low = 0 if fmt == wire.FMT_OFFSET32 else -2**31
+    frames = [[bytearray(sw.data(job, r, slot, rng.integers(low, top, sw.k, dtype=np.int64)
+                                 .astype(np.uint32).view(np.int32), seq=slot, fmt=fmt))
+               for r in range(world)]
               for slot in range(SLOTS)]
     best = [float("inf")] * world
     seq = 0
@@ -72,15 +80,21 @@ def stream(sw: SwitchTester, world: int, passes: int, check: bool = True) -> dic
 @click.option("--passes", default=7, show_default=True, type=click.IntRange(1, 100))
 @click.option("--src", type=click.Path(exists=True, file_okay=False), default=None,
               help="compile the switch from this copy of xdp/ (a variant to compare)")
+@click.option("--fmt", type=click.Choice(["int32", "offset32"]), default="offset32",
+              show_default=True,
+              help="payload format: offset32 is what float32 sums send, int32 what int32 "
+                   "tensors and MIN/MAX send")
 @click.option("--json", "as_json", is_flag=True)
-def main(ks, passes, src, as_json):
+def main(ks, passes, src, fmt, as_json):
     if src:
         from switchml_xdp.bpf import compile as bpf_compile
         bpf_compile.xdp_dir = lambda: Path(src).resolve()
     rows = []
     for k in (int(x) for x in ks.split(",")):
         with SwitchTester(k=k, slots=SLOTS) as sw:
-            two, three = stream(sw, 2, passes, not src), stream(sw, 3, passes, not src)
+            code = wire.FMT_OFFSET32 if fmt == "offset32" else wire.FMT_INT32
+            two = stream(sw, 2, passes, not src, code)
+            three = stream(sw, 3, passes, not src, code)
         rows.append({"k": k, "first_ns": two["first"], "middle_ns": three["middle"],
                      "last_ns": two["last"], "world2_mean_ns": (two["first"] + two["last"]) / 2})
     if as_json:

@@ -28,7 +28,9 @@ def test_the_tag_includes_the_precision_and_32_keeps_the_old_tag():
     assert call_tag(1, 10, "float32", "sum") == call_tag(1, 10, "float32", "sum", "32")
     assert call_tag(1, 10, "float32", "sum", "16") != call_tag(1, 10, "float32", "sum")
     assert Call(0, "j", 10, "float32", "sum", "16").fmt == wire.FMT_INT16
-    assert Call(0, "j", 10, "float32", "sum").fmt == wire.FMT_INT32
+    assert Call(0, "j", 10, "float32", "sum").fmt == wire.FMT_OFFSET32
+    assert Call(0, "j", 10, "float32", "max").fmt == wire.FMT_INT32
+    assert Call(0, "j", 10, "int32", "sum").fmt == wire.FMT_INT32
 
 
 def test_make_plan_picks_the_16_bit_plan():

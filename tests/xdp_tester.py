@@ -274,7 +274,7 @@ class SwitchTester(XdpTester):
     def result(run: Run) -> Result:
         frame = parse_udp_frame(run.frame)
         header = wire.unpack_header(frame.payload)
-        elem = "<i2" if int(header["fmt"]) == wire.FMT_INT16 else "<i4"
+        elem = "<i2" if int(header["fmt"]) == wire.FMT_INT16 else "<i4"  # int32 and offset32
         return Result(frame, header, np.frombuffer(frame.payload[wire.HDR_LEN:], elem))
 
     # --- observation ---------------------------------------------------------------

@@ -12,7 +12,8 @@
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
  *     .allreduce(array, op, tag, fmt) -> status  whole tensor, GIL released;
  *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
- *                                   fmt SWML_FMT_INT16: the 16-bit format
+ *                                   fmt SWML_FMT_INT16: the 16-bit format,
+ *                                   SWML_FMT_OFFSET32: int32 in offset binary
  *                                   (float32 SUM only)
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
@@ -656,9 +657,9 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *
 		PyBuffer_Release(&b);
 		return NULL;
 	}
-	if (fmt == SWML_FMT_INT16 && (kind != 'f' || op != SWML_OP_SUM)) {
-		PyErr_SetString(PyExc_ValueError, "allreduce: fmt SWML_FMT_INT16 is for a float32 "
-				"SUM only");
+	if (fmt != SWML_FMT_INT32 && (kind != 'f' || op != SWML_OP_SUM)) {
+		PyErr_SetString(PyExc_ValueError, "allreduce: fmts SWML_FMT_INT16 and "
+				"SWML_FMT_OFFSET32 are for a float32 SUM only");
 		PyBuffer_Release(&b);
 		return NULL;
 	}
@@ -749,7 +750,7 @@ static PyMethodDef Engine_methods[] = {
 	{"allreduce", (PyCFunction)(void (*)(void))Engine_allreduce, METH_VARARGS | METH_KEYWORDS,
 	 "allreduce(array, op, tag, fmt) -> status: reduce a writable C-contiguous "
 	 "float32/int32 buffer in place over the job with op (SWML_OP_*), as the call tagged "
-	 "tag, payloads in fmt (SWML_FMT_*; INT16 for a float32 SUM only) (GIL released for "
+	 "tag, payloads in fmt (SWML_FMT_*; INT16, OFFSET32 for a float32 SUM only) (GIL released for "
 	 "the whole tensor)."},
 	{"pending_slots", (PyCFunction)Engine_pending_slots, METH_NOARGS,
 	 "Slots that were still waiting for a result when the last allreduce failed."},

@@ -152,6 +152,15 @@ uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t 
 }
 
 SWML_CLONES
+void swml_offset_block(int32_t *x, size_t k, uint32_t offset)
+{
+	uint32_t *u = (uint32_t *)x; /* unsigned: the wrap is defined */
+
+	for (size_t i = 0; i < k; i++)
+		u[i] += offset;
+}
+
+SWML_CLONES
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
 			   int nonfinite, float *restrict out)
 {

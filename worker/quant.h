@@ -41,6 +41,11 @@ void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, 
 uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
 				     int L, int32_t *out);
 
+/* SWML_FMT_OFFSET32 (swml_wire.h): add `offset` to each of the k elements at
+ * x as uint32 (wrapping): 2^(30-L) before sending, 0 - world * 2^(30-L) on a
+ * RESULT's sums; quant.to_offset() and quant.from_offset(). */
+void swml_offset_block(int32_t *x, size_t k, uint32_t offset);
+
 /* Dequantize the first n sums of a block into out; all NaN when nonfinite. */
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
 			   int nonfinite, float *out);

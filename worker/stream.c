@@ -45,6 +45,8 @@ struct plan {
 	int8_t *lexp;      /* [blocks] float32: local exponent of block b */
 	uint8_t *lnf;      /* [blocks] float32: block b has a non-finite element */
 	int8_t *gexp;      /* [blocks] float32: global exponent of block b */
+	uint32_t offset;   /* SWML_FMT_OFFSET32: 2^(30-L), added to each quantized
+			      element sent and world times taken off each sum (else 0) */
 	/* loop state */
 	uint64_t remaining, now, last_progress, next_check;
 };
@@ -165,6 +167,8 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 				swml_quantize_block(x, m, k, pl->gexp[b], pl->L, payload);
 			else
 				swml_quantize_block_checked(x, m, k, pl->gexp[b], pl->L, payload);
+			if (pl->offset)
+				swml_offset_block(payload, k, pl->offset);
 			if (pl->lnf[b])
 				flags |= SWML_FLAG_NONFINITE;
 		} else {
@@ -349,6 +353,8 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 				int32_t sums[SWML_MAX_K] __attribute__((aligned(64)));
 
 				memcpy(sums, r->payload, (size_t)k * 4);
+				if (pl->offset) /* the world's offsets off: uint32 wraps */
+					swml_offset_block(sums, k, 0u - pl->offset * st->cfg.world);
 				swml_dequantize_block(sums, min_u64(k, pl->n - off), pl->gexp[b],
 						      pl->L, nf, y);
 			}
@@ -517,6 +523,8 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	pl.k = k;
 	pl.S = S;
 	pl.L = swml_exponent_bits(st->cfg.world);
+	if (pl.coding == C_QUANT && call->fmt == SWML_FMT_OFFSET32)
+		pl.offset = 1u << (30 - pl.L);
 	pl.blocks = (n + k - 1) / k;
 	pl.N = swml_stream_packets(n, k, S, dtype, call->op);
 	if (pl.N > SWML_SEQ_RESYNC_STRIDE)

@@ -45,7 +45,7 @@ struct swml_contrib {
 	__u32 seq;  /* its round */
 	__u32 tag;  /* its call tag */
 	__u8 op;    /* SWML_OP_*, checked < SWML_OP_NUM by the caller */
-	__u8 fmt;   /* SWML_FMT_*, checked by the caller (INT16 only with SUM) */
+	__u8 fmt;   /* SWML_FMT_*, checked by the caller (swml_op_fmt_ok) */
 	__u8 flags; /* SWML_FLAG_*: NONFINITE is kept */
 	__s8 exp;
 };
@@ -119,6 +119,32 @@ static __always_inline void swml_combine(__s32 *acc, const __s32 *in, __u32 k, _
 			if (in[i] > acc[i])
 				acc[i] = in[i];
 	}
+}
+
+/* SWML_FMT_OFFSET32 sums: two elements at a time, as one u64 add. The
+ * senders' offset (swml_wire.h) keeps every partial sum of an element below
+ * 2^32, so the low element never carries into the high one: the u64 add is
+ * two exact uint32 adds, with half the loads, adds and stores of
+ * swml_combine's SUM (docs/performance.md, "Offset binary"). */
+static __always_inline void swml_add_pairs(__s32 *acc, const __s32 *in, __u32 k)
+{
+	swml_pair_t *a = (swml_pair_t *)acc;
+	const swml_pair_t *b = (const swml_pair_t *)in;
+
+	SWML_UNROLL
+	for (__u32 i = 0; i < k / 2; i++)
+		a[i] += b[i];
+	if (k & 1)
+		acc[k - 1] = (__s32)((__u32)acc[k - 1] + (__u32)in[k - 1]);
+}
+
+/* Which op goes with which payload format: int32 takes every op; the
+ * 16-bit and offset formats are quantized sums, SUM only. */
+static __always_inline int swml_op_fmt_ok(__u8 op, __u8 fmt)
+{
+	if (op >= SWML_OP_NUM || fmt >= SWML_FMT_NUM)
+		return 0;
+	return fmt == SWML_FMT_INT32 || op == SWML_OP_SUM;
 }
 
 /* The 16-bit format (SWML_FMT_INT16): int16 contributions sign-extended into
@@ -216,7 +242,10 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 				SWML_EXP(s, ver) = c->exp;
 			SWML_FLAGS(s, ver) |= c->flags & SWML_FLAG_NONFINITE;
 		} else {
-			swml_combine(SWML_VALS(s, ver), in, k, c->op);
+			if (c->fmt == SWML_FMT_OFFSET32)
+				swml_add_pairs(SWML_VALS(s, ver), in, k);
+			else
+				swml_combine(SWML_VALS(s, ver), in, k, c->op);
 			if (c->exp > SWML_EXP(s, ver))
 				SWML_EXP(s, ver) = c->exp;
 			SWML_FLAGS(s, ver) |= c->flags & SWML_FLAG_NONFINITE;

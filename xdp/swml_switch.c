@@ -275,8 +275,7 @@ int swml_switch(struct xdp_md *ctx)
 	u32 rel_slot = bpf_ntohs(SWML_HDR(h, slot));
 	if (rel_slot >= job->slot_count)
 		return swml_drop(SWML_CNT_BAD_SLOT);
-	if (h->op >= SWML_OP_NUM || (h->fmt != SWML_FMT_INT32 && !fmt16) ||
-	    (fmt16 && h->op != SWML_OP_SUM))
+	if (!swml_op_fmt_ok(h->op, h->fmt))
 		return swml_drop(SWML_CNT_BAD_OP);
 	u32 slot_idx = job->slot_base + rel_slot;
 	struct swml_slot *s = slots.lookup(&slot_idx);
@@ -293,10 +292,21 @@ int swml_switch(struct xdp_md *ctx)
 	};
 	struct swml_slot_result res = {};
 	int disagreed = 0;
-	int outcome = fmt16 ? swml_step16(s, h, data_end, job->world, rank, &c, &res, &disagreed)
-			    : swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank,
-					     job->world, &c, payload, payload, SWML_K, &res,
-					     &disagreed);
+	int outcome;
+	/* One call site a format, each with its fmt a constant: the compiler
+	 * then keeps only that format's loops in it. */
+	if (fmt16) {
+		outcome = swml_step16(s, h, data_end, job->world, rank, &c, &res, &disagreed);
+	} else if (h->fmt == SWML_FMT_OFFSET32) {
+		c.fmt = SWML_FMT_OFFSET32;
+		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank,
+					 job->world, &c, payload, payload, SWML_K, &res,
+					 &disagreed);
+	} else {
+		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank,
+					 job->world, &c, payload, payload, SWML_K, &res,
+					 &disagreed);
+	}
 
 	swml_count(outcome);
 	if (disagreed)

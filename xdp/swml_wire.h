@@ -43,7 +43,14 @@
 #define SWML_FMT_INT16 1 /* little-endian int16, SUM only: the switch adds them into its
 			    int32 slot and returns (sum + 2^(L-1)) >> L, L = ceil(log2(world))
 			    (docs/quantization.md, "The 16-bit format") */
-#define SWML_FMT_NUM 2
+#define SWML_FMT_OFFSET32 2 /* little-endian uint32 in offset binary, SUM only: the sender
+			       adds 2^(30-L) to each quantized int32 (|q| <= 2^(30-L)), so
+			       that every element is in [0, 2^(31-L)] and world <= 2^L of
+			       them sum below 2^32: the switch adds two elements at once
+			       with one u64 add, no carry crossing between them; receivers
+			       subtract world * 2^(30-L) (docs/quantization.md, "Offset
+			       binary"). Float32 sums at 32 bits travel so. */
+#define SWML_FMT_NUM 3
 
 /* Rounds: seq is the packet's index in the job's stream, modulo 2^32; every
  * rank sends the same seq for the same (slot, round). The switch keeps the seq

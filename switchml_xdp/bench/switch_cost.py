@@ -1,12 +1,15 @@
 """What the switch costs: ns per packet of the XDP program under load (kernel
 BPF stats) at k=64 and k=256, and how long `swml-switch up` takes to serve.
 
-    python -m switchml_xdp.bench.switch_cost [--workers 2] [--seconds 3] [--runs 1] [--json]
+    python -m switchml_xdp.bench.switch_cost [--workers 2] [--seconds 3] [--runs 1]
+                                             [--dtype float32,int32] [--json]
 
-Load comes from real workers in the lab reducing int32 tensors through the
-switch (the best backend available: afxdp where built, else udp). The
-program alone, path by path, without the noise of a shared machine:
-tests/switch_micro.py (docs/performance.md).
+Load comes from real workers in the lab reducing tensors through the switch
+(the best backend available: afxdp where built, else udp): float32 sums, as
+training sends them (SWML_FMT_OFFSET32: the switch adds two elements at a
+time), and/or int32 sums (SWML_FMT_INT32: one at a time). The flood sends
+crafted packets of the same format. The program alone, path by path, without
+the noise of a shared machine: tests/switch_micro.py (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -19,14 +22,18 @@ import time
 import click
 import numpy as np
 
-from .. import bpf
+from .. import bpf, quant, wire
 from ..lab import Lab
 from ..lab.cluster import SwitchProcess, run_ranks
 from ..switch.daemon import read_state
 from .bpf_stats import ProgCost
 
 
-def measure(k: int, workers: int, seconds: float, backend: str) -> dict:
+#: The payload format each dtype's sums travel in (calls.Call.fmt).
+FMT_OF = {"float32": wire.FMT_OFFSET32, "int32": wire.FMT_INT32}
+
+
+def measure(k: int, workers: int, seconds: float, backend: str, dtype: str = "float32") -> dict:
     from .. import Worker
 
     with Lab(workers=workers) as lab, SwitchProcess(lab, ["--elements", str(k)]) as sw:
@@ -35,7 +42,7 @@ def measure(k: int, workers: int, seconds: float, backend: str) -> dict:
         n = 512 * k  # 512 packets a tensor
 
         def rank_body(rank, host):
-            a = np.ones(n, dtype=np.int32)
+            a = np.ones(n, dtype=dtype)
             calls = 0
             with Worker(lab.switch.ip, f"cost{k}", rank, workers, backend=backend,
                         verbose=False) as w:
@@ -62,14 +69,13 @@ def measure(k: int, workers: int, seconds: float, backend: str) -> dict:
             c = cost.since()
         return {"k": k, "workers": workers, "backend": results[0][1], "startup_s": sw.startup_s,
                 "packets": c["packets"], "pps": c["packets"] / elapsed,
-                "ns_per_packet": c["ns_per_packet"]}
+                "ns_per_packet": c["ns_per_packet"], "dtype": dtype}
 
 
-def measure_flood(k: int, seconds: float) -> dict:
+def measure_flood(k: int, seconds: float, dtype: str = "float32") -> dict:
     """The data plane alone: two hand-driven ranks send pre-built DATA packets
     (rank 0 then rank 1 for each packet index, so every pair completes a slot)
     as fast as one Python thread can, with no worker logic in the way."""
-    from .. import wire
     from ..worker.control import ControlClient
 
     with Lab(workers=2) as lab, SwitchProcess(lab, ["--elements", str(k)]) as sw:
@@ -87,8 +93,11 @@ def measure_flood(k: int, seconds: float) -> dict:
         info = joined[0][1]
         S = info.slots
         vals = np.ones(k, dtype=np.int32)
+        if dtype == "float32":
+            vals = quant.to_offset(vals, 2)
         rounds = [[bytearray(wire.datagram(wire.TYPE_DATA, info.job_id, r, i % S, i, vals,
-                                           flags=(i // S) & 1, key=info.key)) for r in (0, 1)]
+                                           flags=(i // S) & 1, key=info.key, fmt=FMT_OF[dtype]))
+                   for r in (0, 1)]
                   for i in range(2 * S)]
         # Each pass is two newer rounds of every slot: seq moves on (a packet
         # with its round's seq again would be a retransmission, not a sum).
@@ -115,7 +124,7 @@ def measure_flood(k: int, seconds: float) -> dict:
             s.close()
         return {"k": k, "workers": 2, "backend": "flood", "startup_s": sw.startup_s,
                 "packets": c["packets"], "pps": c["packets"] / elapsed,
-                "ns_per_packet": c["ns_per_packet"]}
+                "ns_per_packet": c["ns_per_packet"], "dtype": dtype}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -137,30 +146,38 @@ def median_run(runs: list[dict]) -> dict:
               help="measure everything this many times, alternating; each row is then the median "
                    "run, with every run's ns/packet beside it (on a shared machine one run moves "
                    "by 25%)")
+@click.option("--dtype", "dtypes", default="float32", show_default=True,
+              help="what the load sums, comma-separated: float32 (as training: offset binary, "
+                   "two elements an add) and/or int32 (one element an add)")
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
-def main(workers, seconds, backend, runs, as_json):
+def main(workers, seconds, backend, runs, dtypes, as_json):
+    dtypes = [d.strip() for d in dtypes.split(",")]
+    for d in dtypes:
+        if d not in FMT_OF:
+            raise click.BadParameter(f"{d!r}: one of {', '.join(FMT_OF)}", param_hint="--dtype")
     runs_of: dict[tuple, list[dict]] = {}
     for run in range(runs):
         for k in (64, 256):
-            tag = f" (run {run + 1} of {runs})" if runs > 1 else ""
-            click.echo(f"measuring k={k}: a flood of crafted packets for {seconds:g} s{tag} ...",
-                       err=True)
-            r = measure_flood(k, seconds)
-            runs_of.setdefault((k, "flood"), []).append(r)
-            click.echo(f"measuring k={k}: {workers} {backend} workers for {seconds:g} s{tag} ...",
-                       err=True)
-            r = measure(k, workers, seconds, backend)
-            runs_of.setdefault((k, "workers"), []).append(r)
+            for dtype in dtypes:
+                tag = f" (run {run + 1} of {runs})" if runs > 1 else ""
+                click.echo(f"measuring k={k}, {dtype}: a flood of crafted packets for "
+                           f"{seconds:g} s{tag} ...", err=True)
+                r = measure_flood(k, seconds, dtype)
+                runs_of.setdefault((k, dtype, "flood"), []).append(r)
+                click.echo(f"measuring k={k}, {dtype}: {workers} {backend} workers for "
+                           f"{seconds:g} s{tag} ...", err=True)
+                r = measure(k, workers, seconds, backend, dtype)
+                runs_of.setdefault((k, dtype, "workers"), []).append(r)
     rows = [median_run(rs) for rs in runs_of.values()]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(f"{'k':>4} {'backend':>8} {'workers':>7} {'packets':>9} {'pkt/s':>9} "
+    click.echo(f"{'k':>4} {'dtype':>8} {'backend':>8} {'workers':>7} {'packets':>9} {'pkt/s':>9} "
                f"{'ns/packet':>10} {'up->serving':>12}")
     for r in rows:
         every = "" if runs == 1 else "  runs: " + ", ".join(f"{x:.0f}"
                                                            for x in r["ns_per_packet_runs"])
-        click.echo(f"{r['k']:>4} {r['backend']:>8} {r['workers']:>7} {r['packets']:>9} "
+        click.echo(f"{r['k']:>4} {r['dtype']:>8} {r['backend']:>8} {r['workers']:>7} {r['packets']:>9} "
                    f"{r['pps']:>9.0f} {r['ns_per_packet']:>10.0f} {r['startup_s']:>11.2f}s{every}")
     click.echo("ns/packet: kernel BPF stats (run_time_ns / run_cnt) of the switch program; "
                "up->serving: from starting `swml-switch up` to its 'up on' line.")

@@ -166,8 +166,7 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		cnt[SWML_CNT_BAD_SLOT]++;
 		return 0;
 	}
-	if (h->op >= SWML_OP_NUM || (h->fmt != SWML_FMT_INT32 && !fmt16) ||
-	    (fmt16 && h->op != SWML_OP_SUM)) {
+	if (!swml_op_fmt_ok(h->op, h->fmt)) {
 		cnt[SWML_CNT_BAD_OP]++;
 		return 0;
 	}

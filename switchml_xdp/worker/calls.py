@@ -91,8 +91,14 @@ class Call:
 
     @cached_property
     def fmt(self) -> int:
-        """The payload format on the wire (SWML_FMT_*)."""
-        return wire.FMT_INT16 if self.precision == "16" else wire.FMT_INT32
+        """The payload format on the wire (SWML_FMT_*): a float32 sum is
+        quantized, to 16 bits or to 32 in offset binary (which the switch adds
+        two elements at a time); int32 tensors and MIN/MAX go as int32."""
+        if self.precision == "16":
+            return wire.FMT_INT16
+        if self.dtype == "float32" and self.op == "sum":
+            return wire.FMT_OFFSET32
+        return wire.FMT_INT32
 
     def __str__(self) -> str:
         return f"allreduce #{self.number} of job {self.job!r} ({self.count} {self.dtype}, {self.op})"

@@ -91,14 +91,20 @@ class Float32Plan:
         return q, exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
 
     def quantize(self, block: np.ndarray, exp: np.ndarray) -> np.ndarray:
-        return self.quant.quantize(block, self.k, exp, self.world)[0]
+        """Block b's payload: SWML_FMT_OFFSET32 (calls.Call.fmt)."""
+        return self.quant.to_offset(self.quant.quantize(block, self.k, exp, self.world)[0],
+                                    self.world)
+
+    def sums_of(self, values: np.ndarray) -> np.ndarray:
+        """The switch's sums from a RESULT's payload."""
+        return self.quant.from_offset(values, self.world)
 
     def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
         if p < self.blocks:
             self.global_exp[p] = exp
         b = p - self.lag
         if b >= 0:
-            self.sums[b] = values
+            self.sums[b] = self.sums_of(values)
             self.nonfinite_any[b] = bool(flags & wire.FLAG_NONFINITE)
 
     def finish(self) -> None:
@@ -121,6 +127,9 @@ class Float16Plan(Float32Plan):
 
     def quantize(self, block: np.ndarray, exp: np.ndarray) -> np.ndarray:
         return self.quant16.quantize16(block, self.k, exp)[0]
+
+    def sums_of(self, values: np.ndarray) -> np.ndarray:
+        return values  # the switch scaled them back into 16 bits
 
     def finish(self) -> None:
         self.flat[:] = self.quant16.dequantize16(self.sums, self.global_exp, self.nonfinite_any,

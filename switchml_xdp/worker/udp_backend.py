@@ -63,10 +63,12 @@ class UdpBackend(Backend):
                           "shadow_replies": 0, "ignored": 0}
         k = info.k
         # One transmit buffer and one view of the received values per payload
-        # format (SWML_FMT_*: int32, int16), chosen per call.
-        self._tx_by_fmt = {wire.FMT_INT32: bytearray(wire.HDR_LEN + 4 * k),
-                           wire.FMT_INT16: bytearray(wire.HDR_LEN + 2 * k)}
-        self._elem_by_fmt = {wire.FMT_INT32: "<i4", wire.FMT_INT16: "<i2"}
+        # format (SWML_FMT_*: int32, int32 in offset binary, int16), chosen per
+        # call. The plans (plans.py) apply and take off the offset.
+        self._elem_by_fmt = {wire.FMT_INT32: "<i4", wire.FMT_OFFSET32: "<i4",
+                             wire.FMT_INT16: "<i2"}
+        self._tx_by_fmt = {f: bytearray(wire.HDR_LEN + np.dtype(e).itemsize * k)
+                           for f, e in self._elem_by_fmt.items()}
         self._rx = bytearray(2048)
         self._rx_vals_by_fmt = {f: np.frombuffer(self._rx, dtype=e, count=k, offset=wire.HDR_LEN)
                                 for f, e in self._elem_by_fmt.items()}
