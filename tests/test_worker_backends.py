@@ -90,12 +90,14 @@ def test_timers_double_on_expiry_keep_the_backoff_and_follow_karn():
     clock.t += 0.004
     assert list(timers.expired()) == []
     clock.t += 0.001
-    assert sorted(timers.expired()) == [0, 1]  # both due: resent, timeouts doubled
-    assert timers.next_deadline() == pytest.approx(clock.t + 0.010)
+    # Both due: the oldest goes as the probe, its timeout doubled; the other waits.
+    assert list(timers.expired()) == [0]
+    assert timers._timers[0][:2] == (pytest.approx(clock.t + 0.010), pytest.approx(0.010))
+    assert timers._timers[1][:2] == (pytest.approx(clock.t + 0.005), pytest.approx(0.005))
     # RFC 6298 5.5/5.7: the backed-off timeout holds for new packets too.
     assert timers.estimator.rto == pytest.approx(0.010)
     timers.sent(2)
-    assert timers.next_deadline() == pytest.approx(clock.t + 0.010)
+    assert timers._timers[2][:2] == (pytest.approx(clock.t + 0.010), pytest.approx(0.010))
     for expected in (0.020, 0.040, 0.050, 0.050):  # doubling, up to the cap
         clock.t += 1.0
         assert 0 in list(timers.expired())
@@ -111,6 +113,67 @@ def test_timers_double_on_expiry_keep_the_backoff_and_follow_karn():
     assert timers.estimator.samples == 1
     assert timers.estimator.rto == pytest.approx(0.003)
     assert timers.pending() == [] and timers.next_deadline() is None
+
+
+def test_a_straggler_costs_one_probe_not_a_window_of_resends():
+    """Every packet in flight times out because another rank is late: one
+    probe goes; its answer shows the original was in the round (not our rank's
+    completion, no SHADOW): spurious, nothing else is resent, and the
+    original's round trip is sampled."""
+    clock = FakeClock()
+    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5), clock)
+    for p in range(5):
+        timers.sent(p)
+    clock.t += 0.006
+    assert list(timers.expired()) == [0]
+    clock.t += 0.006   # the deferred expire again, the probe is still out: none goes
+    assert list(timers.expired()) == []
+    clock.t += 0.002
+    assert timers.answered(0, lost=False) is None  # resent: the window gets no sample
+    assert timers.spurious == 1
+    assert timers.estimator.samples == 1 and timers.estimator.srtt == pytest.approx(0.014)
+    assert list(timers.expired()) == []
+    for p in range(1, 5):
+        assert timers.answered(p, lost=False) == pytest.approx(0.014)  # sent once: samples
+    assert timers.pending() == []
+
+
+def test_a_probe_that_finds_a_loss_releases_the_deferred_at_once():
+    clock = FakeClock()
+    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5), clock)
+    for p in range(3):
+        timers.sent(p)
+    clock.t += 0.006
+    assert list(timers.expired()) == [0]
+    clock.t += 0.001
+    timers.answered(0, lost=True)  # our resend completed the round: 0 was lost
+    assert timers.spurious == 0 and timers.estimator.samples == 0
+    assert list(timers.expired()) == [1, 2]  # no need to wait for their timers again
+    clock.t += 0.001
+    timers.answered(1, lost=True)            # not the probe: nothing else changes
+    assert list(timers.expired()) == []
+    clock.t += 0.030
+    assert list(timers.expired()) == [2]     # the next probe, alone
+
+
+def test_an_unanswered_probe_stops_holding_the_others_back():
+    """Two ranks that each lost a packet: each rank's probe may need the very
+    packet the other rank defers. When the probe's doubled timeout runs out
+    too, the deferred packets go (no deadlock)."""
+    clock = FakeClock()
+    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5), clock)
+    timers.sent(0)
+    clock.t += 0.001
+    timers.sent(1)
+    clock.t += 0.0045
+    assert list(timers.expired()) == [0]      # 1 is not due yet
+    clock.t += 0.001
+    assert list(timers.expired()) == []       # 1 is due: deferred behind the probe
+    clock.t += 0.0095                         # the probe's 10 ms run out: it goes again,
+    assert list(timers.expired()) == [0, 1]   # and 1 is held back no longer
+    clock.t += 0.001
+    timers.answered(1, lost=False)            # not a probe now: no verdict drawn from it
+    assert timers.spurious == 0
 
 
 def test_a_fixed_policy_doubles_per_packet_and_starts_every_packet_at_initial():

@@ -122,6 +122,7 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 	r->fmt = got;
 	r->op = *HDR_AT(h, op);
 	r->job = job;
+	r->rank = get16(HDR_AT(h, rank));
 	r->slot = get16(HDR_AT(h, slot));
 	r->seq = get32(HDR_AT(h, seq));
 	r->tag = get32(HDR_AT(h, tag));

@@ -52,7 +52,7 @@ void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flag
 struct swml_result {
 	uint8_t flags, op, fmt;
 	int8_t exp;
-	uint16_t job, slot, count;
+	uint16_t job, rank, slot, count; /* rank: whose packet completed the round */
 	uint32_t seq, tag;
 	const uint8_t *payload;
 };

@@ -21,6 +21,9 @@
 #define SLEEP_TX_WAIT_NS 50000ull   /* while waiting for tx frames or ring room */
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
+/* A timer's state (retransmit.py): deferred behind the probe, or released by
+ * the probe's loss to go at once. */
+enum { TIMER_NORMAL = 0, TIMER_DEFERRED = 1, TIMER_RELEASED = 2 };
 
 /* How a plan's payloads are made: as int32 (as is, or a float32 through the
  * order-preserving map), or quantized with an agreed exponent (float32 sum),
@@ -96,8 +99,10 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 	st->queued = calloc(S, 1);
 	st->sent_at = calloc(S, sizeof *st->sent_at);
 	st->resent = calloc(S, 1);
+	st->timer_state = calloc(S, 1);
+	st->probe = -1;
 	if (!st->inflight || !st->deadline || !st->rto || !st->queued || !st->sent_at ||
-	    !st->resent) {
+	    !st->resent || !st->timer_state) {
 		swml_stream_free(st);
 		return -ENOMEM;
 	}
@@ -119,8 +124,10 @@ void swml_stream_free(struct swml_stream *st)
 	free(st->queued);
 	free(st->sent_at);
 	free(st->resent);
+	free(st->timer_state);
 	st->sent_at = NULL;
 	st->resent = NULL;
+	st->timer_state = NULL;
 	st->inflight = NULL;
 	st->deadline = st->rto = NULL;
 	st->queued = NULL;
@@ -251,6 +258,7 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 	swml_window_sent(&st->win, pl->now * 1e-9);
 	st->rto[s] = st->rto_ns;
 	st->resent[s] = 0;
+	st->timer_state[s] = TIMER_NORMAL;
 	transmit(st, pl, p, 0);
 }
 
@@ -280,6 +288,32 @@ static void drain_queue(struct swml_stream *st, struct plan *pl)
 	}
 }
 
+/* The probe's RESULT (retransmit.py): a loss if our resend completed the
+ * round or the answer is a SHADOW reply; then the deferred packets go at once.
+ * Else the original was in the round all along: the timeout was spurious, the
+ * deferred wait on, and the original's round trip is a sample. */
+static void probe_answered(struct swml_stream *st, struct plan *pl, uint32_t slot,
+			   const struct swml_result *r)
+{
+	const int lost = r->rank == st->cfg.rank || (r->flags & SWML_FLAG_SHADOW);
+
+	st->probe = -1;
+	for (uint32_t s = 0; s < pl->S; s++) {
+		if (st->timer_state[s] != TIMER_DEFERRED)
+			continue;
+		st->timer_state[s] = lost ? TIMER_RELEASED : TIMER_NORMAL;
+		if (lost && st->deadline[s] != UINT64_MAX) {
+			st->deadline[s] = pl->now;
+			pl->next_check = pl->now;
+		}
+	}
+	if (!lost) {
+		st->stats.spurious_timeouts++;
+		if (st->cfg.rto_adaptive)
+			rtt_sample(st, pl->now - st->sent_at[slot]);
+	}
+}
+
 /* A RESULT of this job from the switch: 0, or -1 if it ends the call as a
  * disagreement. */
 static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
@@ -305,6 +339,9 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	s = slot_of(pl, p);
 	if (r->flags & SWML_FLAG_SHADOW)
 		st->stats.shadow_replies++;
+	if ((int64_t)s == st->probe)
+		probe_answered(st, pl, s, r);
+	st->timer_state[s] = TIMER_NORMAL;
 	if (!st->resent[s] && st->deadline[s] != UINT64_MAX) { /* Karn: sent once, and sent */
 		if (st->cfg.rto_adaptive)
 			rtt_sample(st, pl->now - st->sent_at[s]);
@@ -419,15 +456,47 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 	return n;
 }
 
+/* Expired timers, by the rules of switchml_xdp/worker/retransmit.py: the
+ * oldest packet whose timer ran out goes again as the probe (or the probe
+ * again), and so do those its loss released; the others are deferred:
+ * re-armed with their timeout, not resent. */
 static void check_timers(struct swml_stream *st, struct plan *pl)
 {
 	uint64_t next = UINT64_MAX;
 	int lost = 0;
 
+	if (st->probe >= 0 && st->deadline[st->probe] <= pl->now) {
+		/* The probe went unanswered for its timeout again: it may wait on a
+		 * packet that another rank holds back behind a probe of its own
+		 * (each rank lost one): hold nothing back any longer. */
+		for (uint32_t s = 0; s < pl->S; s++) {
+			if (st->timer_state[s] != TIMER_DEFERRED)
+				continue;
+			st->timer_state[s] = TIMER_RELEASED;
+			if (st->deadline[s] != UINT64_MAX)
+				st->deadline[s] = pl->now;
+		}
+		st->probe = -1;
+	}
+	if (st->probe < 0) { /* the oldest due packet not released becomes the probe */
+		int64_t oldest = -1;
+
+		for (uint32_t s = 0; s < pl->S; s++)
+			if (st->inflight[s] >= 0 && st->deadline[s] <= pl->now &&
+			    st->timer_state[s] != TIMER_RELEASED &&
+			    (oldest < 0 || st->inflight[s] < st->inflight[oldest]))
+				oldest = s;
+		st->probe = oldest;
+	}
 	for (uint32_t s = 0; s < pl->S; s++) {
 		if (st->inflight[s] < 0 || st->deadline[s] == UINT64_MAX)
 			continue;
-		if (st->deadline[s] <= pl->now) {
+		if (st->deadline[s] <= pl->now &&
+		    ((int64_t)s != st->probe && st->timer_state[s] != TIMER_RELEASED)) {
+			st->deadline[s] = pl->now + st->rto[s];
+			st->timer_state[s] = TIMER_DEFERRED;
+		} else if (st->deadline[s] <= pl->now) {
+			st->timer_state[s] = TIMER_NORMAL;
 			st->rto[s] = min_u64(st->rto[s] * 2, st->cfg.rto_max_ns);
 			/* RFC 6298 (5.5, 5.7): the backed-off timeout also holds for
 			 * packets sent from now on, until a fresh RTT sample. Without
@@ -607,7 +676,9 @@ out:
 		st->inflight[s] = -1;
 		st->deadline[s] = UINT64_MAX;
 		st->queued[s] = 0;
+		st->timer_state[s] = TIMER_NORMAL;
 	}
+	st->probe = -1;
 	st->n_queued = 0;
 	st->n_inflight = 0;
 	if (slack > 1000)

@@ -84,6 +84,7 @@ struct swml_stream_stats {
 	uint64_t tensors;
 	uint64_t window_waits;     /* ready packets that waited for room in the window */
 	uint64_t pace_waits;       /* ready packets that waited for their paced send time */
+	uint64_t spurious_timeouts; /* probes whose original was in the round after all */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -100,6 +101,8 @@ struct swml_stream {
 	uint64_t *rto;             /* its current timeout */
 	uint64_t *sent_at;         /* first transmission, for an RTT sample */
 	uint8_t *resent;           /* retransmitted: no RTT sample (Karn) */
+	uint8_t *timer_state;      /* TIMER_*: deferred behind the probe, or released by it */
+	int64_t probe;             /* the slot of the probe (retransmit.py), -1 if none */
 	/* the RTT estimator and the congestion window, kept across tensors */
 	uint64_t srtt_ns, rttvar_ns, rto_ns;
 	struct swml_window win;

@@ -28,7 +28,7 @@ from .retransmit import RetransmitPolicy
 
 # The counters every backend's stats() has (a backend may add its own).
 STAT_KEYS = ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies",
-             "ignored")
+             "ignored", "spurious_timeouts")
 
 
 @dataclass(frozen=True)

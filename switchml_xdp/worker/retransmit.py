@@ -12,6 +12,23 @@ backend's current RTO:
   everything else.
 - not adaptive: always `initial_s` (min_s is not used).
 
+One probe at a time (RFC 6298 5.4 resends "the earliest segment", and RFC
+5682's F-RTO asks whether a timeout was spurious before resending more): a
+packet's result may wait for the slowest rank of its round (another worker
+descheduled for a few ms), and then every packet in flight times out at once
+though none was lost. So when timers expire, only the oldest of those packets
+is resent, as a probe; the others are deferred (re-armed, not resent) until
+the probe is answered. Its RESULT tells whether anything was lost: if this
+rank's resend completed the round (the RESULT's `rank` is ours) or the
+answer is a SHADOW reply (the round was complete, its RESULT to us lost), the
+probe made up for a loss, and the deferred packets are resent at once; else
+the original was in the round all along, the timeout was spurious, the
+deferred packets keep waiting, and the probe's first send gives an RTT sample
+(unambiguous, unlike Karn's case) that makes the RTO cover such waits. A
+probe that goes unanswered for its (doubled) timeout releases the deferred
+packets too: two ranks that each lost a packet could otherwise wait on each
+other, each holding back the packet that the other's probe needs.
+
 `RtoEstimator` and `RetransmitTimers` are these rules in Python (the udp
 backend); worker/stream.c (rtt_sample, check_timers) implements the same
 rules in the afxdp engine, which takes the policy's three numbers.
@@ -87,11 +104,19 @@ class RetransmitTimers:
         self.clock = clock
         # packet -> (deadline, its timeout, first send time or None once resent)
         self._timers: dict[int, tuple[float, float, float | None]] = {}
+        self._probe: int | None = None      # the resent packet whose answer is awaited
+        self._probe_first: float | None = None  # its first send (None: resent before)
+        self._deferred: set[int] = set()    # timed out while the probe was out: not resent
+        self._released: set[int] = set()    # deferred, then due at once: the probe found a loss
+        self.spurious = 0                   # probes whose original was in the round after all
 
     def start(self) -> None:
         """A new stream: forget the timers of the last one (a failed tensor
         leaves some), keep what the estimator learnt."""
         self._timers.clear()
+        self._probe = None
+        self._deferred.clear()
+        self._released.clear()
 
     def sent(self, p: int) -> None:
         """Packet p went out for the first time."""
@@ -99,25 +124,61 @@ class RetransmitTimers:
         rto = self.estimator.rto
         self._timers[p] = (now + rto, rto, now)
 
-    def answered(self, p: int) -> float | None:
+    def answered(self, p: int, lost: bool = True) -> float | None:
         """Packet p has its result: stop its timer, sample its round trip;
-        returns that round trip (None for a resent packet: Karn's rule)."""
+        returns that round trip (None for a resent packet: Karn's rule).
+        `lost`: the result shows a loss (our resend completed the round, or a
+        SHADOW reply); it matters for the probe only (module docstring)."""
         timer = self._timers.pop(p, None)
+        self._deferred.discard(p)
+        self._released.discard(p)
+        if p == self._probe:
+            self._probe = None
+            if lost:
+                self._release_deferred(self.clock())
+            else:
+                self.spurious += 1
+                if self._probe_first is not None:
+                    self.estimator.sample(self.clock() - self._probe_first)
+            self._deferred.clear()
         if timer is None or timer[2] is None:
             return None
         rtt = self.clock() - timer[2]
         self.estimator.sample(rtt)
         return rtt
 
+    def _release_deferred(self, now: float) -> None:
+        """The deferred packets are due at once, without a probe."""
+        for q in self._deferred:
+            _, rto, first = self._timers[q]
+            self._timers[q] = (now, rto, first)
+        self._released |= self._deferred
+        self._deferred.clear()
+
     def expired(self) -> Iterator[int]:
-        """The packets whose timers ran out, each re-armed with a doubled
-        timeout; the caller resends them."""
+        """The packets to resend now, each re-armed with a doubled timeout:
+        the probe (the oldest packet whose timer ran out, or the probe
+        again), and those the probe's loss released; others whose timers ran
+        out are deferred: re-armed with their timeout, not resent."""
         now = self.clock()
-        for p, (deadline, rto, _) in list(self._timers.items()):
-            if deadline <= now:
+        if self._probe is not None and self._timers[self._probe][0] <= now:
+            # The probe went unanswered for its timeout again: it may wait on a
+            # packet that another rank holds back behind a probe of its own
+            # (each rank lost one): hold nothing back any longer.
+            self._release_deferred(now)
+            self._probe = None
+        for p in sorted(p for p, (deadline, _, _) in self._timers.items() if deadline <= now):
+            deadline, rto, first = self._timers[p]
+            if self._probe is None and p not in self._released:
+                self._probe, self._probe_first = p, first
+            if p == self._probe or p in self._released:
+                self._released.discard(p)
                 rto = self.estimator.backoff(rto)
                 self._timers[p] = (self.clock() + rto, rto, None)
                 yield p
+            else:
+                self._timers[p] = (now + rto, rto, first)
+                self._deferred.add(p)
 
     def next_deadline(self) -> float | None:
         return min((d for d, _, _ in self._timers.values()), default=None)

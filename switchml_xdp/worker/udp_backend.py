@@ -38,6 +38,9 @@ RX_BATCH = 256     # datagrams read between two looks at the timers
 
 # What `accept` makes of a datagram.
 FOREIGN, DUPLICATE, RESULT, DISAGREED = range(4)
+# Set in the flags accept() returns (above the wire's 8 bits): the RESULT
+# carries our rank, so our packet completed its round.
+LAST_WAS_OURS = 0x100
 
 
 class UdpBackend(Backend):
@@ -88,7 +91,8 @@ class UdpBackend(Backend):
         self.sock.close()
 
     def stats(self) -> dict:
-        return {**self._counters, "rto_us": int(self.timers.estimator.rto * 1e6),
+        return {**self._counters, "spurious_timeouts": self.timers.spurious,
+                "rto_us": int(self.timers.estimator.rto * 1e6),
                 "cwnd": int(self.window.cwnd)}
 
     def _send(self, plan, p: int, retrans: bool) -> None:
@@ -132,7 +136,7 @@ class UdpBackend(Backend):
         sent and unanswered."""
         if source != self.dest or nbytes < wire.HDR_LEN:
             return FOREIGN, -1, 0, 0
-        vt, flags, op, fmt, job, _rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
+        vt, flags, op, fmt, job, rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
             HDR.unpack_from(self._rx)
         info = self.info
         if vt != self._result_vt or job != info.job_id or count != info.k:
@@ -149,6 +153,8 @@ class UdpBackend(Backend):
         # against 32 bits): only a result to be read must be in ours, whole.
         if tag != call.tag or op != call.op_code or fmt != self._fmt or nbytes < self._min_len:
             return FOREIGN, p, flags, exp
+        if rank == info.rank:  # our packet completed the round (retransmit.py: the probe)
+            flags |= LAST_WAS_OURS
         return RESULT, p, flags, exp
 
     def run(self, plan, call: Call) -> None:
@@ -219,7 +225,9 @@ class UdpBackend(Backend):
                         raise call.mismatch()
                     if flags & wire.FLAG_SHADOW:
                         self._counters["shadow_replies"] += 1
-                    rtt = timers.answered(p)
+                    # A loss, if this answers a resend: ours completed the
+                    # round, or the round was complete before (retransmit.py)
+                    rtt = timers.answered(p, bool(flags & (LAST_WAS_OURS | wire.FLAG_SHADOW)))
                     if rtt is not None:
                         window.on_ack(rtt, time.monotonic())
                     plan.result(p, self._rx_vals, exp, flags)
