@@ -115,13 +115,19 @@ def test_timers_double_on_expiry_keep_the_backoff_and_follow_karn():
     assert timers.pending() == [] and timers.next_deadline() is None
 
 
+def engine_like_timers() -> tuple[FakeClock, RetransmitTimers]:
+    """Adaptive timers from 5 ms, 2 ms to 0.5 s, on a fake clock."""
+    clock = FakeClock()
+    return clock, RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5),
+                                   clock)
+
+
 def test_a_straggler_costs_one_probe_not_a_window_of_resends():
     """Every packet in flight times out because another rank is late: one
     probe goes; its answer shows the original was in the round (not our rank's
     completion, no SHADOW): spurious, nothing else is resent, and the
     original's round trip is sampled."""
-    clock = FakeClock()
-    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5), clock)
+    clock, timers = engine_like_timers()
     for p in range(5):
         timers.sent(p)
     clock.t += 0.006
@@ -139,8 +145,7 @@ def test_a_straggler_costs_one_probe_not_a_window_of_resends():
 
 
 def test_a_probe_that_finds_a_loss_releases_the_deferred_at_once():
-    clock = FakeClock()
-    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5), clock)
+    clock, timers = engine_like_timers()
     for p in range(3):
         timers.sent(p)
     clock.t += 0.006
@@ -160,8 +165,7 @@ def test_an_unanswered_probe_stops_holding_the_others_back():
     """Two ranks that each lost a packet: each rank's probe may need the very
     packet the other rank defers. When the probe's doubled timeout runs out
     too, the deferred packets go (no deadlock)."""
-    clock = FakeClock()
-    timers = RetransmitTimers(RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5), clock)
+    clock, timers = engine_like_timers()
     timers.sent(0)
     clock.t += 0.001
     timers.sent(1)
