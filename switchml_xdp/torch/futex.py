@@ -5,8 +5,8 @@ word; polling with sleeps either burns a core or wakes up to a sleep's length
 late (milliseconds, on a loaded host). A futex on a 32-bit word of a
 MAP_SHARED mapping sleeps in the kernel until the writer's wake(), across
 processes. Where it cannot be had (an architecture not listed, no libc),
-`available` is False and wait() just sleeps for its timeout: the caller's
-polling then still works, only later.
+`available` is False and wait() sleeps a fraction of a millisecond: the
+caller's loop then polls, costing CPU instead of latency.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
               "ppc64le": 221}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1     # not _PRIVATE: the word is shared between processes
 _WAKE_ALL = 0x7FFFFFFF
+_POLL_S = 2e-4                      # without a futex: the caller polls this often
 
 
 class _Timespec(ctypes.Structure):
@@ -42,9 +43,10 @@ available = _LIBC is not None
 
 def wait(address: int, expected: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at `address` holds `expected`, at most
-    timeout_s; returns early on a wake(), a change, or a signal."""
+    timeout_s; returns early on a wake(), a change, or a signal (without a
+    futex: after _POLL_S at most, whatever the word)."""
     if not available:
-        time.sleep(timeout_s)
+        time.sleep(min(timeout_s, _POLL_S))
         return
     ts = _Timespec(int(timeout_s), int((timeout_s % 1) * 1e9))
     r = _LIBC.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT,
