@@ -1,14 +1,15 @@
 """Several ranks per host through the `swml` backend (issue 13 item 1).
 
 Two lab hosts (network namespaces) run two ranks each, as `torchrun
---nproc_per_node=2` would: the ranks of a host reduce into its leader over
-loopback, the two leaders are the switch job's two members, and the result
+--nproc_per_node=2` would: the ranks of a host reduce into its leader through
+shared memory (in chunks: a small segment), the two leaders are the switch job's two members, and the result
 goes back to every rank. Run as a script per rank (`python
 tests/test_torch_hosts.py RANK MASTER SWITCH`); the tests read its JSON line.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -25,6 +26,7 @@ MASTER_PORT = 29541
 RANK_DEADLINE_S = 120
 STEPS = 4
 PARAM_ATOL = 1e-5
+SHM_BYTES = 8192            # 1 KiB slots: the 3000-element sums take 12 chunks
 
 
 # ------------------------------------------------------------------ rank side
@@ -68,7 +70,8 @@ def _rank_main(rank: int, master: str, switch: str) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{MASTER_PORT}", rank=rank,
                             world_size=WORLD)
-    swml = dist.new_group(backend="swml", pg_options=swt.SwmlOptions(switch=switch, backend="udp"))
+    swml = dist.new_group(backend="swml", pg_options=swt.SwmlOptions(switch=switch, backend="udp",
+                                                                     shm_bytes=SHM_BYTES))
     res: dict = {"rank": rank, "layout": [list(h) for h in swml.layout.hosts],
                  "leader": swml.layout.is_leader,
                  "job_world": swml.worker.info.world if swml.worker else None,
@@ -137,6 +140,10 @@ def _rank_main(rank: int, master: str, switch: str) -> dict:
     res["ddp_diff"] = float((params["swml"] - params["gloo"]).abs().max())
     res["fallbacks"] = swml.fallbacks
     res["switch_calls"] = swml.switch_calls
+    local = swml.local
+    res["local"] = {"transport": local.transport, "chunks": local.chunks, "calls": local.calls,
+                    "has_gloo": hasattr(local, "gloo"),
+                    "segment_in_dev_shm": os.path.exists(f"/dev/shm/{local.segment_name}")}
     del params
     gc.collect()
     dist.destroy_process_group()
@@ -167,6 +174,16 @@ def test_one_leader_a_host_joins_the_switch(ranks):
             assert (r["job_world"], r["job_rank"]) == (HOSTS, r["rank"] // PER_HOST)
         else:
             assert r["job_world"] is None
+
+
+def test_the_local_reduce_is_through_shared_memory(ranks):
+    """No loopback Gloo group: the ranks of a host moved every call's chunks
+    through their segment, whose name left /dev/shm once both had mapped it."""
+    for r in ranks:
+        local = r["local"]
+        assert local["transport"] == "shm" and not local["has_gloo"], local
+        assert local["calls"] >= r["switch_calls"] and local["chunks"] > local["calls"], local
+        assert not local["segment_in_dev_shm"], local
 
 
 def test_sums_through_two_levels(ranks):

@@ -32,12 +32,13 @@ SWML_SWITCH (the switch's address, required one way or the other), SWML_JOB
 (the job name; by default rank 0 makes one up and shares it through the
 store; the job's token is always made by rank 0 with `secrets` and shared the
 same way, so only this process group's ranks can change the job on the switch),
-SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT.
+SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT,
+SWML_SHM_BYTES (shared memory per rank of a host, default 4 MiB).
 Gloo's device is GLOO_SOCKET_IFNAME's interface if set, else the interface
 that routes to the switch.
 
 Several ranks on one host (torchrun --nproc_per_node=R): the ranks that
-share a host reduce into their lowest rank through a Gloo group on loopback;
+share a host reduce into their lowest rank through shared memory;
 only that leader joins the switch's job (rank = host index, world = number of
 hosts) and streams; the result goes back to the host's ranks (hosts.py).
 
@@ -67,7 +68,7 @@ from torch._C._distributed_c10d import (
 
 from .. import wire
 from ..worker.api import Worker, local_end
-from .hosts import HostLayout, LocalGroup, agree_layout
+from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
 
 BACKEND_NAME = "swml"
 # dtype -> the dtype the Worker reduces it as. float16/bfloat16 widen to float32
@@ -95,6 +96,7 @@ class SwmlOptions:
     iface: str | None = None            # the Worker's interface (default: route to the switch)
     gloo_iface: str | None = None       # Gloo's interface (default: see the module doc)
     verbose: bool = False               # let the Worker say which datapath it took
+    shm_bytes: int | None = None        # shared memory per rank of a host (SWML_SHM_BYTES; 4 MiB)
 
     def resolved(self) -> "SwmlOptions":
         env = os.environ
@@ -107,7 +109,7 @@ class SwmlOptions:
                            backend=self.backend or env.get("SWML_WORKER_BACKEND", "auto"),
                            port=port, control_port=self.control_port, iface=self.iface,
                            gloo_iface=self.gloo_iface,
-                           verbose=self.verbose)
+                           verbose=self.verbose, shm_bytes=self.shm_bytes)
 
 
 class _FutureWork(dist.Work):
@@ -185,7 +187,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
         self.worker: Worker | None = None
         try:
             if len(self.layout.local_ranks) > 1:
-                self.local = LocalGroup(store, self.layout, timeout)
+                self.local = open_local_group(store, self.layout, timeout, opts.shm_bytes)
             if self.layout.is_leader:
                 self.worker = Worker(opts.switch, job, self.layout.host_index, self.layout.n_hosts,
                                      iface=opts.iface, backend=opts.backend, port=opts.port,
