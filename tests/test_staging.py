@@ -35,6 +35,11 @@ from staging_helpers import DeferredCopies, LockstepSwitch, random_floats, run_r
 from switchml_xdp import quant, quant16  # noqa: E402
 from switchml_xdp.torch.staging import CpuOps, CudaOps, Pipeline, StagingConfig, ops_for  # noqa: E402
 
+# the layout and the model of tests/test_torch_hosts.py (the CPU road's two-level test)
+from test_torch_hosts import HOSTS, PER_HOST, PARAM_ATOL, RANK_DEADLINE_S, STEPS, WORLD  # noqa: E402
+from test_torch_hosts import _gather as _gather_cpu  # noqa: E402
+from test_torch_hosts import _model as _cpu_model  # noqa: E402
+
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is false here (CI never has a GPU)"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 K = 64
@@ -294,6 +299,63 @@ def test_hook_state_refuses_to_mix_routes():
         allreduce_hook(state, _Bucket(torch.ones(10)))
 
 
+def test_a_failing_chunk_reaches_the_future_and_the_pipeline_goes_on():
+    from switchml_xdp.torch import HookState, allreduce_hook
+
+    class Failing(FakeWorker):
+        def allreduce(self, array, op="sum", precision="32"):
+            if len(self.calls) == 2:          # the payload's second chunk
+                self.calls.append((op, precision, array.size))
+                raise RuntimeError("CallMismatch stand-in")
+            return super().allreduce(array, op, precision)
+
+    state = HookState(Failing(LockstepSwitch(1, K), 0), stage_cpu_tensors=True,
+                      staging=StagingConfig(chunk_elements=100, buffers=2))
+    with pytest.raises(RuntimeError, match="CallMismatch stand-in"):
+        allreduce_hook(state, _Bucket(torch.ones(1000))).wait()
+    x = torch.from_numpy(random_floats(9, 1000))
+    got = allreduce_hook(state, _Bucket(x.clone())).wait()
+    assert _same_bits(got.numpy(), quant.simulate_allreduce([x.numpy()], K))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_ddp_with_the_staged_hook_matches_plain_ddp(device):
+    """In this process, world 1 (Gloo sets DDP up): a model on `device`
+    trained a few steps with the hook's staged route equals plain DDP on
+    the CPU within the quantization's tolerance. On a GPU: a CUDA model, DDP's
+    own streams and its wait on the hook's CUDA-aware future."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from switchml_xdp.torch import register_hook
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        params = {}
+        for mode in ("plain", "hook"):
+            model = _cpu_model().to(device if mode == "hook" else "cpu")
+            ddp = DDP(model, bucket_cap_mb=0.001)
+            if mode == "hook":
+                state = register_hook(ddp, FakeWorker(LockstepSwitch(1, K), 0),
+                                      staging=StagingConfig(chunk_elements=300, buffers=2))
+                state.stage_cpu_tensors = True
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            for step in range(STEPS):
+                g = torch.Generator().manual_seed(step)
+                x, y = torch.randn(16, 32, generator=g), torch.randint(0, 4, (16,), generator=g)
+                opt.zero_grad()
+                on = next(model.parameters()).device
+                torch.nn.functional.cross_entropy(ddp(x.to(on)), y.to(on)).backward()
+                opt.step()
+            params[mode] = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+        assert state.buckets >= STEPS and state.fallback_buckets == 0
+        moved = (params["plain"] - torch.cat([p.detach().reshape(-1) for p in _cpu_model().parameters()]))
+        assert moved.abs().max() > 1e-2
+        assert (params["hook"] - params["plain"]).abs().max() <= PARAM_ATOL
+    finally:
+        dist.destroy_process_group()
+
+
 # ------------------------------------------------------------ on a GPU
 
 @needs_cuda
@@ -338,11 +400,6 @@ def test_cuda_hook_bucket_is_the_cpu_paths_average():
 
 
 # ------------------------------------------------------------ lab: real switch, swml backend, DDP
-
-# the layout and the model of tests/test_torch_hosts.py (the CPU road's two-level test)
-from test_torch_hosts import HOSTS, PER_HOST, PARAM_ATOL, RANK_DEADLINE_S, STEPS, WORLD  # noqa: E402
-from test_torch_hosts import _gather as _gather_cpu  # noqa: E402
-from test_torch_hosts import _model as _cpu_model  # noqa: E402
 
 MASTER_PORT = 29561
 HOOK_PORT = 48874
