@@ -11,7 +11,7 @@ Two ways in, both over a `switchml_xdp.Worker`:
       register_hook(ddp, worker)
 
 * A torch.distributed backend named "swml", registered when this module is
-  imported: all_reduce of float32/float16/bfloat16/int32 CPU tensors (SUM,
+  imported: all_reduce of float32/float16/bfloat16/int32 CPU or CUDA tensors (SUM,
   AVG, MIN, MAX), broadcast and barrier go through the switch, the rest
   through Gloo (backend.py's docstring, docs/pytorch.md).
 
@@ -19,7 +19,9 @@ Two ways in, both over a `switchml_xdp.Worker`:
       dist.init_process_group("swml", ..., pg_options=SwmlOptions(switch=switch_ip))
 
 float32 values are quantized per block of k elements (docs/quantization.md);
-`quant.error_bound` bounds the difference from the exact sum.
+`quant.error_bound` bounds the difference from the exact sum. CUDA tensors
+are quantized on the GPU and staged through pinned host memory in chunks
+(staging.py; `StagingConfig` sets the chunks).
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ if not _dist.is_available():  # pragma: no cover
 
 from .backend import BACKEND_NAME, ProcessGroupSwml, SwmlOptions, register  # noqa: E402
 from .hook import HookState, allreduce_hook, register_hook  # noqa: E402
+from .staging import StagingConfig  # noqa: E402
 
 register()
 
-__all__ = ["BACKEND_NAME", "HookState", "ProcessGroupSwml", "SwmlOptions", "allreduce_hook",
-           "register", "register_hook"]
+__all__ = ["BACKEND_NAME", "HookState", "ProcessGroupSwml", "StagingConfig", "SwmlOptions",
+           "allreduce_hook", "register", "register_hook"]

@@ -6,22 +6,28 @@ through the switch.
 
     dist.init_process_group("swml", rank=r, world_size=n,   # any init_method/store
                             pg_options=SwmlOptions(switch="10.0.0.1"))
-    dist.all_reduce(t)                               # float32/int32 CPU: the switch
+    dist.all_reduce(t)                               # float32/int32, CPU or CUDA: the switch
 
 What goes where (docs/pytorch.md has the table):
-- `all_reduce` (and `all_reduce_coalesced`) of CPU tensors of float32, int32,
+- `all_reduce` (and `all_reduce_coalesced`) of CPU or CUDA tensors of float32, int32,
   float16 or bfloat16 with SUM, AVG, MIN or MAX go through a
   `switchml_xdp.Worker` joined to the switch. float16/bfloat16 are widened to
   float32 (exactly), reduced as float32, then rounded back once. SUM/AVG of
   floats are quantized as in docs/quantization.md (32-bit mode); int32 sums
   and every MIN/MAX are exact. AVG divides the sum by the world size; an
   integer AVG is refused (ValueError) on every rank, as Gloo refuses it.
-- `broadcast` of one CPU tensor of any dtype: its bytes, as int32, summed with
-  every other rank's zeros (exact), so every rank gets the root's bits.
+- `broadcast` of one CPU or CUDA tensor of any dtype: its bytes, as int32,
+  summed with every other rank's zeros (exact), so every rank gets the root's bits.
+- CUDA tensors are staged through pinned host memory in chunks (staging.py):
+  float SUM/AVG quantized on the GPU (device_quant.py, the same bits as the
+  CPU path's formulas) with the exponents and int32 payload streamed; other
+  ops' values staged as they are. The Work follows ProcessGroupNCCL's stream
+  semantics (_through_switch). SwmlOptions(staging=StagingConfig(...)) sets
+  the chunk size and the number of host buffers (the same on every rank).
 - `barrier`: one int32 round through the switch (after this group's pending
   Gloo work, as Gloo's own barrier waits for it).
 - Everything else that the switch could be asked for (PRODUCT, bitwise ops,
-  other dtypes, CUDA tensors, lists of several tensors) falls back to a Gloo
+  other dtypes, tensors on other devices, lists of several tensors) falls back to a Gloo
   process group built from the same store, with one warning per kind per
   process group; `fallbacks` counts those calls, `switch_calls` the others.
 - The rest (all_gather, reduce_scatter, gather, scatter, all_to_all,
@@ -41,6 +47,9 @@ Several ranks on one host (torchrun --nproc_per_node=R): the ranks that
 share a host reduce into their lowest rank through shared memory;
 only that leader joins the switch's job (rank = host index, world = number of
 hosts) and streams; the result goes back to the host's ranks (hosts.py).
+CUDA tensors take the same road from their staged host copies: each rank
+quantizes for the whole group's size, and the int32 payloads add up on the
+leader's host (exact in any order), so no NCCL is needed.
 
 Switch and Gloo work are separate channels: a switch all_reduce issued with
 async_op=True runs on the group's own thread while later Gloo collectives
@@ -50,6 +59,7 @@ every rank.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 import secrets
@@ -69,6 +79,7 @@ from torch._C._distributed_c10d import (
 from .. import wire
 from ..worker.api import Worker, local_end
 from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
+from .staging import Pipeline, StagingConfig, ops_for
 
 BACKEND_NAME = "swml"
 # dtype -> the dtype the Worker reduces it as. float16/bfloat16 widen to float32
@@ -79,8 +90,9 @@ _WORK_DTYPE = {torch.float32: torch.float32, torch.int32: torch.int32,
 # ReduceOp name -> the Worker's op (AVG: a sum, divided by the world size after).
 _SWITCH_OPS = {"SUM": "sum", "AVG": "sum", "MIN": "min", "MAX": "max"}
 _WHAT_THE_SWITCH_DOES = ("the switch does SUM/AVG/MIN/MAX of float32, int32, float16, bfloat16 "
-                         "and broadcast of any dtype, on CPU tensors")
+                         "and broadcast of any dtype, on CPU and CUDA tensors")
 _JOB_KEY = "swml/job"
+_K_KEY = "swml/k"
 _TOKEN_KEY = "swml/token"
 
 
@@ -97,6 +109,7 @@ class SwmlOptions:
     gloo_iface: str | None = None       # Gloo's interface (default: see the module doc)
     verbose: bool = False               # let the Worker say which datapath it took
     shm_bytes: int | None = None        # shared memory per rank of a host (SWML_SHM_BYTES; 4 MiB)
+    staging: StagingConfig | None = None   # GPU tensors' chunks through host memory (staging.py)
 
     def resolved(self) -> "SwmlOptions":
         env = os.environ
@@ -109,11 +122,17 @@ class SwmlOptions:
                            backend=self.backend or env.get("SWML_WORKER_BACKEND", "auto"),
                            port=port, control_port=self.control_port, iface=self.iface,
                            gloo_iface=self.gloo_iface,
-                           verbose=self.verbose, shm_bytes=self.shm_bytes)
+                           verbose=self.verbose, shm_bytes=self.shm_bytes,
+                           staging=self.staging or StagingConfig())
 
 
 class _FutureWork(dist.Work):
-    """A Work completed through a torch future (set from the Worker's thread)."""
+    """A Work completed through a torch future (set from the group's thread).
+
+    For CUDA tensors the future is CUDA-aware (staging.CudaOps.future): wait()
+    and result() return once the host side is done, having made the
+    caller's current stream wait for the device side -- ProcessGroupNCCL's
+    Work.wait(), which blocks the stream rather than the host."""
 
     def __init__(self, fut: torch.futures.Future):
         super().__init__()
@@ -193,6 +212,8 @@ class ProcessGroupSwml(dist.ProcessGroup):
                                      iface=opts.iface, backend=opts.backend, port=opts.port,
                                      control_port=opts.control_port, join_timeout=join_timeout,
                                      verbose=opts.verbose, token=token)
+            # Every rank quantizes its own GPU tensors (staging.py): with the job's block size.
+            self.k = self._agree_k(store, rank)
         except BaseException:
             self._close_switch_side()
             raise
@@ -218,6 +239,10 @@ class ProcessGroupSwml(dist.ProcessGroup):
         self._gloo_pending: list = []   # Gloo's Work not yet completed (see barrier)
         self._lock = threading.Lock()
         self._closed = False
+        self._staging: dict[torch.device, Pipeline] = {}    # one per device, on first use
+        # Tests: CPU tensors through the staging pipeline too (its CpuOps), to
+        # drive the GPU tensors' path where CI has no GPU.
+        self.stage_cpu_tensors = False
         _live.add(self)
 
     @staticmethod
@@ -227,6 +252,12 @@ class ProcessGroupSwml(dist.ProcessGroup):
             gid = "".join(c for c in str(group_id) if c.isalnum())[:16]
             store.set(_JOB_KEY, f"torch-{gid or 'pg'}-{secrets.token_hex(6)}")
         return store.get(_JOB_KEY).decode()
+
+    def _agree_k(self, store: dist.Store, rank: int) -> int:
+        """The job's block size, from rank 0 (a host leader: it has a Worker)."""
+        if rank == 0:
+            store.set(_K_KEY, str(self.worker.info.k))
+        return int(store.get(_K_KEY).decode())
 
     @staticmethod
     def _agree_token(store: dist.Store, rank: int) -> str:
@@ -255,15 +286,19 @@ class ProcessGroupSwml(dist.ProcessGroup):
         return f"ProcessGroupSwml(rank={self._rank}, size={self._size}, {where})"
 
     # -- checks -----------------------------------------------------------------
-    def _cpu_reason(self, collective: str, tensors: list[torch.Tensor]) -> str | None:
+    def _tensor_reason(self, collective: str, tensors: list[torch.Tensor]) -> str | None:
         """Why these tensors cannot be handed to the Worker at all (None if they can)."""
         if len(tensors) != 1 and collective != "all_reduce_coalesced":
             return f"{collective} of a list of {len(tensors)} tensors"
         if not tensors:
             return f"{collective} of no tensors"
-        if any(t.device.type != "cpu" for t in tensors):
-            # CUDA tensors: Gloo reduces them; quantizing on the GPU is not done yet.
-            return f"{collective} on {tensors[0].device.type} tensors"
+        if len({t.device for t in tensors}) != 1:
+            return f"{collective} of tensors on several devices"
+        device = tensors[0].device
+        if device.type != "cpu" and ops_for(device) is None:
+            # CUDA tensors are staged through host memory (staging.py); a device
+            # without streams and events there stays with Gloo.
+            return f"{collective} on {device.type} tensors"
         if any(t.layout != torch.strided for t in tensors):
             return f"{collective} on {tensors[0].layout} tensors"
         if any(t.is_quantized for t in tensors):
@@ -281,7 +316,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
                 f"{collective} with ReduceOp.AVG on {', '.join(sorted(map(str, dtypes)))}: an "
                 "integer average is not exact (Gloo refuses it too); use SUM and divide as "
                 "the application needs")
-        reason = self._cpu_reason(collective, tensors)
+        reason = self._tensor_reason(collective, tensors)
         if reason:
             return reason
         if len(dtypes) != 1 or next(iter(dtypes)) not in _WORK_DTYPE:
@@ -312,37 +347,80 @@ class ProcessGroupSwml(dist.ProcessGroup):
         return work
 
     # -- through the switch -------------------------------------------------------
-    def _through_switch(self, flat: torch.Tensor, op: str, finish, avg: bool = False) -> _FutureWork:
+    def _reduce_among_all(self, flat: torch.Tensor, op: str) -> None:
         """Reduce a contiguous 1-D float32/int32 CPU tensor in place with the
-        Worker's `op` (first among each host's ranks, then through the
-        switch among the hosts' leaders); finish() runs after, on the group's
-        thread, and returns the future's value."""
+        Worker's `op` over every rank: first among each host's ranks, then
+        through the switch among the hosts' leaders, then shared back."""
+        if self.local is not None:
+            self.local.reduce_to_leader(flat, op.upper())
+        error = None
+        if self.worker is not None:
+            try:
+                self.worker.allreduce(flat.detach().numpy(), op)
+            except BaseException as e:  # noqa: BLE001 - shared with the host below
+                error = e
+        if self.local is not None:
+            self.local.share(flat, error)
+        elif error is not None:
+            raise error
+
+    def _staged(self, flat: torch.Tensor) -> bool:
+        return flat.device.type != "cpu" or self.stage_cpu_tensors
+
+    def _staging_for(self, device: torch.device) -> Pipeline:
+        if device not in self._staging:
+            self._staging[device] = Pipeline(ops_for(device), self.options.staging)
+        return self._staging[device]
+
+    def _reduce_staged(self, pipeline: Pipeline, flat: torch.Tensor, op: str) -> None:
+        """A device tensor through host memory (staging.py). Every rank
+        quantizes its own float32 tensor for the whole group's size; the
+        int32 rounds go through _reduce_among_all, so several ranks on a host
+        add their int32 payloads on the leader's host copy (exact, in any
+        order) before it streams. Other ops are exact as they are."""
+        if op == "sum" and flat.is_floating_point():
+            flat.copy_(pipeline.sum_quantized(flat, self.k, self._size, self._reduce_among_all))
+        else:
+            pipeline.reduce(flat, op, self._reduce_among_all)
+
+    def _through_switch(self, flat: torch.Tensor, op: str, finish, avg: bool = False,
+                        outputs: tuple = ()) -> _FutureWork:
+        """Reduce a contiguous 1-D float32/int32 tensor in place with the
+        Worker's `op` over every rank; finish() runs after, on the group's
+        thread, and returns the future's value (it writes `outputs`).
+
+        A tensor on a GPU follows ProcessGroupNCCL's stream semantics: the
+        caller's current stream is marked now, and the group's thread works
+        on a side stream that waits for that mark (the caller may have queued
+        the kernels that compute the tensor without waiting for them). The
+        future is CUDA-aware and completed from the side stream, so Work.wait()
+        -- which torch calls for a synchronous all_reduce -- and
+        get_future().wait()/then() make the waiter's current stream wait for
+        the result, without blocking on the GPU. Unlike NCCL's, wait() does
+        block the host until the switch has answered: the host streams."""
         with self._lock:
             self.switch_calls += 1
-        fut: torch.futures.Future = torch.futures.Future()
+        staged = self._staged(flat)
+        pipeline = self._staging_for(flat.device) if staged else None
+        ticket = pipeline.accept([flat, *outputs]) if staged else None
+        fut = pipeline.ops.future() if staged else torch.futures.Future()
         size = self._size
 
         def run() -> None:
             try:
-                if self.local is not None:
-                    self.local.reduce_to_leader(flat, op.upper())
-                error = None
-                if self.worker is not None:
-                    try:
-                        self.worker.allreduce(flat.detach().numpy(), op)
-                    except BaseException as e:  # noqa: BLE001 - shared with the host below
-                        error = e
-                if self.local is not None:
-                    self.local.share(flat, error)
-                elif error is not None:
-                    raise error
-                if avg:
-                    flat.div_(size)   # in float32, before any rounding to float16/bfloat16
-                value = finish()
+                with pipeline.on_stream(ticket) if staged else contextlib.nullcontext():
+                    if staged:
+                        self._reduce_staged(pipeline, flat, op)
+                    else:
+                        self._reduce_among_all(flat, op)
+                    if avg:
+                        flat.div_(size)   # in float32, before any rounding to float16/bfloat16
+                    value = finish()
+                    # on the side stream: a CUDA future records its events there
+                    fut.set_result(value)
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-                fut.set_exception(e)
-                return
-            fut.set_result(value)
+                if not fut.done():
+                    fut.set_exception(e)
 
         self._pipeline.submit(run)
         return _FutureWork(fut)
@@ -358,7 +436,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
         # it, also into parameters that require grad (autograd refuses copy_ there).
         if len(tensors) == 1 and t.dtype == work_dtype and t.is_contiguous():
             return self._through_switch(t.detach().view(-1), _SWITCH_OPS[name], lambda: tensors,
-                                        avg=name == "AVG")
+                                        avg=name == "AVG", outputs=tuple(tensors))
         flat = torch.cat([x.detach().reshape(-1).to(work_dtype) for x in tensors])
 
         def finish():
@@ -369,7 +447,8 @@ class ProcessGroupSwml(dist.ProcessGroup):
                 off += n
             return tensors
 
-        return self._through_switch(flat, _SWITCH_OPS[name], finish, avg=name == "AVG")
+        return self._through_switch(flat, _SWITCH_OPS[name], finish, avg=name == "AVG",
+                                    outputs=tuple(tensors))
 
     def allreduce(self, tensors, opts=None):
         if isinstance(tensors, torch.Tensor):
@@ -397,23 +476,24 @@ class ProcessGroupSwml(dist.ProcessGroup):
         other rank's zeros: the switch's int32 sum is the root's bits, exactly."""
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        reason = self._cpu_reason("broadcast", tensors)
+        reason = self._tensor_reason("broadcast", tensors)
         if reason:
             return self._fallback(reason, lambda: self.gloo.broadcast(tensors, opts))
         t = tensors[0]
         nbytes = t.numel() * t.element_size()
-        buf = torch.zeros(-(-nbytes // 4), dtype=torch.int32)
+        buf = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=t.device)
         root = opts.rootRank
         if self._rank == root:
             src = t.detach().resolve_conj().resolve_neg().reshape(-1)
             buf.view(torch.uint8)[:nbytes].copy_(src.view(torch.uint8))
-            return self._through_switch(buf, "sum", lambda: tensors)  # the root keeps its own
+            return self._through_switch(buf, "sum", lambda: tensors,  # the root keeps its own
+                                        outputs=tuple(tensors))
 
         def finish():
             t.detach().copy_(buf.view(torch.uint8)[:nbytes].view(t.dtype).view_as(t))
             return tensors
 
-        return self._through_switch(buf, "sum", finish)
+        return self._through_switch(buf, "sum", finish, outputs=tuple(tensors))
 
     def barrier(self, opts=None):
         """One 1-element int32 round: it completes when every rank has made it,
@@ -536,4 +616,7 @@ def _create(backend_opts, pg_options) -> ProcessGroupSwml:
 def register() -> None:
     """Register the backend as "swml" (done on import of switchml_xdp.torch)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        # "cuda" where torch is built with it: CUDA tensors then reach this group
+        # (staged through host memory, staging.py) instead of torch refusing them.
+        devices = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
