@@ -2,7 +2,8 @@
 xdp/swml_switch.c through BPF_PROG_TEST_RUN (no network, no other load).
 
     sudo .venv/bin/python tests/switch_micro.py [--k 64,256] [--passes 7] [--src DIR]
-                                                [--fmt offset32|int32] [--json]
+                                                [--fmt offset32|int32] [--cpus one|split]
+                                                [--json]
 
 A job of world 2 streams rounds through its slots as workers do: per packet
 index, rank 0's contribution (the first of its round: the k values are copied
@@ -16,6 +17,7 @@ the least disturbed by whatever else the machine runs (docs/performance.md).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import struct
 import sys
@@ -34,14 +36,18 @@ HDR_AT = wire.HEADERS_LEN - wire.HDR_LEN  # the swml header in a frame without I
 SEQ_AT = HDR_AT + wire.HDR_DTYPE.fields["seq"][1]
 FLAGS_AT = HDR_AT + wire.HDR_DTYPE.fields["flags"][1]
 SEQ = struct.Struct("!I")
+ALL_CPUS = os.sched_getaffinity(0)
 
 
 def stream(sw: SwitchTester, world: int, passes: int, check: bool = True,
-           fmt: int = wire.FMT_INT32) -> dict[str, float]:
+           fmt: int = wire.FMT_INT32, split: bool = False) -> dict[str, float]:
     """min over passes of the median ns of each rank's packets (rank 0 first of
     its round, rank world-1 last) in payload format `fmt`; `check`: that the
     program did what the switch must (not for a variant cut down to measure a
-    part)."""
+    part); `split`: rank r's packets run on CPU r mod the CPUs there are, as
+    when workers' flows arrive on different CPUs, so that a slot's accumulators
+    move between caches within each round."""
+    cpus = sorted(os.sched_getaffinity(0))
     sw.reset()
     job = sw.add_job(world=world, slot_count=SLOTS)
     rng = np.random.default_rng(world)
@@ -63,6 +69,8 @@ def stream(sw: SwitchTester, world: int, passes: int, check: bool = True,
                     f = frames[slot][r]
                     SEQ.pack_into(f, SEQ_AT, seq)
                     f[FLAGS_AT] = (seq // SLOTS) & wire.FLAG_SLOT_VER
+                    if split:
+                        os.sched_setaffinity(0, {cpus[r % len(cpus)]})
                     action, _, dt = bpf.test_run(sw.prog.fd, bytes(f))
                     want = Action.TX if r == world - 1 else Action.DROP
                     assert action == want or not check, (r, action)
@@ -84,8 +92,11 @@ def stream(sw: SwitchTester, world: int, passes: int, check: bool = True,
               show_default=True,
               help="payload format: offset32 is what float32 sums send, int32 what int32 "
                    "tensors and MIN/MAX send")
+@click.option("--cpus", type=click.Choice(["one", "split"]), default="one", show_default=True,
+              help="run every packet on one CPU, or each rank's on its own CPU (a slot's "
+                   "accumulators then move between the CPUs' caches every round)")
 @click.option("--json", "as_json", is_flag=True)
-def main(ks, passes, src, fmt, as_json):
+def main(ks, passes, src, fmt, cpus, as_json):
     if src:
         from switchml_xdp.bpf import compile as bpf_compile
         bpf_compile.xdp_dir = lambda: Path(src).resolve()
@@ -93,8 +104,10 @@ def main(ks, passes, src, fmt, as_json):
     for k in (int(x) for x in ks.split(",")):
         with SwitchTester(k=k, slots=SLOTS) as sw:
             code = wire.FMT_OFFSET32 if fmt == "offset32" else wire.FMT_INT32
-            two = stream(sw, 2, passes, not src, code)
-            three = stream(sw, 3, passes, not src, code)
+            split = cpus == "split"
+            two = stream(sw, 2, passes, not src, code, split)
+            three = stream(sw, 3, passes, not src, code, split)
+            os.sched_setaffinity(0, ALL_CPUS)
         rows.append({"k": k, "first_ns": two["first"], "middle_ns": three["middle"],
                      "last_ns": two["last"], "world2_mean_ns": (two["first"] + two["last"]) / 2})
     if as_json:

@@ -125,23 +125,61 @@ def engine_like_timers() -> tuple[FakeClock, RetransmitTimers]:
 def test_a_straggler_costs_one_probe_not_a_window_of_resends():
     """Every packet in flight times out because another rank is late: one
     probe goes; its answer shows the original was in the round (not our rank's
-    completion, no SHADOW): spurious, nothing else is resent, and the
-    original's round trip is sampled."""
+    completion, no SHADOW): spurious, and nothing else is resent."""
     clock, timers = engine_like_timers()
     for p in range(5):
         timers.sent(p)
     clock.t += 0.006
     assert list(timers.expired()) == [0]
-    clock.t += 0.006   # the deferred expire again, the probe is still out: none goes
+    clock.t += 0.003   # the others are deferred for their 5 ms: none goes
     assert list(timers.expired()) == []
-    clock.t += 0.002
+    clock.t += 0.001
     assert timers.answered(0, lost=False) is None  # resent: the window gets no sample
     assert timers.spurious == 1
-    assert timers.estimator.samples == 1 and timers.estimator.srtt == pytest.approx(0.014)
+    assert timers.estimator.samples == 0  # its round trip includes the late rank's wait
+    clock.t += 0.004   # past their deferral: a fresh timeout since the late rank is back
     assert list(timers.expired()) == []
     for p in range(1, 5):
         assert timers.answered(p, lost=False) == pytest.approx(0.014)  # sent once: samples
     assert timers.pending() == []
+
+
+def test_while_results_flow_a_timeout_is_a_loss_and_goes_at_once():
+    """Results keep coming in after packets 0 and 1 went out: their timeouts
+    mean losses, both are resent together, no probe holds either back."""
+    clock, timers = engine_like_timers()
+    timers.sent(0)
+    timers.sent(1)
+    for p in range(2, 14):
+        timers.sent(p)
+        clock.t += 0.0005
+        timers.answered(p, lost=False)
+    assert list(timers.expired()) == [0, 1]
+    assert timers.spurious == 0
+
+
+def test_a_timeout_long_after_the_last_result_is_a_stall():
+    clock, timers = engine_like_timers()
+    timers.sent(0)
+    timers.sent(1)
+    timers.sent(2)
+    clock.t += 0.001
+    timers.answered(2, lost=False)  # came in after 0 and 1 went out, but long ago:
+    clock.t += 0.005
+    assert list(timers.expired()) == [0]  # 1 is held back behind the probe
+
+
+def test_after_a_spurious_probe_the_deferred_get_a_fresh_timeout():
+    clock, timers = engine_like_timers()
+    for p in range(3):
+        timers.sent(p)
+    clock.t += 0.006
+    assert list(timers.expired()) == [0]
+    clock.t += 0.003
+    timers.answered(0, lost=False)  # the late rank is back
+    assert timers._timers[1][0] == pytest.approx(clock.t + timers._timers[1][1])
+    clock.t += 0.001
+    assert list(timers.expired()) == []
 
 
 def test_a_probe_that_finds_a_loss_releases_the_deferred_at_once():
@@ -161,10 +199,10 @@ def test_a_probe_that_finds_a_loss_releases_the_deferred_at_once():
     assert list(timers.expired()) == [2]     # the next probe, alone
 
 
-def test_an_unanswered_probe_stops_holding_the_others_back():
+def test_a_packet_is_deferred_once_never_twice():
     """Two ranks that each lost a packet: each rank's probe may need the very
-    packet the other rank defers. When the probe's doubled timeout runs out
-    too, the deferred packets go (no deadlock)."""
+    packet the other rank defers. A deferred packet goes when its timer runs
+    out a second time, probe or not (no deadlock)."""
     clock, timers = engine_like_timers()
     timers.sent(0)
     clock.t += 0.001
@@ -173,10 +211,10 @@ def test_an_unanswered_probe_stops_holding_the_others_back():
     assert list(timers.expired()) == [0]      # 1 is not due yet
     clock.t += 0.001
     assert list(timers.expired()) == []       # 1 is due: deferred behind the probe
-    clock.t += 0.0095                         # the probe's 10 ms run out: it goes again,
-    assert list(timers.expired()) == [0, 1]   # and 1 is held back no longer
+    clock.t += 0.005                          # 1's timer runs out again (0's: 10 ms)
+    assert list(timers.expired()) == [1]
     clock.t += 0.001
-    timers.answered(1, lost=False)            # not a probe now: no verdict drawn from it
+    timers.answered(1, lost=False)            # not the probe: no verdict drawn from it
     assert timers.spurious == 0
 
 
