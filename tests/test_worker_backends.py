@@ -169,12 +169,18 @@ def test_a_timeout_long_after_the_last_result_is_a_stall():
     assert list(timers.expired()) == [0]  # 1 is held back behind the probe
 
 
-def test_after_a_spurious_probe_the_deferred_get_a_fresh_timeout():
+def probing_three() -> tuple[FakeClock, RetransmitTimers]:
+    """Packets 0-2 out, then a stall: 0 is the probe, 1 and 2 are deferred."""
     clock, timers = engine_like_timers()
     for p in range(3):
         timers.sent(p)
     clock.t += 0.006
     assert list(timers.expired()) == [0]
+    return clock, timers
+
+
+def test_after_a_spurious_probe_the_deferred_get_a_fresh_timeout():
+    clock, timers = probing_three()
     clock.t += 0.003
     timers.answered(0, lost=False)  # the late rank is back
     assert timers._timers[1][0] == pytest.approx(clock.t + timers._timers[1][1])
@@ -183,11 +189,7 @@ def test_after_a_spurious_probe_the_deferred_get_a_fresh_timeout():
 
 
 def test_a_probe_that_finds_a_loss_releases_the_deferred_at_once():
-    clock, timers = engine_like_timers()
-    for p in range(3):
-        timers.sent(p)
-    clock.t += 0.006
-    assert list(timers.expired()) == [0]
+    clock, timers = probing_three()
     clock.t += 0.001
     timers.answered(0, lost=True)  # our resend completed the round: 0 was lost
     assert timers.spurious == 0 and timers.estimator.samples == 0
