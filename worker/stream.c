@@ -21,9 +21,9 @@
 #define SLEEP_TX_WAIT_NS 50000ull   /* while waiting for tx frames or ring room */
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
-/* A timer's state (retransmit.py): deferred behind the probe, or released by
- * the probe's loss to go at once. */
-enum { TIMER_NORMAL = 0, TIMER_DEFERRED = 1, TIMER_RELEASED = 2 };
+/* A timer's state (retransmit.py): deferred behind the probe, the packet
+ * goes when its timer runs out again. */
+enum { TIMER_NORMAL = 0, TIMER_DEFERRED = 1 };
 
 /* How a plan's payloads are made: as int32 (as is, or a float32 through the
  * order-preserving map), or quantized with an agreed exponent (float32 sum),
@@ -301,11 +301,12 @@ static void probe_answered(struct swml_stream *st, struct plan *pl,
 	for (uint32_t s = 0; s < pl->S; s++) {
 		if (st->timer_state[s] != TIMER_DEFERRED)
 			continue;
-		st->timer_state[s] = lost ? TIMER_RELEASED : TIMER_NORMAL;
+		if (!lost)
+			st->timer_state[s] = TIMER_NORMAL;
 		if (st->deadline[s] == UINT64_MAX)
 			continue;
-		/* lost: at once; else the late rank is back: a fresh timeout for
-		 * its packets to come in */
+		/* lost: at once (still deferred: it goes when its timer runs out);
+		 * else the late rank is back: a fresh timeout for its packets */
 		st->deadline[s] = lost ? pl->now : pl->now + st->rto[s];
 		pl->next_check = min_u64(pl->next_check, st->deadline[s]);
 	}
@@ -462,8 +463,8 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 /* Expired timers, by the rules of switchml_xdp/worker/retransmit.py. While
  * RESULTs flow, every packet whose timer ran out goes again. When they have
  * stopped, the oldest goes as the probe (or the probe again), and so do those
- * its loss released and those deferred before; the others are deferred once:
- * re-armed for their timeout, not resent. */
+ * deferred before (a loss the probe found makes them due at once); the others
+ * are deferred once: re-armed for their timeout, not resent. */
 static void check_timers(struct swml_stream *st, struct plan *pl)
 {
 	uint64_t next = UINT64_MAX;
@@ -479,7 +480,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 
 		for (uint32_t s = 0; s < pl->S; s++)
 			if (st->inflight[s] >= 0 && st->deadline[s] <= pl->now &&
-			    st->timer_state[s] != TIMER_RELEASED &&
+			    st->timer_state[s] == TIMER_NORMAL &&
 			    (oldest < 0 || st->inflight[s] < st->inflight[oldest]))
 				oldest = s;
 		if (oldest >= 0 && (st->sent_at[oldest] >= pl->last_progress ||

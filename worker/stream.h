@@ -101,7 +101,7 @@ struct swml_stream {
 	uint64_t *rto;             /* its current timeout */
 	uint64_t *sent_at;         /* first transmission, for an RTT sample */
 	uint8_t *resent;           /* retransmitted: no RTT sample (Karn) */
-	uint8_t *timer_state;      /* TIMER_*: deferred behind the probe, or released by it */
+	uint8_t *timer_state;      /* TIMER_*: deferred behind the probe or not */
 	int64_t probe;             /* the slot of the probe (retransmit.py), -1 if none */
 	/* the RTT estimator and the congestion window, kept across tensors */
 	uint64_t srtt_ns, rttvar_ns, rto_ns;

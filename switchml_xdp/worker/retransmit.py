@@ -115,7 +115,6 @@ class RetransmitTimers:
         self._last_answer = clock()         # when the last result came in
         self._probe: int | None = None      # the resent packet whose answer is awaited
         self._deferred: set[int] = set()    # timed out while the probe was out: not resent
-        self._released: set[int] = set()    # deferred, then due at once: the probe found a loss
         self.spurious = 0                   # probes whose original was in the round after all
 
     def start(self) -> None:
@@ -125,7 +124,6 @@ class RetransmitTimers:
         self._last_answer = self.clock()
         self._probe = None
         self._deferred.clear()
-        self._released.clear()
 
     def sent(self, p: int) -> None:
         """Packet p went out for the first time."""
@@ -142,19 +140,16 @@ class RetransmitTimers:
         self._last_answer = now
         timer = self._timers.pop(p, None)
         self._deferred.discard(p)
-        self._released.discard(p)
         if timer is not None and p == self._probe:
             self._probe = None
-            if lost:
-                self._release_deferred(now)
-            else:
-                # The late rank is back: its packets get a fresh timeout to
-                # come in. No RTT sample: this round trip includes the late
-                # rank's wait (module docstring).
+            # A loss: the deferred are due at once (and go, deferred before).
+            # Else the late rank is back: a fresh timeout for its packets, and
+            # no RTT sample: this round trip includes its wait (module docstring).
+            for q in self._deferred:
+                _, rto, first, sent0 = self._timers[q]
+                self._timers[q] = (now if lost else now + rto, rto, first, sent0)
+            if not lost:
                 self.spurious += 1
-                for q in self._deferred:
-                    _, rto, first, sent0 = self._timers[q]
-                    self._timers[q] = (now + rto, rto, first, sent0)
                 self._deferred.clear()
         if timer is None or timer[2] is None:
             return None
@@ -162,33 +157,25 @@ class RetransmitTimers:
         self.estimator.sample(rtt)
         return rtt
 
-    def _release_deferred(self, now: float) -> None:
-        """The deferred packets are due at once, without a probe."""
-        for q in self._deferred:
-            _, rto, first, sent0 = self._timers[q]
-            self._timers[q] = (now, rto, first, sent0)
-        self._released |= self._deferred
-        self._deferred.clear()
-
     def expired(self) -> Iterator[int]:
         """The packets to resend now, each re-armed with a doubled timeout.
         While results flow, every packet whose timer ran out. When they have
-        stopped (none since the oldest of those packets went out), that
-        packet as the probe (or the probe again), those the probe's loss
-        released and those deferred before; the others are deferred once:
-        re-armed for their timeout, not resent."""
+        stopped (none since the oldest of those packets went out, or for an
+        eighth of the RTO), that
+        packet as the probe (or the probe again) and those deferred before
+        (a loss the probe found makes them due at once); the others are
+        deferred once: re-armed for their timeout, not resent."""
         now = self.clock()
         due = sorted(p for p, timer in self._timers.items() if timer[0] <= now)
         if self._probe is None:
-            oldest = next((p for p in due if p not in self._released), None)
+            oldest = next((p for p in due if p not in self._deferred), None)
             if oldest is not None and (self._timers[oldest][3] >= self._last_answer
                                        or now - self._last_answer >= self.estimator.rto / 8):
                 self._probe = oldest
         for p in due:
             _, rto, first, sent0 = self._timers[p]
-            if self._probe is None or p == self._probe or p in self._released \
+            if self._probe is None or p == self._probe \
                     or p in self._deferred:  # deferred once, never twice
-                self._released.discard(p)
                 self._deferred.discard(p)
                 rto = self.estimator.backoff(rto)
                 self._timers[p] = (self.clock() + rto, rto, None, sent0)

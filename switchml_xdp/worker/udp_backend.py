@@ -38,9 +38,6 @@ RX_BATCH = 256     # datagrams read between two looks at the timers
 
 # What `accept` makes of a datagram.
 FOREIGN, DUPLICATE, RESULT, DISAGREED = range(4)
-# Set in the flags accept() returns (above the wire's 8 bits): the RESULT
-# carries our rank, so our packet completed its round.
-LAST_WAS_OURS = 0x100
 
 
 class UdpBackend(Backend):
@@ -128,34 +125,32 @@ class UdpBackend(Backend):
             raise
 
     def accept(self, nbytes: int, source, call: Call, span: CallSpan,
-               in_flight) -> tuple[int, int, int, int]:
+               in_flight) -> tuple[int, int, int, int, int]:
         """What the datagram in the receive buffer is to the call:
-        (verdict, packet, flags, exp). FOREIGN: not a RESULT of this call from
+        (verdict, packet, flags, exp, rank: whose packet completed the round). FOREIGN: not a RESULT of this call from
         the switch; DUPLICATE: a RESULT of a packet not in flight; RESULT or
         DISAGREED: the answer to packet `packet`. in_flight(p): packet p is
         sent and unanswered."""
         if source != self.dest or nbytes < wire.HDR_LEN:
-            return FOREIGN, -1, 0, 0
+            return FOREIGN, -1, 0, 0, -1
         vt, flags, op, fmt, job, rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
             HDR.unpack_from(self._rx)
         info = self.info
         if vt != self._result_vt or job != info.job_id or count != info.k:
-            return FOREIGN, -1, 0, 0
+            return FOREIGN, -1, 0, 0, -1
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
-            return FOREIGN, -1, 0, 0
+            return FOREIGN, -1, 0, 0, -1
         if not in_flight(p):
-            return DUPLICATE, p, flags, exp
+            return DUPLICATE, p, flags, exp, rank
         if flags & wire.FLAG_DISAGREE:
             # The round's tag and op are another rank's: the mismatch itself.
-            return DISAGREED, p, flags, exp
+            return DISAGREED, p, flags, exp, rank
         # A DISAGREE round may answer in another rank's payload format (16
         # against 32 bits): only a result to be read must be in ours, whole.
         if tag != call.tag or op != call.op_code or fmt != self._fmt or nbytes < self._min_len:
-            return FOREIGN, p, flags, exp
-        if rank == info.rank:  # our packet completed the round (retransmit.py: the probe)
-            flags |= LAST_WAS_OURS
-        return RESULT, p, flags, exp
+            return FOREIGN, p, flags, exp, rank
+        return RESULT, p, flags, exp, rank
 
     def run(self, plan, call: Call) -> None:
         """Stream a whole plan through the job's slots; returns when every
@@ -214,7 +209,8 @@ class UdpBackend(Backend):
                         nbytes, source = self.sock.recvfrom_into(self._rx)
                     except BlockingIOError:
                         break
-                    verdict, p, flags, exp = self.accept(nbytes, source, call, span, in_flight)
+                    verdict, p, flags, exp, rank = self.accept(nbytes, source, call, span,
+                                                               in_flight)
                     if verdict == FOREIGN:
                         self._counters["ignored"] += 1
                         continue
@@ -227,7 +223,8 @@ class UdpBackend(Backend):
                         self._counters["shadow_replies"] += 1
                     # A loss, if this answers a resend: ours completed the
                     # round, or the round was complete before (retransmit.py)
-                    rtt = timers.answered(p, bool(flags & (LAST_WAS_OURS | wire.FLAG_SHADOW)))
+                    lost = rank == self.info.rank or bool(flags & wire.FLAG_SHADOW)
+                    rtt = timers.answered(p, lost)
                     if rtt is not None:
                         window.on_ack(rtt, time.monotonic())
                     plan.result(p, self._rx_vals, exp, flags)
