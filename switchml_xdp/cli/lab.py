@@ -393,8 +393,8 @@ def _list_of(kind, what: str):
                    "pair: swml-afxdp16 (the switch's 16-bit block format) and gloo-fp16 (Gloo on "
                    "a float16 copy, as torch's fp16 compression hook)")
 @click.option("--job-slots", type=click.IntRange(8, 1024), default=None,
-              help="slots a job gets on the switches [default: a window that keeps the link "
-                   "busy for 3 ms, 16..512]")
+              help="slots a job gets on the switches [default: what covers 8 ms of the "
+                   "link's sending (a lost packet's recovery), 16..512]")
 @click.option("--out", "out_dir", default=None,
               help="directory for lab_bench.json, lab_bench.md and the PNG plots [default: a new "
                    "./swml-lab-bench-DATE-TIME; the figures README quotes are in bench/results]")
