@@ -48,8 +48,11 @@ def inputs(seed: int) -> list[np.ndarray]:
             for r in range(len(BACKENDS))]
 
 
-def reduce_in(lab, job: str, data: list[np.ndarray], stall_timeout: float = 20):
-    """Every rank allreduces its array; per rank (result, stats, join info) or the exception."""
+def reduce_in(lab, job: str, data: list[np.ndarray], stall_timeout: float = 20, during=None):
+    """Every rank allreduces its array; per rank (result, stats, join info) or
+    the exception. `during`: rank 0 calls it after the allreduce, while the job
+    is still running (every rank then allreduces once more to hold it), and
+    lab.seen_during keeps what it returned."""
     from switchml_xdp import Worker
     from switchml_xdp.lab.cluster import run_ranks
 
@@ -59,7 +62,12 @@ def reduce_in(lab, job: str, data: list[np.ndarray], stall_timeout: float = 20):
                         verbose=False, stall_timeout=stall_timeout) as w:
                 x = data[rank].copy()
                 w.allreduce(x)
-                return x, w.stats(), w.info
+                stats = w.stats()
+                if during is not None:
+                    if rank == 0:
+                        lab.seen_during = during()
+                    w.allreduce(np.zeros(1, np.float32))
+                return x, stats, w.info
         except (TimeoutError, RuntimeError) as e:
             return e
 
@@ -88,7 +96,10 @@ def test_unicast_fanout_is_exact_where_the_network_has_no_multicast(lab):
         assert "fanout unicast" in sw.ready_line
         assert read_state(sw.iface)["fanout"] == "unicast"
         assert fanout_filter(lab).name == FANOUT_PROG
-        per_rank = reduce_in(lab, "uni", data)
+        per_rank = reduce_in(lab, "uni", data, during=lambda: (
+            switch_cli(lab, "status", "--json", "--interval", "0").stdout,
+            switch_cli(lab, "status", "--interval", "0").stdout))
+        running_json, running_text = lab.seen_during
         status = json.loads(switch_cli(lab, "status", "--json", "--interval", "0").stdout)
     assert fanout_filter(lab) is None, "the switch's exit left its tc filter"
 
@@ -106,6 +117,13 @@ def test_unicast_fanout_is_exact_where_the_network_has_no_multicast(lab):
     c = st["counters"]
     assert c["unicast_copies"] == len(BACKENDS) * c["completed"] > 0, c
     assert c["unicast_no_mac"] == c["unicast_clone_failed"] == c["unicast_no_meta"] == 0, c
+    # While the job ran, status showed where each rank's RESULTs go: the MAC
+    # the switch learnt from its packets (here its own interface's).
+    (st,) = [s for s in json.loads(running_json)["switches"] if s["iface"] == lab.switch.iface]
+    (job,) = [j for j in st["jobs"] if j["name"] == "uni"]
+    for rank, host in enumerate(lab.workers):
+        assert job["members"][str(rank)]["learnt_mac"] == host.mac.lower(), job["members"]
+        assert f"RESULTs to {host.mac.lower()}" in running_text, running_text
 
 
 def test_without_unicast_fanout_results_come_only_as_shadow_replies(lab):

@@ -51,6 +51,13 @@ def _from_pins(st: dict) -> bool:
         st["counters"] = maps.read_counters()
         st["job_stats"] = daemon.read_job_stats(maps)
         st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
+        if st.get("fanout") == "unicast":
+            # Where each rank's unicast RESULTs go: learnt by the data plane
+            # from the rank's packets, not the MAC its join declared.
+            for j in st["jobs"]:
+                if j["id"] in st["active_job_ids"]:
+                    for rank, m in j["members"].items():
+                        m["learnt_mac"] = maps.learnt_mac(j["id"], int(rank))
     except PinnedMapError as e:  # e.g. another version's table, without a row of ours
         for key in ("counters", "job_stats", "active_job_ids"):
             st.pop(key, None)
@@ -160,7 +167,10 @@ def format_text(st: dict) -> str:
                 row += " (unprotected: no token)"
             lines.append(row.rstrip())
             for r_, m in j["members"].items():
-                lines.append(f"        rank {r_}: {m['ip']}:{m['port']} {m['mac']}{' (left)' if m['left'] else ''}")
+                mac = m["mac"]
+                if "learnt_mac" in m:   # --fanout unicast: where its RESULTs go
+                    mac = f"{mac} declared, RESULTs to {m['learnt_mac'] or '(none learnt yet)'}"
+                lines.append(f"        rank {r_}: {m['ip']}:{m['port']} {mac}{' (left)' if m['left'] else ''}")
     else:
         lines.append("  no jobs")
     c = st.get("counters")

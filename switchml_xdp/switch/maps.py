@@ -116,6 +116,13 @@ class SwitchMaps(DataplaneMaps):
         self.members.update(job_id * wire.MAX_WORLD + rank,
                             self.Member(ip=wire.ip_to_be32(ip), port=wire.port_to_be16(port)))
 
+    def learnt_mac(self, job_id: int, rank: int) -> str | None:
+        """The Ethernet source of the rank's last DATA packet that passed every
+        check, which the switch program writes with --fanout unicast (where
+        that rank's RESULTs go); None until one has."""
+        mac = bytes(self.members.lookup(job_id * wire.MAX_WORLD + rank).mac)
+        return ":".join(f"{b:02x}" for b in mac) if any(mac) else None
+
     def read_job(self, job_id: int):
         """The whole `jobs` row (a swml_job structure)."""
         return self.jobs.lookup(job_id)
