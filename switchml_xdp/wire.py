@@ -84,3 +84,12 @@ def key_to_be64(key: int) -> int:
 
 def port_to_be16(port: int) -> int:
     return int.from_bytes(port.to_bytes(2, "big"), "little")
+
+
+def mac_to_bytes(mac: str) -> bytes:
+    """"aa:bb:cc:dd:ee:ff" as the 6 bytes a frame (and a map's __u8[6]) holds."""
+    return bytes.fromhex(mac.replace(":", ""))
+
+
+def mac_from_bytes(raw: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in raw)

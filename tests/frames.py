@@ -11,6 +11,8 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
+from switchml_xdp import wire
+
 ETH_P_IP, ETH_P_ARP, ETH_P_IPV6 = 0x0800, 0x0806, 0x86DD
 IPPROTO_TCP, IPPROTO_UDP = 6, 17
 IP_DF, IP_MF = 0x4000, 0x2000  # frag_off flags (the rest is the offset in 8-byte units)
@@ -31,12 +33,8 @@ def endpoint(host, port: int) -> Endpoint:
     return Endpoint(host.mac, host.ip, port)
 
 
-def mac_bytes(mac: str) -> bytes:
-    return bytes.fromhex(mac.replace(":", ""))
-
-
-def mac_text(raw: bytes) -> str:
-    return ":".join(f"{b:02x}" for b in raw)
+mac_bytes = wire.mac_to_bytes   # the package's one definition
+mac_text = wire.mac_from_bytes
 
 
 def ipv4_checksum(header: bytes) -> int:

@@ -51,8 +51,7 @@ def inputs(seed: int) -> list[np.ndarray]:
 def reduce_in(lab, job: str, data: list[np.ndarray], stall_timeout: float = 20, during=None):
     """Every rank allreduces its array; per rank (result, stats, join info) or
     the exception. `during`: rank 0 calls it after the allreduce, while the job
-    is still running (every rank then allreduces once more to hold it), and
-    lab.seen_during keeps what it returned."""
+    is still running (every rank then allreduces once more to hold it)."""
     from switchml_xdp import Worker
     from switchml_xdp.lab.cluster import run_ranks
 
@@ -65,7 +64,7 @@ def reduce_in(lab, job: str, data: list[np.ndarray], stall_timeout: float = 20, 
                 stats = w.stats()
                 if during is not None:
                     if rank == 0:
-                        lab.seen_during = during()
+                        during()
                     w.allreduce(np.zeros(1, np.float32))
                 return x, stats, w.info
         except (TimeoutError, RuntimeError) as e:
@@ -96,10 +95,11 @@ def test_unicast_fanout_is_exact_where_the_network_has_no_multicast(lab):
         assert "fanout unicast" in sw.ready_line
         assert read_state(sw.iface)["fanout"] == "unicast"
         assert fanout_filter(lab).name == FANOUT_PROG
-        per_rank = reduce_in(lab, "uni", data, during=lambda: (
-            switch_cli(lab, "status", "--json", "--interval", "0").stdout,
-            switch_cli(lab, "status", "--interval", "0").stdout))
-        running_json, running_text = lab.seen_during
+        running = []  # status while the job runs: --json, then text
+        per_rank = reduce_in(lab, "uni", data, during=lambda: running.extend(
+            switch_cli(lab, "status", *json_arg, "--interval", "0").stdout
+            for json_arg in (["--json"], [])))
+        running_json, running_text = running
         status = json.loads(switch_cli(lab, "status", "--json", "--interval", "0").stdout)
     assert fanout_filter(lab) is None, "the switch's exit left its tc filter"
 

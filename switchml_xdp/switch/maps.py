@@ -33,10 +33,6 @@ class JobEntry:
     key: int             # the job's data key (64 bits), which every DATA packet carries
 
 
-def _mac_bytes(mac: str) -> bytes:
-    return bytes(int(b, 16) for b in mac.split(":"))
-
-
 class DataplaneMaps(abc.ABC):
     """A data plane's tables as the control plane sees them. Addresses and
     ports are given as text and ints; each implementation stores them as its
@@ -103,7 +99,7 @@ class SwitchMaps(DataplaneMaps):
         v = self.Job(active=1, world=e.world, slot_base=e.slot_base, slot_count=e.slot_count,
                      key=wire.key_to_be64(e.key), group_ip=wire.ip_to_be32(e.group_ip),
                      result_port=wire.port_to_be16(e.result_port))
-        ct.memmove(v.group_mac, _mac_bytes(e.group_mac), 6)
+        ct.memmove(v.group_mac, wire.mac_to_bytes(e.group_mac), 6)
         self.job_stats.zero(job_id)
         self.jobs.update(job_id, v)
 
@@ -121,7 +117,7 @@ class SwitchMaps(DataplaneMaps):
         check, which the switch program writes with --fanout unicast (where
         that rank's RESULTs go); None until one has."""
         mac = bytes(self.members.lookup(job_id * wire.MAX_WORLD + rank).mac)
-        return ":".join(f"{b:02x}" for b in mac) if any(mac) else None
+        return wire.mac_from_bytes(mac) if any(mac) else None
 
     def read_job(self, job_id: int):
         """The whole `jobs` row (a swml_job structure)."""

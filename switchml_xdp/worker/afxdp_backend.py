@@ -74,10 +74,6 @@ def unavailable_reason() -> str | None:
     return bpf.compiler_missing()
 
 
-def _mac_bytes(mac: str) -> bytes:
-    return bytes.fromhex(mac.replace(":", ""))
-
-
 def compile_redirect(info: JobInfo, local_ip: str) -> bpf.Program:
     """Compile and load the redirect program for one job on one worker."""
     defines = {"SWML_PORT": info.port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u",
@@ -124,7 +120,7 @@ class AfxdpBackend(Backend):
             self._engine = engine.Engine(
                 local.iface, self._prog.map_fd("xsks"), self._abort,
                 job=info.job_id, rank=info.rank, world=info.world, k=info.k, slots=info.slots,
-                src_mac=_mac_bytes(local.mac), dst_mac=_mac_bytes(info.switch_mac),
+                src_mac=wire.mac_to_bytes(local.mac), dst_mac=wire.mac_to_bytes(info.switch_mac),
                 src_ip=socket.inet_aton(local.ip), dst_ip=socket.inet_aton(info.switch_ip),
                 src_port=info.port, dst_port=info.switch_port, key=info.key,
                 seq_base=info.seq_base, queue=QUEUE,
