@@ -230,5 +230,10 @@ def test_bench_smoke(tmp_path):
     md = (tmp_path / "lab_bench.md").read_text()
     assert "| N | loss |" in md and "k = 64" in md
     assert doc["results"] == saved["results"]
+    # The bound is the wire's, and the definition printed with it says so.
+    hdrs = wire.HEADERS_LEN
+    assert by["swml-udp"]["bound_mbps"] == pytest.approx(100 * 256 / (hdrs + 256), rel=1e-3)
+    assert f"({hdrs} + 4k)" in saved["meta"]["definitions"]["bound_swml"]
+    assert f"swml {wire.HDR_LEN} bytes" in md
     if missing:
         pytest.skip(f"Gloo part skipped: {missing}")

@@ -36,6 +36,10 @@ FOREIGN_WARN_PCT = 5.0       # other processes' CPU share above which a result i
 # destination MAC to the end of the payload; no preamble, FCS or gap, which a
 # veth does not have).
 SWML_HEADERS = wire.HEADERS_LEN                 # Ethernet 14 + IPv4 20 + UDP 8 + swml 32
+SWML_BOUND_DEFINITION = (
+    f"rate x 4k / ({SWML_HEADERS} + 4k), or / ({SWML_HEADERS} + 2k) in the 16-bit format: Ethernet "
+    f"{wire.ETH_LEN} + IPv4 {wire.IP_LEN} + UDP {wire.UDP_LEN} + swml {wire.HDR_LEN} bytes "
+    "of headers a packet")
 TCP_MSS = 1448                                  # MTU 1500 - IPv4 20 - TCP 20 - timestamps 12
 TCP_FRAME = TCP_MSS + 14 + 20 + 20 + 12         # 1514
 

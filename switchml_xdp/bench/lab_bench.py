@@ -46,7 +46,8 @@ from typing import Callable, Sequence
 
 from .constants import (DEFAULT_ITERATIONS, DEFAULT_KS, DEFAULT_LOSSES, DEFAULT_OUT,
                         DEFAULT_RATE_MBIT, DEFAULT_SIZE, DEFAULT_WARMUP, DEFAULT_WORKERS,
-                        DEFAULT_SYSTEMS, GLOO_PORT, GLOO_SYSTEMS, SWML_HEADERS, SYSTEMS,
+                        DEFAULT_SYSTEMS, GLOO_PORT, GLOO_SYSTEMS, SWML_BOUND_DEFINITION,
+                        SWML_HEADERS, SYSTEMS,
                         bound_mbps)
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
 from .rank_group import RankError, RankGroup
@@ -373,8 +374,7 @@ class Bench:
                 "tat": "tensor aggregation time of one iteration: the slowest rank's allreduce, "
                        "timed from a barrier; medians over iterations",
                 "goodput": "tensor bits / TAT (per worker)",
-                "bound_swml": "rate x 4k / (4k + 58): Ethernet 14 + IPv4 20 + UDP 8 + swml 16 "
-                              "bytes of headers a packet",
+                "bound_swml": SWML_BOUND_DEFINITION,
                 "bound_gloo": "rate x 1448/1514 x N / (2(N-1)): ring allreduce moves 2(N-1)/N of "
                               "the tensor over each link direction, TCP segments of 1448 bytes "
                               "in 1514-byte frames",
