@@ -65,7 +65,15 @@ class Float32Plan:
 
     Packets 0..lag-1 carry only exponents (zero payload); packet p >= lag carries
     block p - lag, quantized with the exponent the switch returned with packet
-    p - lag. Every packet p < blocks carries block p's local exponent."""
+    p - lag. Every packet p < blocks carries block p's local exponent.
+
+    The work is done in runs of blocks, not a packet at a time: numpy's cost
+    per call, not per element, is what a packet of k = 64 elements pays in
+    Python. Payloads are quantized for every block whose exponent is known
+    when the first of them is needed (new packets go in order, and each waits
+    for the exponent of its own block, so by then those of up to lag - window
+    more blocks are back); RESULT payloads are kept as they come and turned
+    into sums once, at the end."""
 
     def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
         from .. import quant
@@ -78,38 +86,53 @@ class Float32Plan:
         self.local_exp, self.nonfinite = quant.block_exponents(flat, k)
         self.global_exp = np.full(self.blocks, -128, dtype=np.int8)
         self.nonfinite_any = np.zeros(self.blocks, dtype=bool)
-        self.sums = np.zeros((self.blocks, k), dtype=np.int32)
-        self._zeros = np.zeros(k, dtype=np.int32)
+        self._zeros = np.zeros(k, dtype=self.wire_dtype)
+        self.sums = np.zeros((self.blocks, k), dtype=self.wire_dtype)  # RESULT payloads
+        self._payloads = np.zeros((self.blocks, k), dtype=self.wire_dtype)
+        self._quantized = 0        # blocks [0, _quantized) have their payload
+        self._have_exp = np.zeros(self.blocks, dtype=bool)
+        self._exp_known = 0        # blocks [0, _exp_known) have their global exponent
+
+    wire_dtype = np.int32
 
     def payload(self, p: int) -> tuple[np.ndarray, int, int]:
         exp = int(self.local_exp[p]) if p < self.blocks else -128
         b = p - self.lag
         if b < 0:
             return self._zeros, exp, 0
-        block = self.flat[b * self.k:(b + 1) * self.k]
-        q = self.quantize(block, self.global_exp[b:b + 1])
-        return q, exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
+        if b >= self._quantized:
+            lo, hi = self._quantized, max(self._exp_known, b + 1)
+            self._payloads[lo:hi] = self.quantize(self.flat[lo * self.k:hi * self.k],
+                                                  self.global_exp[lo:hi])
+            self._quantized = hi
+        return self._payloads[b], exp, wire.FLAG_NONFINITE if self.nonfinite[b] else 0
 
-    def quantize(self, block: np.ndarray, exp: np.ndarray) -> np.ndarray:
-        """Block b's payload: SWML_FMT_OFFSET32 (calls.Call.fmt)."""
-        return self.quant.to_offset(self.quant.quantize(block, self.k, exp, self.world)[0],
-                                    self.world)
+    def quantize(self, x: np.ndarray, exp: np.ndarray) -> np.ndarray:
+        """Payloads of the blocks of x, shape (len(exp), k): SWML_FMT_OFFSET32
+        (calls.Call.fmt)."""
+        return self.quant.to_offset(self.quant.quantize(x, self.k, exp, self.world), self.world)
 
-    def sums_of(self, values: np.ndarray) -> np.ndarray:
-        """The switch's sums from a RESULT's payload."""
-        return self.quant.from_offset(values, self.world)
+    def sums_of(self, payloads: np.ndarray) -> np.ndarray:
+        """The switch's sums from RESULT payloads."""
+        return self.quant.from_offset(payloads, self.world)
 
     def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
         if p < self.blocks:
             self.global_exp[p] = exp
+            self._have_exp[p] = True
+            while self._exp_known < self.blocks and self._have_exp[self._exp_known]:
+                self._exp_known += 1
         b = p - self.lag
         if b >= 0:
-            self.sums[b] = self.sums_of(values)
+            self.sums[b] = values
             self.nonfinite_any[b] = bool(flags & wire.FLAG_NONFINITE)
 
     def finish(self) -> None:
-        self.flat[:] = self.quant.dequantize(self.sums, self.global_exp, self.nonfinite_any,
-                                             self.world, self.flat.size)
+        self.flat[:] = self.dequantize(self.sums_of(self.sums))
+
+    def dequantize(self, sums: np.ndarray) -> np.ndarray:
+        return self.quant.dequantize(sums, self.global_exp, self.nonfinite_any, self.world,
+                                     self.flat.size)
 
 
 class Float16Plan(Float32Plan):
@@ -117,23 +140,23 @@ class Float16Plan(Float32Plan):
     16-bit format"): the same exponent round, int16 payloads quantized with
     F16 = 13 - E, RESULTs the switch's int32 sum scaled back by L."""
 
+    wire_dtype = np.int16
+
     def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
         from .. import quant16
 
-        super().__init__(flat, k, slots, world)
         self.quant16 = quant16
-        self.sums = np.zeros((self.blocks, k), dtype=np.int16)
-        self._zeros = np.zeros(k, dtype=np.int16)
+        super().__init__(flat, k, slots, world)
 
-    def quantize(self, block: np.ndarray, exp: np.ndarray) -> np.ndarray:
-        return self.quant16.quantize16(block, self.k, exp)[0]
+    def quantize(self, x: np.ndarray, exp: np.ndarray) -> np.ndarray:
+        return self.quant16.quantize16(x, self.k, exp)
 
-    def sums_of(self, values: np.ndarray) -> np.ndarray:
-        return values  # the switch scaled them back into 16 bits
+    def sums_of(self, payloads: np.ndarray) -> np.ndarray:
+        return payloads  # the switch scaled them back into 16 bits
 
-    def finish(self) -> None:
-        self.flat[:] = self.quant16.dequantize16(self.sums, self.global_exp, self.nonfinite_any,
-                                                 self.world, self.flat.size)
+    def dequantize(self, sums: np.ndarray) -> np.ndarray:
+        return self.quant16.dequantize16(sums, self.global_exp, self.nonfinite_any,
+                                         self.world, self.flat.size)
 
 
 def make_plan(flat: np.ndarray, k: int, slots: int, world: int, op: int = wire.OP_SUM,
