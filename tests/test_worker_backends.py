@@ -220,12 +220,40 @@ def test_a_packet_is_deferred_once_never_twice():
     assert timers.spurious == 0
 
 
-def test_a_fixed_policy_doubles_per_packet_and_starts_every_packet_at_initial():
-    """The udp backend's policy: today's fixed 50 ms first timeout, doubling to 1 s."""
-    assert not PYTHON_POLICY.adaptive
-    assert (PYTHON_POLICY.initial_s, PYTHON_POLICY.max_s) == (0.05, 1.0)
+FIXED_POLICY = RetransmitPolicy(initial_s=0.05, min_s=0.05, max_s=1.0, adaptive=False)
+
+
+def test_the_udp_policy_is_adaptive_with_a_5_ms_floor():
+    """Fast round trips bring the udp backend's timeout down to 5 ms, not
+    below: its Python turnaround stays well inside that (retransmit.py)."""
+    assert PYTHON_POLICY.adaptive
+    assert (PYTHON_POLICY.initial_s, PYTHON_POLICY.min_s, PYTHON_POLICY.max_s) == (0.05, 0.005, 1.0)
     clock = FakeClock()
     timers = RetransmitTimers(PYTHON_POLICY, clock)
+    for p in range(20):
+        timers.sent(p)
+        clock.t += 0.0002
+        timers.answered(p)
+    assert timers.estimator.rto == 0.005
+
+
+def test_the_udp_policy_takes_the_environment_s_knobs(monkeypatch):
+    from switchml_xdp.worker.udp_backend import ENV_PREFIX
+
+    monkeypatch.setenv(ENV_PREFIX + "RTO_ADAPTIVE", "0")
+    monkeypatch.setenv(ENV_PREFIX + "RTO_MIN", "0.01")
+    policy = PYTHON_POLICY.with_env(ENV_PREFIX)
+    assert not policy.adaptive and policy.min_s == 0.01 and policy.initial_s == 0.05
+    monkeypatch.setenv(ENV_PREFIX + "RTO_ADAPTIVE", "yes")
+    with pytest.raises(ValueError, match="RTO_ADAPTIVE must be 0 or 1"):
+        PYTHON_POLICY.with_env(ENV_PREFIX)
+
+
+def test_a_fixed_policy_doubles_per_packet_and_starts_every_packet_at_initial():
+    """A fixed 50 ms first timeout, doubling to 1 s (the udp backend's policy
+    until the probe rule and run-quantizing plans made an adaptive one pay)."""
+    clock = FakeClock()
+    timers = RetransmitTimers(FIXED_POLICY, clock)
     timers.sent(0)
     for expected in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0):
         clock.t += 2.0
@@ -295,7 +323,7 @@ def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, 
         idle.wait()
 
 
-@pytest.mark.parametrize("policy", [ENGINE_POLICY, PYTHON_POLICY], ids=["adaptive", "fixed"])
+@pytest.mark.parametrize("policy", [ENGINE_POLICY, FIXED_POLICY], ids=["adaptive", "fixed"])
 def test_the_engine_follows_the_policy_it_is_given(lab8, switch, policy, monkeypatch):
     """The C engine implements both kinds of policy (worker/stream.c)."""
     from switchml_xdp import Worker

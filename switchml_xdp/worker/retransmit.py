@@ -63,12 +63,18 @@ class RetransmitPolicy:
 
     def with_env(self, prefix: str) -> "RetransmitPolicy":
         """This policy with <prefix>RTO_INITIAL / RTO_MIN / RTO_MAX (seconds)
-        from the environment where set: knobs for experiments."""
-        changes = {}
+        and <prefix>RTO_ADAPTIVE (0 or 1) from the environment where set:
+        knobs for experiments."""
+        changes: dict = {}
         for field, name in (("initial_s", "RTO_INITIAL"), ("min_s", "RTO_MIN"), ("max_s", "RTO_MAX")):
             value = os.environ.get(prefix + name)
             if value:
                 changes[field] = float(value)
+        adaptive = os.environ.get(prefix + "RTO_ADAPTIVE")
+        if adaptive:
+            if adaptive not in ("0", "1"):
+                raise ValueError(f"{prefix}RTO_ADAPTIVE must be 0 or 1, not {adaptive!r}")
+            changes["adaptive"] = adaptive == "1"
         return replace(self, **changes) if changes else self
 
 
@@ -201,10 +207,12 @@ class RetransmitTimers:
 # sharing 2 cores) from costing whole windows of spurious resends (a fixed 5 ms
 # timer resent ~7 % of packets).
 ENGINE_POLICY = RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5)
-# The udp loop runs Python per packet (tens of microseconds, on the cores its
-# peers need) and reads its timers only when the socket is idle. A slot's
-# round trip is the slowest worker's, so its samples measure the peers' Python
-# and their own timeouts more than the network: adaptive, with the engine's
-# numbers or with a 20 ms floor, it resent hundreds of packets per loss-free
-# test job and took 2-5x as long at 5 % loss as a fixed 50 ms first timeout.
-PYTHON_POLICY = RetransmitPolicy(initial_s=0.05, min_s=0.05, max_s=1.0, adaptive=False)
+# The udp loop runs Python per packet (~30 us of it at k=64, on the cores its
+# peers need): adaptive, as the engine, with a floor of 5 ms that its Python
+# turnaround stays well inside. Measured with `swml-lab bench --systems
+# swml-udp` (50 Mbit/s, 8 MiB; docs/design-decisions.md, "One retransmission
+# policy"): at 1% loss 3-4x faster than a fixed 50 ms timeout, which stalls
+# the stream once a slot's worth of sending has gone by; loss-free under
+# 0.05% resent; a 2 ms floor resent 0.1-0.3% loss-free, a 10 ms one was
+# 1.5x slower at 1% loss.
+PYTHON_POLICY = RetransmitPolicy(initial_s=0.05, min_s=0.005, max_s=1.0)

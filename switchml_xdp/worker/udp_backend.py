@@ -32,6 +32,7 @@ from .retransmit import PYTHON_POLICY, RetransmitPolicy, RetransmitTimers
 from .window import CongestionWindow, WindowPolicy, window_policy
 
 HDR = wire.HDR_STRUCT  # struct swml_hdr, field by field
+ENV_PREFIX = "SWML_UDP_"  # SWML_UDP_RTO_MIN=...: knobs for experiments (RetransmitPolicy.with_env)
 
 POLL_MAX_S = 0.05  # the longest wait between two reads of the abort signal
 RX_BATCH = 256     # datagrams read between two looks at the timers
@@ -53,7 +54,7 @@ class UdpBackend(Backend):
         self.stall_timeout = stall_timeout
         # One set of timers per worker: what an adaptive policy learnt about round
         # trips carries over from tensor to tensor.
-        self.timers = RetransmitTimers(policy or self.default_policy)
+        self.timers = RetransmitTimers((policy or self.default_policy).with_env(ENV_PREFIX))
         self.window = CongestionWindow(info.slots, window_policy(window))
         self.sock = reserve_port(info.port, info.group_ip, local.ip, rcvbuf=8 << 20)
         self.sock.setblocking(False)
