@@ -42,6 +42,9 @@ SWML_BOUND_DEFINITION = (
     "of headers a packet")
 TCP_MSS = 1448                                  # MTU 1500 - IPv4 20 - TCP 20 - timestamps 12
 TCP_FRAME = TCP_MSS + 14 + 20 + 20 + 12         # 1514
+GLOO_BOUND_DEFINITION = (
+    f"rate x {TCP_MSS}/{TCP_FRAME} x N / (2(N-1)): ring allreduce moves 2(N-1)/N of the tensor "
+    f"over each link direction, TCP segments of {TCP_MSS} bytes in {TCP_FRAME}-byte frames")
 
 
 def swml_bound_mbps(rate_mbit: float, k: int, wire_bytes: int = 4) -> float:

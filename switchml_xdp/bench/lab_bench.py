@@ -46,8 +46,8 @@ from typing import Callable, Sequence
 
 from .constants import (DEFAULT_ITERATIONS, DEFAULT_KS, DEFAULT_LOSSES, DEFAULT_OUT,
                         DEFAULT_RATE_MBIT, DEFAULT_SIZE, DEFAULT_WARMUP, DEFAULT_WORKERS,
-                        DEFAULT_SYSTEMS, GLOO_PORT, GLOO_SYSTEMS, SWML_BOUND_DEFINITION,
-                        SWML_HEADERS, SYSTEMS,
+                        DEFAULT_SYSTEMS, GLOO_BOUND_DEFINITION, GLOO_PORT, GLOO_SYSTEMS,
+                        SWML_BOUND_DEFINITION, SWML_HEADERS, SYSTEMS,
                         bound_mbps)
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
 from .rank_group import RankError, RankGroup
@@ -375,9 +375,7 @@ class Bench:
                        "timed from a barrier; medians over iterations",
                 "goodput": "tensor bits / TAT (per worker)",
                 "bound_swml": SWML_BOUND_DEFINITION,
-                "bound_gloo": "rate x 1448/1514 x N / (2(N-1)): ring allreduce moves 2(N-1)/N of "
-                              "the tensor over each link direction, TCP segments of 1448 bytes "
-                              "in 1514-byte frames",
+                "bound_gloo": GLOO_BOUND_DEFINITION,
                 "cpu": "/proc/stat over the timed allreduces (rank 0's windows), whole machine, "
                        "100% = all cores busy",
                 "loss": "per worker link and direction: swml UDP via the lab's loss injector, "

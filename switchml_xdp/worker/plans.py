@@ -73,7 +73,10 @@ class Float32Plan:
     when the first of them is needed (new packets go in order, and each waits
     for the exponent of its own block, so by then those of up to lag - window
     more blocks are back); RESULT payloads are kept as they come and turned
-    into sums once, at the end."""
+    into sums once, at the end. The payloads cost one more array the size of
+    the tensor (a resend must carry the same payload again)."""
+
+    wire_dtype = np.int32  # a payload element: SWML_FMT_OFFSET32
 
     def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
         from .. import quant
@@ -92,8 +95,6 @@ class Float32Plan:
         self._quantized = 0        # blocks [0, _quantized) have their payload
         self._have_exp = np.zeros(self.blocks, dtype=bool)
         self._exp_known = 0        # blocks [0, _exp_known) have their global exponent
-
-    wire_dtype = np.int32
 
     def payload(self, p: int) -> tuple[np.ndarray, int, int]:
         exp = int(self.local_exp[p]) if p < self.blocks else -128
@@ -140,7 +141,7 @@ class Float16Plan(Float32Plan):
     16-bit format"): the same exponent round, int16 payloads quantized with
     F16 = 13 - E, RESULTs the switch's int32 sum scaled back by L."""
 
-    wire_dtype = np.int16
+    wire_dtype = np.int16  # SWML_FMT_INT16
 
     def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
         from .. import quant16

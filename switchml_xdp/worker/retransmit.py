@@ -167,10 +167,10 @@ class RetransmitTimers:
         """The packets to resend now, each re-armed with a doubled timeout.
         While results flow, every packet whose timer ran out. When they have
         stopped (none since the oldest of those packets went out, or for an
-        eighth of the RTO), that
-        packet as the probe (or the probe again) and those deferred before
-        (a loss the probe found makes them due at once); the others are
-        deferred once: re-armed for their timeout, not resent."""
+        eighth of the RTO), that packet as the probe (or the probe again) and
+        those deferred before (a loss the probe found makes them due at
+        once); the others are deferred once: re-armed for their timeout, not
+        resent."""
         now = self.clock()
         due = sorted(p for p, timer in self._timers.items() if timer[0] <= now)
         if self._probe is None:

@@ -128,10 +128,11 @@ class UdpBackend(Backend):
     def accept(self, nbytes: int, source, call: Call, span: CallSpan,
                in_flight) -> tuple[int, int, int, int, int]:
         """What the datagram in the receive buffer is to the call:
-        (verdict, packet, flags, exp, rank: whose packet completed the round). FOREIGN: not a RESULT of this call from
-        the switch; DUPLICATE: a RESULT of a packet not in flight; RESULT or
-        DISAGREED: the answer to packet `packet`. in_flight(p): packet p is
-        sent and unanswered."""
+        (verdict, packet, flags, exp, rank), rank being whose packet completed
+        the round. FOREIGN: not a RESULT of this call from the switch;
+        DUPLICATE: a RESULT of a packet not in flight; RESULT or DISAGREED:
+        the answer to packet `packet`. in_flight(p): packet p is sent and
+        unanswered."""
         if source != self.dest or nbytes < wire.HDR_LEN:
             return FOREIGN, -1, 0, 0, -1
         vt, flags, op, fmt, job, rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
