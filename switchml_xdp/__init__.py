@@ -12,13 +12,13 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Lazy: `import switchml_xdp` must not need pyroute2/bcc (e.g. for quant or wire).
     if name == "Worker":
-        from .worker.api import Worker
+        from .client.api import Worker
         return Worker
     if name in ("ControlError", "JobAborted"):
-        from .worker import control
+        from .client import control
         return getattr(control, name)
     if name == "CallMismatch":
-        from .worker.calls import CallMismatch
+        from .client.calls import CallMismatch
         return CallMismatch
     raise AttributeError(name)
 

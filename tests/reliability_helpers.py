@@ -153,7 +153,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def packets(n: int, dtype=np.int32, slots: int = 0) -> int:
-    """Packets of one allreduce of n elements (switchml_xdp/worker/plans.py):
+    """Packets of one allreduce of n elements (switchml_xdp/client/plans.py):
     one a block; float32 first sends a window of exponent-only packets."""
     blocks = -(-n // K)
     return blocks if dtype == np.int32 else blocks + min(slots, blocks)

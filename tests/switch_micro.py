@@ -71,7 +71,7 @@ def stream(sw: SwitchTester, world: int, passes: int, check: bool = True,
                     f[FLAGS_AT] = (seq // SLOTS) & wire.FLAG_SLOT_VER
                     if split:
                         os.sched_setaffinity(0, {cpus[r % len(cpus)]})
-                    action, _, dt = bpf.test_run(sw.prog.fd, bytes(f))
+                    action, _, dt = bpf.prog_test_run(sw.prog.fd, bytes(f))
                     want = Action.TX if r == world - 1 else Action.DROP
                     assert action == want or not check, (r, action)
                     ns[r].append(dt)

@@ -248,7 +248,7 @@ def test_two_overlapping_allreduce_async_calls(lab8, switch):
 @needs_lab
 def test_abort_of_another_rank_raises_job_aborted_promptly(lab8, switch):
     from switchml_xdp import Worker
-    from switchml_xdp.worker.control import JobAborted
+    from switchml_xdp.client.control import JobAborted
 
     idle = start_idle_rank(lab8, lab8.workers[1], "abortme", 1, 2)
     try:
@@ -319,7 +319,7 @@ def test_stack_keeps_working_and_close_leaves_nothing(lab8, switch):
 @needs_lab
 def test_unavailable_reason_and_a_clear_error_when_the_interface_is_taken(lab8, switch):
     from switchml_xdp import Worker
-    from switchml_xdp.worker import afxdp_backend
+    from switchml_xdp.client import afxdp_backend
 
     assert afxdp_backend.unavailable_reason() is None
     host = lab8.workers[6]

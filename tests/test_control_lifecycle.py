@@ -13,7 +13,7 @@ import pytest
 
 from switchml_xdp import wire
 from switchml_xdp.lab.cluster import SwitchProcess
-from switchml_xdp.worker.control import ControlClient, ControlError
+from switchml_xdp.client.control import ControlClient, ControlError
 
 from control_helpers import (PORT, LEASE_S, job_name, Raw, join_msg, status, job_of, wait_for,
                              wait_gone, assert_error)

@@ -261,7 +261,7 @@ def test_prog_stats_count_runs(netns_pair, pass_prog):
 @needs_lab
 def test_test_run_returns_the_verdict_and_the_frame_as_the_program_left_it(tmp_path, pass_prog):
     frame = bytes(range(60))
-    retval, out, ns = bpf.test_run(pass_prog.fd, frame, repeat=100)
+    retval, out, ns = bpf.prog_test_run(pass_prog.fd, frame, repeat=100)
     assert (retval, out) == (2, frame) and ns >= 0  # XDP_PASS, untouched
     src = tmp_path / "tx.c"  # grows the frame by 4 bytes, marks its first byte, sends it back
     src.write_text("#include <uapi/linux/bpf.h>\n"
@@ -271,7 +271,7 @@ def test_test_run_returns_the_verdict_and_the_frame_as_the_program_left_it(tmp_p
                    "  if ((void *)(p + 1) > (void *)(long)ctx->data_end) return XDP_ABORTED;\n"
                    "  p[0] = 0xab; return XDP_TX; }\n")
     with bpf.compile_program(src, "tx") as prog:
-        retval, out, _ = bpf.test_run(prog.fd, frame)
+        retval, out, _ = bpf.prog_test_run(prog.fd, frame)
     assert retval == 3 and len(out) == len(frame) + 4  # XDP_TX
     assert out[0] == 0xAB and out[1:len(frame)] == frame[1:]
 
@@ -279,9 +279,9 @@ def test_test_run_returns_the_verdict_and_the_frame_as_the_program_left_it(tmp_p
 @needs_lab
 def test_test_run_refusals_are_one_line(pass_prog):
     with pytest.raises(bpf.BpfError, match="cannot test-run .* 13 bytes: Invalid argument"):
-        bpf.test_run(pass_prog.fd, bytes(13))  # shorter than an Ethernet header
+        bpf.prog_test_run(pass_prog.fd, bytes(13))  # shorter than an Ethernet header
     with pytest.raises(bpf.BpfError, match="Bad file descriptor"):
-        bpf.test_run(9999, bytes(60))
+        bpf.prog_test_run(9999, bytes(60))
 
 
 # ------------------------------------------------------------ pins

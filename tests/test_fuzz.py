@@ -88,7 +88,7 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
     switch, whose tx_dropped must stay 0 (measured, not assumed). Should it
     move, the test fails saying so rather than loosening the count."""
     from switchml_xdp import Worker
-    from switchml_xdp.worker.control import ControlClient
+    from switchml_xdp.client.control import ControlClient
 
     w = lab8.workers
     PV, PF, PX = 48890, 48891, 40123

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from switchml_xdp import quant16, wire
-from switchml_xdp.worker.calls import Call, call_tag, check_precision
-from switchml_xdp.worker.plans import Float16Plan, make_plan
+from switchml_xdp.client.calls import Call, call_tag, check_precision
+from switchml_xdp.client.plans import Float16Plan, make_plan
 from test_worker_v2 import fake, result_of  # noqa: F401 (the fixture)
 
 

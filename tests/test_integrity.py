@@ -45,7 +45,7 @@ def job_name(tag: str) -> str:
 @pytest.fixture(params=["udp", "afxdp"])
 def backend(request):
     if request.param == "afxdp":
-        from switchml_xdp.worker.afxdp_backend import unavailable_reason
+        from switchml_xdp.client.afxdp_backend import unavailable_reason
         if (why := unavailable_reason()):
             pytest.skip(f"afxdp backend unavailable: {why}")
     return request.param
@@ -194,7 +194,7 @@ def test_frames_not_addressed_to_the_switch_are_not_taken(lab8, switch):
     another MAC (a bridge floods unknown unicast) or to another IP: passed to
     the kernel, never counted as the switch's; the same packet untagged and to
     the switch is taken."""
-    from switchml_xdp.worker.control import ControlClient
+    from switchml_xdp.client.control import ControlClient
 
     h0, h1 = lab8.workers[:2]
     name = job_name("addressed")

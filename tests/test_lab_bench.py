@@ -161,7 +161,7 @@ def test_userspace_switch_reduces_exactly_and_answers_retransmissions(shaped_lab
             np.testing.assert_array_equal(a, expect)
 
         # A retransmission of rank 0's last packet, after the slot completed.
-        from switchml_xdp.worker.control import ControlClient
+        from switchml_xdp.client.control import ControlClient
 
         with lab.enter(lab.workers[0]):
             c0 = ControlClient(lab.switch.ip)

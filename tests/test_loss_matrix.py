@@ -27,7 +27,7 @@ N_INT, N_FLOAT = 250 * K - 17, 250 * K + 3          # 250 + 251 packets each way
 
 def _afxdp_reason() -> str | None:
     try:
-        from switchml_xdp.worker import afxdp_backend
+        from switchml_xdp.client import afxdp_backend
     except ImportError as e:
         return f"the AF_XDP engine is not built ({e})"
     return afxdp_backend.unavailable_reason()

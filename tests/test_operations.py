@@ -295,7 +295,7 @@ def test_status_and_down_for_any_user_and_the_metrics_endpoint(fresh_lab):
     (no traceback), `status --watch` too; `down` says in one line that it needs
     root; the metrics endpoint answers with the counters, the job and its slots."""
     from switchml_xdp.lab.cluster import SwitchProcess
-    from switchml_xdp.worker.control import ControlClient
+    from switchml_xdp.client.control import ControlClient
 
     why = _runs_as_nobody()
     if why:

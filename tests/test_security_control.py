@@ -226,7 +226,7 @@ def test_a_readopted_job_keeps_its_token(fresh_lab):
     digest (from the root-only file): its member resumes with the token, a
     stranger's resume is refused."""
     from switchml_xdp.lab.cluster import SwitchProcess
-    from switchml_xdp.worker.control import ControlClient
+    from switchml_xdp.client.control import ControlClient
 
     lab = fresh_lab
     (h0, evil), name, token = lab.workers, job_name("readopt"), secrets.token_hex(16)

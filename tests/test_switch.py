@@ -196,7 +196,7 @@ def data(info, rank: int, slot: int, seq: int, values, **kw) -> bytes:
 
 def join_controls(lab, hosts, job, world, port):
     """Join a job by hand (control protocol only); returns (clients, infos)."""
-    from switchml_xdp.worker.control import ControlClient
+    from switchml_xdp.client.control import ControlClient
 
     def body(rank, host):
         c = ControlClient(lab.switch.ip)

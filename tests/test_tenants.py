@@ -73,7 +73,7 @@ def test_crafted_packets_from_another_job_change_nothing(lab8, switch):
     tenant has) and with B's (as a leak would give it). All dropped before any
     slot is touched: bad_key without B's key; with it, bad_rank for ranks >=
     B's world, bad_source for the others."""
-    from switchml_xdp.worker.control import ControlClient
+    from switchml_xdp.client.control import ControlClient
 
     PA, PB = 48885, 48886
     hosts_a = lab8.workers[:2]

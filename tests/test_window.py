@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import NO_LAB
-from switchml_xdp.worker.window import (DEFAULT_WINDOW, NO_WINDOW, CongestionWindow,
+from switchml_xdp.client.window import (DEFAULT_WINDOW, NO_WINDOW, CongestionWindow,
                                         WindowPolicy, window_policy)
 
 
@@ -205,7 +205,7 @@ def test_a_shallow_buffer_costs_few_retransmissions(backend):
 
     from switchml_xdp.lab import Lab
     from switchml_xdp.lab.cluster import SwitchProcess
-    from switchml_xdp.worker.afxdp_backend import unavailable_reason
+    from switchml_xdp.client.afxdp_backend import unavailable_reason
 
     if backend == "afxdp" and unavailable_reason():
         pytest.skip(f"afxdp: {unavailable_reason()}")

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from switchml_xdp.worker.abort import AbortSignal, JobAborted
-from switchml_xdp.worker.retransmit import (ENGINE_POLICY, PYTHON_POLICY, RetransmitPolicy,
+from switchml_xdp.client.abort import AbortSignal, JobAborted
+from switchml_xdp.client.retransmit import (ENGINE_POLICY, PYTHON_POLICY, RetransmitPolicy,
                                             RetransmitTimers, RtoEstimator)
 
 # --------------------------------------------------------- the abort signal
@@ -33,7 +33,7 @@ def test_abort_signal_keeps_the_first_reason_and_calls_listeners_once():
 
 def test_job_aborted_is_one_class_wherever_it_is_imported_from():
     from switchml_xdp import JobAborted as Public
-    from switchml_xdp.worker.control import JobAborted as FromControl
+    from switchml_xdp.client.control import JobAborted as FromControl
 
     assert Public is FromControl is JobAborted
 
@@ -238,7 +238,7 @@ def test_the_udp_policy_is_adaptive_with_a_5_ms_floor():
 
 
 def test_the_udp_policy_takes_the_environment_s_knobs(monkeypatch):
-    from switchml_xdp.worker.udp_backend import ENV_PREFIX
+    from switchml_xdp.client.udp_backend import ENV_PREFIX
 
     monkeypatch.setenv(ENV_PREFIX + "RTO_ADAPTIVE", "0")
     monkeypatch.setenv(ENV_PREFIX + "RTO_MIN", "0.01")
@@ -272,7 +272,7 @@ def test_a_fixed_policy_doubles_per_packet_and_starts_every_packet_at_initial():
 def _backend_unavailable(backend: str) -> str | None:
     if backend == "udp":
         return None
-    from switchml_xdp.worker.api import _afxdp_unavailable_reason
+    from switchml_xdp.client.api import _afxdp_unavailable_reason
 
     return _afxdp_unavailable_reason()
 
@@ -290,7 +290,7 @@ def start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Po
 @pytest.mark.parametrize("backend", ["udp", "afxdp"])
 def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, switch, backend):
     from switchml_xdp import Worker
-    from switchml_xdp.worker.backend import STAT_KEYS, Backend
+    from switchml_xdp.client.backend import STAT_KEYS, Backend
 
     reason = _backend_unavailable(backend)
     if reason:
@@ -327,7 +327,7 @@ def test_both_backends_are_backends_and_raise_job_aborted_with_the_reason(lab8, 
 def test_the_engine_follows_the_policy_it_is_given(lab8, switch, policy, monkeypatch):
     """The C engine implements both kinds of policy (worker/stream.c)."""
     from switchml_xdp import Worker
-    from switchml_xdp.worker.afxdp_backend import AfxdpBackend
+    from switchml_xdp.client.afxdp_backend import AfxdpBackend
 
     reason = _backend_unavailable("afxdp")
     if reason:

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from switchml_xdp import ordered, wire
-from switchml_xdp.worker.abort import AbortSignal
-from switchml_xdp.worker.backend import LocalEnd
-from switchml_xdp.worker.calls import (Call, CallMismatch, CallSpan, call_tag, check_length,
+from switchml_xdp.client.abort import AbortSignal
+from switchml_xdp.client.backend import LocalEnd
+from switchml_xdp.client.calls import (Call, CallMismatch, CallSpan, call_tag, check_length,
                                        op_code, resync_index)
-from switchml_xdp.worker.control import JobInfo
-from switchml_xdp.worker.plans import make_plan, packets_needed
-from switchml_xdp.worker.port import PortInUse, reserve_port
-from switchml_xdp.worker.udp_backend import UdpBackend
+from switchml_xdp.client.control import JobInfo
+from switchml_xdp.client.plans import make_plan, packets_needed
+from switchml_xdp.client.port import PortInUse, reserve_port
+from switchml_xdp.client.udp_backend import UdpBackend
 
 try:
     from switchml_xdp import _engine

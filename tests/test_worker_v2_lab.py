@@ -23,7 +23,7 @@ WRAP_SEQ = 0xFFFFFF00
 
 def _skip_without_afxdp(backends) -> None:
     if "afxdp" in backends:
-        from switchml_xdp.worker import afxdp_backend
+        from switchml_xdp.client import afxdp_backend
 
         reason = afxdp_backend.unavailable_reason()
         if reason:
@@ -316,7 +316,7 @@ def test_the_engine_checks_results_again_behind_the_redirect_program(lab8, switc
     from crafted_packets import raw_socket
     from frames import Endpoint, endpoint, udp_frame
     from switchml_xdp import wire
-    from switchml_xdp.worker.calls import call_tag
+    from switchml_xdp.client.calls import call_tag
 
     backends = ["afxdp", "afxdp"]
     _skip_without_afxdp(backends)

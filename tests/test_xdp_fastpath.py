@@ -119,7 +119,7 @@ def test_two_cpus_on_the_same_slots_never_tear_a_result():
             for seq, frame in enumerate(frames[rank]):
                 if seq % 32 == 0:
                     step.wait(timeout=30)
-                action, out, _ = bpf.test_run(sw.prog.fd, frame)
+                action, out, _ = bpf.prog_test_run(sw.prog.fd, frame)
                 if action == Action.TX:
                     got = sw.result(Run(Action(action), out))
                     want = (vals(seq, 0).astype(np.int64) + vals(seq, 1)).astype(np.int32)

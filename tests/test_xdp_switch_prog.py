@@ -426,6 +426,6 @@ def test_the_tc_fanout_leaves_a_frame_without_the_switch_s_mark_alone(usw):
     defines = program_defines(SwitchParams(usw.k, usw.slots, usw.port),
                               bpf.pin_dir(usw.pins_name), usw.switch.ip, usw.switch.mac, "unicast")
     with bpf.compile_program(FANOUT_SOURCE, None, defines, maps_only=True) as prog:
-        retval, out, _ = bpf.test_run(prog.load(FANOUT_PROG, "sched_cls"), frame)
+        retval, out, _ = bpf.prog_test_run(prog.load(FANOUT_PROG, "sched_cls"), frame)
     assert retval == TC_ACT_OK and out == frame
     assert usw.counters() == only(rx=2, aggregated=1, completed=1)

@@ -1,5 +1,5 @@
 """Unit-testing the XDP programs of xdp/ without a network: a loaded program is
-handed one frame at a time through BPF_PROG_TEST_RUN (switchml_xdp.bpf.test_run)
+handed one frame at a time through BPF_PROG_TEST_RUN (switchml_xdp.bpf.prog_test_run)
 and the test looks at its verdict, the frame it wrote and its counters.
 
     require_bpf()                                # skips without root, bcc or BTF
@@ -37,8 +37,8 @@ from switchml_xdp.switch.daemon import read_state
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
 from switchml_xdp.switch.dataplane import SwitchParams
 from switchml_xdp.switch.xdp_dataplane import program_defines
-from switchml_xdp.worker.afxdp_backend import compile_redirect
-from switchml_xdp.worker.control import JobInfo
+from switchml_xdp.client.afxdp_backend import compile_redirect
+from switchml_xdp.client.control import JobInfo
 
 
 class Action(IntEnum):
@@ -121,7 +121,7 @@ class XdpTester:
         self.prog = prog
 
     def run(self, frame: bytes) -> Run:
-        action, out, _ = bpf.test_run(self.prog.fd, frame)
+        action, out, _ = bpf.prog_test_run(self.prog.fd, frame)
         return Run(Action(action), out)
 
     def close(self) -> None:

@@ -7,8 +7,8 @@
  *          key=, seq_base=, queue=0, frames=4096, rto_initial=0.005, rto_min=0.002,
  *          rto_max=0.5, stall_timeout=30.0, spin=200, rto_adaptive=True,
  *          window=WindowPolicy tuple)
- *     (the rto_* are a switchml_xdp.worker.retransmit.RetransmitPolicy, window a
- *     switchml_xdp.worker.window.WindowPolicy.as_tuple(); key and
+ *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy, window a
+ *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
  *     .allreduce(array, op, tag, fmt) -> status  whole tensor, GIL released;
  *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...;

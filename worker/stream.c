@@ -460,7 +460,7 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 	return n;
 }
 
-/* Expired timers, by the rules of switchml_xdp/worker/retransmit.py. While
+/* Expired timers, by the rules of switchml_xdp/client/retransmit.py. While
  * RESULTs flow, every packet whose timer ran out goes again. When they have
  * stopped, the oldest goes as the probe (or the probe again), and so do those
  * deferred before (a loss the probe found makes them due at once); the others
@@ -558,7 +558,7 @@ uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_d
 }
 
 /* Where the stream goes on after a failed call that started at `start`
- * (switchml_xdp/worker/calls.py: resync_index). */
+ * (switchml_xdp/client/calls.py: resync_index). */
 static uint64_t resync_index(uint64_t start, uint32_t S)
 {
 	uint64_t period = 2ull * S, end = start + SWML_SEQ_RESYNC_STRIDE;

@@ -2,7 +2,7 @@
 /*
  * stream.h - streaming one tensor through the job's slots (the hot loop).
  *
- * The rules are those of switchml_xdp/worker/plans.py + calls.py +
+ * The rules are those of switchml_xdp/client/plans.py + calls.py +
  * udp_backend.py, so that afxdp and udp workers can share a job:
  *   packet i of the job's life (next_index + p) -> slot i mod S, version bit
  *   (i div S) mod 2, seq (seq_base + i) mod 2^32; packet p may go once (p < S
@@ -22,7 +22,7 @@
  * Every in-flight packet has a retransmission timer that doubles up to a cap;
  * results of packets not in flight count as duplicates.
  * New packets go in order of p, at most the congestion window's limit in
- * flight, paced (window.h: the rules of switchml_xdp/worker/window.py).
+ * flight, paced (window.h: the rules of switchml_xdp/client/window.py).
  *
  * No Python here: the caller releases the GIL around swml_stream_run().
  */
@@ -48,7 +48,7 @@ enum swml_status {
 
 enum swml_dtype { SWML_INT32 = 0, SWML_FLOAT32 = 1 };
 
-/* The call, as every rank describes it alike (switchml_xdp/worker/calls.py). */
+/* The call, as every rank describes it alike (switchml_xdp/client/calls.py). */
 struct swml_call {
 	uint8_t op;                /* SWML_OP_* */
 	uint8_t fmt;               /* SWML_FMT_*: SWML_FMT_INT16 only for a float32 SUM */
@@ -61,7 +61,7 @@ struct swml_stream_cfg {
 	uint64_t key;              /* the job's data key: every DATA packet carries it */
 	uint32_t seq_base;         /* the wire seq of the job's packet 0 */
 	struct swml_addrs addrs;
-	/* Retransmission timeout, the rules of switchml_xdp/worker/retransmit.py:
+	/* Retransmission timeout, the rules of switchml_xdp/client/retransmit.py:
 	 * rto_init_ns until the first RTT sample, then srtt + 4 rttvar (RFC 6298,
 	 * Karn: no samples from resent packets) within [rto_min_ns, rto_max_ns];
 	 * each expiry doubles a slot's timeout up to rto_max_ns, and that

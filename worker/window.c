@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* window.c - see window.h; the rules are switchml_xdp/worker/window.py's. */
+/* window.c - see window.h; the rules are switchml_xdp/client/window.py's. */
 #include "window.h"
 
 static double clamp_cwnd(double cwnd, uint32_t slots)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * swml_redirect.c - the worker side's XDP program (loaded with bcc by
- * switchml_xdp/worker/afxdp_backend.py, one per worker interface).
+ * switchml_xdp/client/afxdp_backend.py, one per worker interface).
  *
  * It hands this worker's swml RESULTs to the AF_XDP socket of the worker's C
  * engine (worker/) and everything else to the kernel stack, so that ARP, ping
@@ -14,7 +14,7 @@
  *   anything else                                     -> XDP_PASS
  *
  * What is passed goes to the kernel stack, where the backend's socket that
- * holds the port (switchml_xdp/worker/port.py) takes it and nobody reads it: a
+ * holds the port (switchml_xdp/client/port.py) takes it and nobody reads it: a
  * forged RESULT never reaches the engine.
  *
  * The redirect falls back to XDP_PASS when no socket sits at the frame's rx

@@ -54,7 +54,7 @@ def simulated_link(gbps: float):
 
 
 def worker_link(switch: str, backend: str):
-    from ..worker.api import Worker
+    from ..client.api import Worker
 
     worker = Worker(switch, f"gpu-staging-bench-{time.time_ns() % 10**9}", 0, 1, backend=backend,
                     verbose=False)

@@ -62,7 +62,7 @@ USERSPACE_NICE = -10         # the user-space switch's scheduling priority (see 
 
 def switch_counters(lab) -> dict:
     """The switch's counters (XDP or user-space) through the control protocol's `status`."""
-    from ..worker.control import ControlClient
+    from ..client.control import ControlClient
 
     with lab.enter(lab.switch):
         client = ControlClient(lab.switch.ip, connect_timeout=10)
@@ -202,7 +202,7 @@ class Bench:
     # -- the sweep ---------------------------------------------------------------
     def run(self) -> dict:
         from ..lab import Lab
-        from ..worker.api import _afxdp_unavailable_reason
+        from ..client.api import _afxdp_unavailable_reason
 
         cfg = self.cfg
         started = time.time()

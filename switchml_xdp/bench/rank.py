@@ -27,7 +27,7 @@ class _SwmlRank:
     def __init__(self, a):
         import numpy as np
 
-        from ..worker.api import Worker
+        from ..client.api import Worker
 
         self.np = np
         self.w = Worker(a.switch, a.job, a.rank, a.world, backend=a.backend, verbose=False,

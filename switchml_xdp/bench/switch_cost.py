@@ -76,7 +76,7 @@ def measure_flood(k: int, seconds: float, dtype: str = "float32") -> dict:
     """The data plane alone: two hand-driven ranks send pre-built DATA packets
     (rank 0 then rank 1 for each packet index, so every pair completes a slot)
     as fast as one Python thread can, with no worker logic in the way."""
-    from ..worker.control import ControlClient
+    from ..client.control import ControlClient
 
     with Lab(workers=2) as lab, SwitchProcess(lab, ["--elements", str(k)]) as sw:
         prog_id = read_state(sw.iface)["prog_id"]

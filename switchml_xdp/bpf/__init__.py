@@ -10,19 +10,19 @@ import them.
     attachment("eth1")                                # Attachment(mode, prog_id)
     detach("eth1", prog_id=...)
     tc_attach("eth1", prog.load("f", "sched_cls"), "f")  # tc ingress (clsact, bpf filter)
-    retval, frame_out, ns = test_run(prog.fd, frame)  # BPF_PROG_TEST_RUN, no traffic
+    retval, frame_out, ns = prog_test_run(prog.fd, frame)  # BPF_PROG_TEST_RUN, no traffic
 """
 from .compile import Program, c_string, compile_program, compiler_missing
 from .errors import BpfError, PinnedMapError, XdpError
-from .pinned import PinnedMap
-from .pins import PIN_ROOT, ensure_bpffs, pin_dir, remove_pins
+from .pinned_map import PinnedMap
+from .bpffs import PIN_ROOT, ensure_bpffs, pin_dir, remove_pins
 from .stats import prog_name, prog_stats, stats_enabled
 from .tc import TcError, TcFilter, tc_attach, tc_attachment, tc_detach
-from .test_run import test_run
+from .prog_test_run import prog_test_run
 from .xdp import Attachment, XdpLink, attach, attach_link, attachment, detach
 
 __all__ = ["Attachment", "BpfError", "PIN_ROOT", "PinnedMap", "PinnedMapError", "Program",
            "XdpError", "XdpLink", "attach", "attach_link", "attachment", "c_string",
            "compile_program", "compiler_missing", "detach", "ensure_bpffs", "pin_dir", "prog_name", "prog_stats",
            "remove_pins", "stats_enabled", "tc_attach", "tc_attachment", "tc_detach", "TcError",
-           "TcFilter", "test_run"]
+           "TcFilter", "prog_test_run"]

@@ -36,7 +36,7 @@ def report(switch: str, control_port: int, job: str, rank: int, world: int,
     stop = threading.Event()
 
     def watch() -> None:
-        from ..worker.control import ControlClient, ControlError
+        from ..client.control import ControlClient, ControlError
 
         if stop.wait(POLL_S):
             return

@@ -20,7 +20,7 @@ from ..switch.rates import add_rates
 def _daemon_status(st: dict) -> dict | None:
     """The daemon's own `status` reply through its control port; None where
     this shell cannot reach it (another network namespace, a firewall)."""
-    from ..worker.control import ControlClient, ControlError
+    from ..client.control import ControlClient, ControlError
 
     try:
         client = ControlClient(st["ip"], st["control_port"], connect_timeout=1.0)

@@ -59,7 +59,7 @@ def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, o
     host runs one rank of a job (the switch sends results to one address and
     port per member); a second job on the same host needs another --port."""
     from .. import Worker
-    from ..worker.control import ControlError, JobAborted
+    from ..client.control import ControlError, JobAborted
 
     if rank >= world:
         raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")

@@ -13,7 +13,7 @@ Modules, each on top of the ones before it:
     shaping     rate limits on links (tc TBF/HTB)
     loss        the loss and duplication injector (XDP + tc, through switchml_xdp.bpf)
     lifecycle   state files, closing live labs at exit/SIGTERM, removing leftovers
-    topology    Lab: builds, uses and removes one lab
+    namespace_lab  Lab: builds, uses and removes one lab
     cluster     the real switch daemon and workers run inside a Lab
     demo        `swml-lab demo`
     igmp        a bridge that snoops IGMP with a querier (Lab(igmp=True), the VM lab)
@@ -25,6 +25,6 @@ The same cluster in qemu VMs (`swml-lab vm`), apart from the above:
 from switchml_xdp.lab.addressing import Host
 from switchml_xdp.lab.errors import LabError
 from switchml_xdp.lab.lifecycle import cleanup_leftovers
-from switchml_xdp.lab.topology import Lab
+from switchml_xdp.lab.namespace_lab import Lab
 
 __all__ = ["Host", "Lab", "LabError", "cleanup_leftovers"]

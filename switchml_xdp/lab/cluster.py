@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from . import lifecycle, netns
 from .addressing import Host
 from .errors import LabError
-from .topology import Lab
+from .namespace_lab import Lab
 
 READY_MARK = " up on "   # in the switch daemon's ready line
 

@@ -12,7 +12,7 @@ import time
 
 from ..bench.allreduce_bench import COLUMNS_LEGEND, format_table
 from .cluster import SwitchProcess
-from .topology import Lab
+from .namespace_lab import Lab
 
 
 def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, backend: str,

@@ -59,7 +59,7 @@ class VmNetwork:
             index = net.link_index(self.bridge, self.ns)
             ipr.link("set", index=index, mtu=self.mtu, state="up")
             igmp.start_querier(ipr, index, SWITCH_IP, SUBNET_PREFIXLEN)
-        # Bridged VM-to-VM frames are not the host firewall's business (see topology.py).
+        # Bridged VM-to-VM frames are not the host firewall's business (see namespace_lab.py).
         for family in ("iptables", "ip6tables", "arptables"):
             key = f"net.bridge.bridge-nf-call-{family}"
             if (Path("/proc/sys") / key.replace(".", "/")).exists():

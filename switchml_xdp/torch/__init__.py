@@ -34,7 +34,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 if not _dist.is_available():  # pragma: no cover
     raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
 
-from .backend import BACKEND_NAME, ProcessGroupSwml, SwmlOptions, register  # noqa: E402
+from .process_group import BACKEND_NAME, ProcessGroupSwml, SwmlOptions, register  # noqa: E402
 from .hook import HookState, allreduce_hook, register_hook  # noqa: E402
 from .staging import StagingConfig  # noqa: E402
 

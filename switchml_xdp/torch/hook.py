@@ -50,8 +50,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..worker.api import Worker
-from ..worker.calls import check_precision
+from ..client.api import Worker
+from ..client.calls import check_precision
 from .staging import Pipeline, StagingConfig, ops_for
 
 # Bucket dtypes the switch reduces, each as float32 (float16/bfloat16 widen exactly).

@@ -272,7 +272,7 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
                      rate: float | None = None, timeout: float = 900.0, out=print) -> dict:
     """The whole comparison: lab, switch, both runs, summary, plot. Returns both results."""
     from ..lab.cluster import SwitchProcess
-    from ..lab.topology import Lab
+    from ..lab.namespace_lab import Lab
 
     cfg = cfg or TrainConfig()
     results: dict[str, dict] = {}

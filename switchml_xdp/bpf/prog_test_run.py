@@ -18,7 +18,7 @@ from .errors import BpfError
 _GROWTH = 4096
 
 
-def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
+def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
     """Run program `prog_fd` on `data` (`repeat` times, each on a fresh copy).
     Returns (the program's return value, the data as the program left it,
     mean nanoseconds a run). BpfError when the kernel refuses the run (a frame

@@ -77,7 +77,7 @@ from torch._C._distributed_c10d import (
 )
 
 from .. import wire
-from ..worker.api import Worker, local_end
+from ..client.api import Worker, local_end
 from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
 from .staging import Pipeline, StagingConfig, ops_for
 
