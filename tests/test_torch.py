@@ -411,7 +411,7 @@ def _rank_main(rank: int, world: int, master: str, switch: str) -> dict:
 
     import switchml_xdp.torch as swt
     from switchml_xdp import Worker
-    from switchml_xdp.torch.train_example import TrainConfig, train_rank
+    from switchml_xdp.lab.train_example import TrainConfig, train_rank
 
     torch.set_num_threads(1)
     res: dict = {"rank": rank}
@@ -633,7 +633,7 @@ def test_ddp_steps_end_within_tolerance_of_gloo(ranks):
 def test_training_example_rank_code(ranks, tmp_path):
     pytest.importorskip("sklearn", reason="the training example needs scikit-learn (python3-sklearn)")
     pytest.importorskip("matplotlib", reason="the training example plots with matplotlib")
-    from switchml_xdp.torch.train_example import plot_curves, summary_lines
+    from switchml_xdp.lab.train_example import plot_curves, summary_lines
 
     train = ranks[0]["train"]
     assert all(ranks[i]["train"] == {"gloo": None, "swml": None} for i in range(1, WORLD))

@@ -1,6 +1,6 @@
 """The shared-memory local group of one host's ranks (switchml_xdp/torch/shm_local.py),
 without a switch: processes of this machine that meet through a FileStore
-(switchml_xdp/torch/local_procs.py). The two-level path through the switch is
+(switchml_xdp/bench/local_procs.py). The two-level path through the switch is
 tests/test_torch_hosts.py's."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
 
-from switchml_xdp.torch.local_procs import run_on_host  # noqa: E402
+from switchml_xdp.bench.local_procs import run_on_host  # noqa: E402
 from switchml_xdp.torch.shm_segment import NAME_PREFIX, SHM_DIR  # noqa: E402
 
 SMALL_REGION = 4096            # two slots of 2 KiB: 512 float32 elements a chunk

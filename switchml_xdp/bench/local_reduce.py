@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 
-from ..torch.local_procs import AUTO, LOOPBACK, run_on_host
+from .local_procs import AUTO, LOOPBACK, run_on_host
 
 KINDS = {"shm": AUTO, "gloo": LOOPBACK}
 WARMUP = 2

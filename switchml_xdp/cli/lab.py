@@ -342,7 +342,7 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_
         import sklearn  # noqa: F401
 
         import switchml_xdp.torch  # noqa: F401  (says how to install torch if it is missing)
-        from switchml_xdp.torch.train_example import TrainConfig, run_lab_training
+        from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
     except ImportError as e:
         raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
     cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb,

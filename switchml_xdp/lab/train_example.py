@@ -10,7 +10,7 @@ rendezvous is on worker 0). It prints the final test accuracy and the time
 per epoch of both, and saves a PNG of the loss and accuracy curves.
 
 The rank side is this module run as a script (`python -m
-switchml_xdp.torch.train_example --rank R ...`); `run_lab_training` drives
+switchml_xdp.lab.train_example --rank R ...`); `run_lab_training` drives
 the whole comparison.
 """
 from __future__ import annotations
@@ -189,14 +189,14 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
 
 def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float) -> dict:
     """All ranks of one training run as processes in their namespaces; rank 0's result."""
-    from ..lab.cluster import RanksFailed, rank_result, run_rank_processes
+    from .cluster import RanksFailed, rank_result, run_rank_processes
 
     per_host = cfg.ranks_per_host
     world = len(lab.workers) * per_host
     placements = []
     for rank in range(world):
         placements.append((lab.workers[rank // per_host], [
-            sys.executable, "-m", "switchml_xdp.torch.train_example", "--rank", str(rank),
+            sys.executable, "-m", "switchml_xdp.lab.train_example", "--rank", str(rank),
             "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
             "--switch", lab.switch.ip, "--job", job, "--backend", backend,
             "--config", json.dumps(cfg.__dict__)]))
@@ -271,8 +271,8 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
                      png: str = "swml-train.png", json_path: str | None = None,
                      rate: float | None = None, timeout: float = 900.0, out=print) -> dict:
     """The whole comparison: lab, switch, both runs, summary, plot. Returns both results."""
-    from ..lab.cluster import SwitchProcess
-    from ..lab.namespace_lab import Lab
+    from .cluster import SwitchProcess
+    from .namespace_lab import Lab
 
     cfg = cfg or TrainConfig()
     results: dict[str, dict] = {}

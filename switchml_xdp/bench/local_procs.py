@@ -32,7 +32,7 @@ class RankFailed(RuntimeError):
 def _open(kind: str, store, layout, timeout, region_bytes):
     import torch.distributed as dist
 
-    from .hosts import LoopbackLocalGroup, open_local_group
+    from ..torch.hosts import LoopbackLocalGroup, open_local_group
 
     if kind == LOOPBACK:
         return LoopbackLocalGroup(dist.PrefixStore("loopback/", store), layout, timeout)
@@ -44,7 +44,7 @@ def _rank_main(fn, rank: int, n: int, store_path: str, kind: str, timeout_s: flo
     import torch
     import torch.distributed as dist
 
-    from .hosts import HostLayout
+    from ..torch.hosts import HostLayout
 
     torch.set_num_threads(1)
     try:
