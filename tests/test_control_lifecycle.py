@@ -223,7 +223,7 @@ def test_emfile_during_a_join_leaves_no_phantom_rank(own_switch):
     joiner gets one line, and no rank, job or slot is left behind."""
     import resource
 
-    from switchml_xdp.switch.daemon import read_state
+    from switchml_xdp.switch.state_files import read_state
 
     lab, (h0, h1) = own_switch.lab, own_switch.lab.workers
     pid = read_state(own_switch.iface)["pid"]

@@ -12,10 +12,11 @@ import sys
 import pytest
 
 from switchml_xdp import wire
-from switchml_xdp.switch.daemon import DATAPLANES, SwitchError, make_dataplane, read_state, state_path
+from switchml_xdp.switch.daemon import DATAPLANES, SwitchError, make_dataplane
 from switchml_xdp.switch.dataplane import Dataplane, SwitchParams
 from switchml_xdp.switch.jobs import JobTable
 from switchml_xdp.switch.maps import DataplaneMaps, SwitchMaps, pin_dir
+from switchml_xdp.switch.state_files import read_state, state_path
 from switchml_xdp.switch.userspace import MemoryMaps
 
 SWITCH_CLI = [sys.executable, "-m", "switchml_xdp.cli.switch"]
@@ -180,7 +181,7 @@ def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
     import time
 
     from switchml_xdp import bpf
-    from switchml_xdp.switch.daemon import lock_holder, lock_path
+    from switchml_xdp.switch.state_files import lock_holder, lock_path
 
     from control_helpers import Raw
 
@@ -241,7 +242,7 @@ def test_down_says_what_it_could_not_do(lab1):
     """The daemon's namespace cannot be found by name: the program may still be
     attached there, so the pins stay and `down` says so (exit 1, one line)."""
     from switchml_xdp.lab.cluster import SwitchProcess
-    from switchml_xdp.switch import daemon
+    from switchml_xdp.switch.state_files import tokens_path
 
     sw = SwitchProcess(lab1)
     iface = sw.iface
@@ -260,7 +261,7 @@ def test_down_says_what_it_could_not_do(lab1):
     r = lab1.run(lab1.switch, SWITCH_CLI + ["down", iface], check=False, capture_output=True, text=True)
     assert r.returncode == 0 and "detached XDP" in r.stdout, r.stdout + r.stderr
     assert not xdp_attached(lab1, iface) and not os.path.exists(pin_dir(iface))
-    assert not os.path.exists(daemon.tokens_path(iface))
+    assert not os.path.exists(tokens_path(iface))
 
 
 def test_a_closed_lab_leaves_no_switch_files_even_after_a_killed_daemon():
@@ -271,7 +272,7 @@ def test_a_closed_lab_leaves_no_switch_files_even_after_a_killed_daemon():
     if NO_LAB:
         pytest.skip(NO_LAB)
     from switchml_xdp.lab import Lab
-    from switchml_xdp.switch.daemon import lock_path, tokens_path
+    from switchml_xdp.switch.state_files import lock_path, tokens_path
 
     with Lab(workers=1) as lab:
         iface = lab.switch.iface

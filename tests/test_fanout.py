@@ -87,7 +87,7 @@ def fanout_filter(lab):
 def test_unicast_fanout_is_exact_where_the_network_has_no_multicast(lab):
     from switchml_xdp import quant
     from switchml_xdp.lab.cluster import SwitchProcess
-    from switchml_xdp.switch.daemon import read_state
+    from switchml_xdp.switch.state_files import read_state
 
     data = inputs(31)
     expected = quant.simulate_allreduce(data, 256)
@@ -132,7 +132,7 @@ def test_without_unicast_fanout_results_come_only_as_shadow_replies(lab):
     switch's unicast answers to their retransmissions (or nothing before the
     stall timeout)."""
     from switchml_xdp.lab.cluster import SwitchProcess
-    from switchml_xdp.switch.daemon import read_state
+    from switchml_xdp.switch.state_files import read_state
 
     data = [a[:2560] for a in inputs(32)]   # 10 packets: each waits for a retransmission
     with SwitchProcess(lab) as sw:

@@ -206,7 +206,7 @@ def test_down_as_nobody_is_one_line(lab8, switch):
 def test_state_files_hold_no_secrets_and_tokens_are_root_only(lab8, switch):
     import os
 
-    from switchml_xdp.switch.daemon import state_path, tokens_path
+    from switchml_xdp.switch.state_files import state_path, tokens_path
     from switchml_xdp.switch.jobs import token_digest
 
     name, token, (h0,) = job_name("files"), secrets.token_hex(16), lab8.workers[:1]

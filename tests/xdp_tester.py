@@ -33,7 +33,7 @@ import pytest
 from conftest import NO_LAB
 from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
 from switchml_xdp import bpf, wire
-from switchml_xdp.switch.daemon import read_state
+from switchml_xdp.switch.state_files import read_state
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
 from switchml_xdp.switch.dataplane import SwitchParams
 from switchml_xdp.switch.xdp_dataplane import program_defines

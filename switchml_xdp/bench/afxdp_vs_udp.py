@@ -36,7 +36,7 @@ from pathlib import Path
 import click
 
 from .. import bpf
-from ..switch import daemon
+from ..switch import state_files
 from .allreduce_bench import parse_size
 from .cpu import cpu_delta, cpu_shares, machine_cpu_times
 
@@ -220,7 +220,7 @@ def main(workers, backends, size, iterations, udp_iterations, warmup, elements, 
         with Lab(workers=world) as lab, \
                 SwitchProcess(lab, ["--elements", str(elements)]) as sw:
             print(sw.ready_line, file=sys.stderr)
-            switch_prog = (daemon.read_state(sw.iface) or {}).get("prog_id")
+            switch_prog = (state_files.read_state(sw.iface) or {}).get("prog_id")
             with bpf.stats_enabled() if profile else contextlib.nullcontext():
                 for backend in backends.split(","):
                     iters = iterations if backend == "afxdp" else udp_iterations

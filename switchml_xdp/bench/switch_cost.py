@@ -25,7 +25,7 @@ import numpy as np
 from .. import bpf, quant, wire
 from ..lab import Lab
 from ..lab.cluster import SwitchProcess, run_ranks
-from ..switch.daemon import read_state
+from ..switch.state_files import read_state
 from .bpf_stats import ProgCost
 
 

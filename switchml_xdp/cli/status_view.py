@@ -12,7 +12,7 @@ import time
 
 from .. import wire
 from ..bpf import PinnedMapError
-from ..switch import daemon
+from ..switch import daemon, state_files
 from ..switch.maps import SwitchMaps
 from ..switch.rates import add_rates
 
@@ -76,8 +76,8 @@ def collect_status() -> list[dict]:
     "sampled_at" (monotonic seconds) dates the counters, for rates."""
     out = []
     root = os.geteuid() == 0
-    for st in daemon.all_states():
-        st = dict(st, alive=daemon.lock_holder(st["iface"]) is not None)
+    for st in state_files.all_states():
+        st = dict(st, alive=state_files.lock_holder(st["iface"]) is not None)
         if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]) and _from_pins(st):
             pass
         elif st["alive"] and (reply := _daemon_status(st)) is not None:

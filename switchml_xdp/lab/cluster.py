@@ -74,9 +74,9 @@ class SwitchProcess:
         """A daemon that was killed leaves its pins and state file (on purpose:
         a restarted daemon re-adopts them). Once the lab is done with it, they go."""
         from .. import bpf
-        from ..switch import daemon
+        from ..switch import state_files
 
-        if daemon.remove_leftover_files(self.iface):   # no daemon of this interface is alive
+        if state_files.remove_leftover_files(self.iface):   # no daemon of this interface is alive
             bpf.remove_pins(bpf.pin_dir(self.iface))
 
     def __enter__(self) -> "SwitchProcess":

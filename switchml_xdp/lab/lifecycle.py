@@ -167,13 +167,13 @@ def remove_lab_files(prefix: str) -> None:
     daemon on its switch interface left (pins, state, token and lock files),
     once its namespaces are gone."""
     from .. import bpf                   # late: `swml-lab down` needs neither at import
-    from ..switch import daemon
+    from ..switch import state_files
 
     state_path(prefix).unlink(missing_ok=True)
     switch_log_path(prefix).unlink(missing_ok=True)
     loss.remove_pins(prefix)
     switch_iface = switch_host(prefix).iface
-    if daemon.remove_leftover_files(switch_iface):
+    if state_files.remove_leftover_files(switch_iface):
         bpf.remove_pins(bpf.pin_dir(switch_iface))
 
 

@@ -2,27 +2,16 @@
 protocol in the foreground until Ctrl-C / SIGTERM, then stop cleanly. One
 daemon and one serve loop, whichever data plane (dataplane.py) it drives.
 
-What another shell needs to find a running switch is a small state file
-(/run/swml/IFACE.json: data plane, parameters, pid, jobs; readable by anyone,
-no secrets) rewritten on every change, and for the XDP data plane its pinned
-maps (/sys/fs/bpf/swml/IFACE/). The digests of running jobs' tokens, which a
-daemon that re-adopts them needs, are in IFACE.tokens.json, root's alone.
-
-One daemon an interface, whatever the timing: `up` takes an exclusive flock
-on /run/swml/IFACE.lock before it touches anything, and holds it for its
-life (the kernel releases it when the process dies, even by SIGKILL).
+Another shell finds a running switch through its state files, and one
+daemon an interface is kept by a lock on a file beside them: both are
+state_files.py's.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import fcntl
-import json
 import logging
 import os
 import signal
-import struct
 import sys
 import time
 from dataclasses import asdict
@@ -32,10 +21,11 @@ from .control import ControlServer
 from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .metrics import MetricsError, MetricsServer, SwitchCollector
+from .state_files import (LockError, lock_holder, read_state, read_token_digests, remove_state,
+                          take_lock, write_state)
 from .userspace import UserspaceDataplane
 from .xdp_dataplane import XdpDataplane
 
-STATE_DIR = "/run/swml"
 DEFAULT_JOB_SLOTS = 128
 DEFAULT_LEASE_S = 3.0
 DATAPLANES: dict[str, type[Dataplane]] = {"xdp": XdpDataplane, "userspace": UserspaceDataplane}
@@ -75,103 +65,6 @@ def read_job_stats(maps) -> dict[str, dict[str, int]] | None:
     return {str(job_id): dict(stats) for job_id, stats in read().items()}
 
 
-def state_path(iface: str) -> str:
-    return f"{STATE_DIR}/{iface}.json"
-
-
-def tokens_path(iface: str) -> str:
-    return f"{STATE_DIR}/{iface}.tokens.json"
-
-
-def lock_path(iface: str) -> str:
-    return f"{STATE_DIR}/{iface}.lock"
-
-
-def remove_leftover_files(iface: str) -> bool:
-    """Remove the state, token and lock files a daemon left for `iface`, unless a
-    daemon holds its lock now; returns whether they were removed. (A daemon
-    leaves its lock file on purpose: unlinking a lock another process waits on
-    would let two daemons in. Whoever retires an interface for good, the lab
-    for one, calls this.)"""
-    if lock_holder(iface) is not None:
-        return False
-    for path in (state_path(iface), tokens_path(iface), lock_path(iface)):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    return True
-
-
-def take_lock(iface: str) -> int:
-    """The interface's lock, held until the returned fd is closed (or the
-    process dies); SwitchError if another daemon holds it. A POSIX record
-    lock, so that others can ask who holds it without taking it (F_GETLK)."""
-    os.makedirs(STATE_DIR, exist_ok=True)
-    try:
-        fd = os.open(lock_path(iface), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise SwitchError(f"cannot open {lock_path(iface)}: {e.strerror}") from None
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno not in (errno.EACCES, errno.EAGAIN):
-            raise SwitchError(f"cannot lock {lock_path(iface)}: {e.strerror}") from None
-        holder = lock_holder(iface)
-        raise SwitchError(f"swml-switch is already up on {iface}"
-                          + (f" (pid {holder})" if holder else "")
-                          + f"; `swml-switch down {iface}` first") from None
-    return fd
-
-
-_FLOCK = struct.Struct("hhxxxxqqixxxx")   # struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid)
-
-
-def lock_holder(iface: str) -> int | None:
-    """The pid of the daemon holding the interface's lock (as this process's
-    pid namespace sees it); None if nobody holds it. Takes no lock itself."""
-    try:
-        fd = os.open(lock_path(iface), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        got = fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
-    finally:
-        os.close(fd)
-    l_type, _, _, _, pid = _FLOCK.unpack(got)
-    return None if l_type == fcntl.F_UNLCK else (pid or None)
-
-
-def read_state(iface: str) -> dict | None:
-    try:
-        with open(state_path(iface)) as f:
-            st = json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if "dataplane" not in st:  # written by a daemon older than the choice: an XDP one
-        st.update(dataplane="xdp", label=f"{st.get('mode')} XDP")
-    return st
-
-
-def all_states() -> list[dict]:
-    if not os.path.isdir(STATE_DIR):
-        return []
-    out = []
-    for name in sorted(os.listdir(STATE_DIR)):
-        if name.endswith(".json") and not name.startswith("lab-") and not name.endswith(".tokens.json"):
-            st = read_state(name[:-5])
-            if st and "iface" in st:
-                out.append(st)
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as e:
-        return e.errno == errno.EPERM
-    return True
-
-
 def iface_address(iface: str) -> tuple[str, str]:
     """(IPv4, MAC) of an interface in this network namespace."""
     try:
@@ -209,7 +102,10 @@ class Switch:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.iface)
         # Before anything is loaded: a second `up`, however close behind, stops here.
-        self._lock_fd = take_lock(self.iface)
+        try:
+            self._lock_fd = take_lock(self.iface)
+        except LockError as e:
+            raise SwitchError(str(e)) from None
         st = read_state(self.iface)
         self.dp.check_free(st)
         adopt = self._adoptable(st)
@@ -246,11 +142,7 @@ class Switch:
         for job_id in range(1, wire.MAX_JOBS):  # joins the old daemon never finished
             if job_id not in active and self.dp.maps.job_active(job_id):
                 self.dp.maps.clear_job(job_id, wire.MAX_WORLD)
-        try:
-            with open(tokens_path(self.iface)) as f:
-                digests = json.load(f)
-        except (OSError, ValueError):
-            digests = {}
+        digests = read_token_digests(self.iface)
         for desc in running:
             if desc.get("protected") and desc["name"] not in digests:
                 print(f"swml-switch: job {desc['name']!r} of the previous daemon had a token that "
@@ -270,11 +162,7 @@ class Switch:
         counters = self.dp.maps.read_counters() if self.dp.maps is not None else {}
         self.dp.close()
         if self._wrote_state:
-            for path in (state_path(self.iface), tokens_path(self.iface)):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            remove_state(self.iface)
         os.close(self._lock_fd)   # the next `up` may start
         self._lock_fd = None
         return counters
@@ -285,7 +173,6 @@ class Switch:
                 "fanout": self.dp.fanout}
 
     def write_state(self) -> None:
-        os.makedirs(STATE_DIR, exist_ok=True)
         st = {"iface": self.iface, "pid": os.getpid(), "params": asdict(self.params),
               **self.dp.state(), "ip": self.ip, "mac": self.mac,
               "control_port": self.control_port, "started": self.started,
@@ -293,8 +180,7 @@ class Switch:
               "require_token": self.require_token, "netns_inode": netns_inode(),
               "jobs": self.table.describe() if self.table else []}
         self._wrote_state = True
-        _write_json(tokens_path(self.iface), self.table.token_hashes() if self.table else {}, 0o600)
-        _write_json(state_path(self.iface), st, 0o644)
+        write_state(self.iface, st, self.table.token_hashes() if self.table else {})
 
     def status_extra(self) -> dict:
         """What `status` adds to the jobs: counters and the data plane (no secrets)."""
@@ -342,16 +228,6 @@ class Switch:
         await stop.wait()
         await self.server.stop("the switch is shutting down")
         await asyncio.sleep(0.05)  # let the abort events reach the workers
-
-
-def _write_json(path: str, obj, mode: int) -> None:
-    """Replace `path` atomically with a file of that mode (never briefly wider)."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    os.fchmod(fd, mode)   # also when the file was left by an earlier daemon
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
@@ -415,11 +291,6 @@ def down(iface: str, timeout_s: float = 10.0) -> str:
     did += removed
     if failed:
         raise SwitchError("; ".join(did + [f"could not finish: {'; '.join(failed)}"]))
-    for path in (state_path(iface), tokens_path(iface)):
-        try:
-            os.unlink(path)
-            if path == state_path(iface):
-                did.append("removed the state file")
-        except FileNotFoundError:
-            pass  # the daemon removed it as it stopped
+    if remove_state(iface):   # else the daemon removed it as it stopped
+        did.append("removed the state file")
     return ", ".join(did) or "nothing was left to clean"

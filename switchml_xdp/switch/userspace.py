@@ -17,9 +17,6 @@ differs from XDP:
   place as the XDP program does. Every packet crosses the kernel's IP/UDP
   receive path into the socket and its RESULT the send path back, which is
   the cost XDP avoids.
-
-`python -m switchml_xdp.switch.userspace up IFACE ...` is the older spelling
-of `swml-switch up IFACE --dataplane userspace ...` (see the end of the file).
 """
 from __future__ import annotations
 
@@ -30,7 +27,6 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -259,11 +255,3 @@ class UserspaceDataplane(Dataplane):
     def status_extra(self) -> dict:
         return {"batches": self._state.batches, "datagrams": self._state.batched}
 
-
-if __name__ == "__main__":
-    # The older entry point, kept for its callers: the same daemon as
-    # `swml-switch up IFACE --dataplane userspace ...` (the same options).
-    import runpy
-
-    sys.argv = [*sys.argv, "--dataplane", "userspace"]
-    runpy.run_module("switchml_xdp.cli.switch", run_name="__main__")
