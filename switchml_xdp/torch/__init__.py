@@ -13,7 +13,7 @@ Two ways in, both over a `switchml_xdp.Worker`:
 * A torch.distributed backend named "swml", registered when this module is
   imported: all_reduce of float32/float16/bfloat16/int32 CPU or CUDA tensors (SUM,
   AVG, MIN, MAX), broadcast and barrier go through the switch, the rest
-  through Gloo (backend.py's docstring, docs/pytorch.md).
+  through Gloo (process_group.py's docstring, docs/pytorch.md).
 
       import switchml_xdp.torch
       dist.init_process_group("swml", ..., pg_options=SwmlOptions(switch=switch_ip))
@@ -26,7 +26,6 @@ are quantized on the GPU and staged through pinned host memory in chunks
 from __future__ import annotations
 
 try:
-    import torch  # noqa: F401
     import torch.distributed as _dist
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError("switchml_xdp.torch needs PyTorch: pip install -e '.[torch]' from a "
@@ -34,9 +33,12 @@ except ImportError as e:  # pragma: no cover - depends on the installation
 if not _dist.is_available():  # pragma: no cover
     raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
 
-from .process_group import BACKEND_NAME, ProcessGroupSwml, SwmlOptions, register  # noqa: E402
-from .hook import HookState, allreduce_hook, register_hook  # noqa: E402
-from .staging import StagingConfig  # noqa: E402
+# After the checks above, so that a missing PyTorch fails with their message.
+from .hook import HookState, allreduce_hook, register_hook  # noqa: E402 - after the check
+from .options import BACKEND_NAME, SwmlOptions  # noqa: E402 - after the check
+from .process_group import ProcessGroupSwml  # noqa: E402 - after the check
+from .registration import register  # noqa: E402 - after the check
+from .staging import StagingConfig  # noqa: E402 - after the check
 
 register()
 

@@ -42,7 +42,6 @@ unless given) with the built-in hook's arithmetic, with a one-time warning.
 # No `from __future__ import annotations`: DDP checks the hook's annotations
 # against dist.GradBucket and torch.futures.Future as objects, not strings.
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -52,6 +51,7 @@ import torch.distributed as dist
 
 from ..client.api import Worker
 from ..client.calls import check_precision
+from .fallbacks import Fallbacks
 from .staging import Pipeline, StagingConfig, ops_for
 
 # Bucket dtypes the switch reduces, each as float32 (float16/bfloat16 widen exactly).
@@ -75,12 +75,16 @@ class HookState:
     staging: StagingConfig | None = None
     stage_cpu_tensors: bool = False
     buckets: int = 0                    # buckets reduced through the switch
-    fallback_buckets: int = 0           # buckets that went to process_group
-    _warned: set = field(default_factory=set, repr=False)
+    _fallbacks: Fallbacks = field(default_factory=Fallbacks, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _pipelines: dict = field(default_factory=dict, repr=False)   # device -> Pipeline
     _stager: ThreadPoolExecutor | None = field(default=None, repr=False)
     _route: str | None = field(default=None, repr=False)        # "direct" or "staged"
+
+    @property
+    def fallback_buckets(self) -> int:
+        """Buckets that went to process_group instead of the switch."""
+        return self._fallbacks.count
 
     def pipeline_for(self, device: torch.device) -> Pipeline:
         with self._lock:
@@ -121,15 +125,10 @@ def _state(state) -> HookState:
 
 
 def _fallback(st: HookState, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    kind = (tensor.dtype, tensor.device.type)
-    with st._lock:
-        st.fallback_buckets += 1
-        first = kind not in st._warned
-        st._warned.add(kind)
-    if first:
-        warnings.warn(f"switchml_xdp: DDP bucket of {tensor.dtype} on {tensor.device.type} "
-                      "cannot go through the switch (float32, float16, bfloat16 on CPU or CUDA); such buckets "
-                      "use the process group's allreduce instead (warned once)", RuntimeWarning, stacklevel=3)
+    st._fallbacks.note((tensor.dtype, tensor.device.type),
+                       f"switchml_xdp: DDP bucket of {tensor.dtype} on {tensor.device.type} cannot go "
+                       "through the switch (float32, float16, bfloat16 on CPU or CUDA); such buckets "
+                       "use the process group's allreduce instead (warned once)", stacklevel=3)
     group = st.process_group
     tensor.div_(dist.get_world_size(group))
     fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()

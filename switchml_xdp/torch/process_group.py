@@ -61,134 +61,31 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import os
 import secrets
-import sys
 import threading
-import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (
-    AllreduceCoalescedOptions, AllreduceOptions, ProcessGroupGloo, ReduceOp,
-)
+from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions
 
-from .. import wire
 from ..client.api import Worker, local_end
+from .gloo_side import GlooSide
 from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
-from .staging import Pipeline, StagingConfig, ops_for
+from .options import BACKEND_NAME, SwmlOptions
+from .routing import SWITCH_OPS, WORK_DTYPE, allreduce_reason, op_name, tensor_reason
+from .staging import Pipeline, ops_for
+from .work import FutureWork
 
-BACKEND_NAME = "swml"
-# dtype -> the dtype the Worker reduces it as. float16/bfloat16 widen to float32
-# exactly (every value, NaN and inf included), so the result is float32's,
-# rounded once on the way back.
-_WORK_DTYPE = {torch.float32: torch.float32, torch.int32: torch.int32,
-               torch.float16: torch.float32, torch.bfloat16: torch.float32}
-# ReduceOp name -> the Worker's op (AVG: a sum, divided by the world size after).
-_SWITCH_OPS = {"SUM": "sum", "AVG": "sum", "MIN": "min", "MAX": "max"}
-_WHAT_THE_SWITCH_DOES = ("the switch does SUM/AVG/MIN/MAX of float32, int32, float16, bfloat16 "
-                         "and broadcast of any dtype, on CPU and CUDA tensors")
 _JOB_KEY = "swml/job"
 _K_KEY = "swml/k"
 _TOKEN_KEY = "swml/token"
 
 
-@dataclass
-class SwmlOptions:
-    """Options of the swml backend (pass as init_process_group's pg_options).
-    Fields left None are read from the environment (see the module doc)."""
-    switch: str | None = None
-    job: str | None = None
-    backend: str | None = None          # the Worker's datapath: auto, udp, afxdp
-    port: int | None = None
-    control_port: int = wire.DEFAULT_CONTROL_PORT
-    iface: str | None = None            # the Worker's interface (default: route to the switch)
-    gloo_iface: str | None = None       # Gloo's interface (default: see the module doc)
-    verbose: bool = False               # let the Worker say which datapath it took
-    shm_bytes: int | None = None        # shared memory per rank of a host (SWML_SHM_BYTES; 4 MiB)
-    staging: StagingConfig | None = None   # GPU tensors' chunks through host memory (staging.py)
-
-    def resolved(self) -> "SwmlOptions":
-        env = os.environ
-        switch = self.switch or env.get("SWML_SWITCH")
-        if not switch:
-            raise ValueError("the swml backend needs the switch's address: pass "
-                             "pg_options=SwmlOptions(switch=...) or set SWML_SWITCH")
-        port = self.port if self.port is not None else int(env.get("SWML_PORT", wire.DEFAULT_PORT))
-        return SwmlOptions(switch=switch, job=self.job or env.get("SWML_JOB"),
-                           backend=self.backend or env.get("SWML_WORKER_BACKEND", "auto"),
-                           port=port, control_port=self.control_port, iface=self.iface,
-                           gloo_iface=self.gloo_iface,
-                           verbose=self.verbose, shm_bytes=self.shm_bytes,
-                           staging=self.staging or StagingConfig())
-
-
-class _FutureWork(dist.Work):
-    """A Work completed through a torch future (set from the group's thread).
-
-    For CUDA tensors the future is CUDA-aware (staging.CudaOps.future): wait()
-    and result() return once the host side is done, having made the
-    caller's current stream wait for the device side -- ProcessGroupNCCL's
-    Work.wait(), which blocks the stream rather than the host."""
-
-    def __init__(self, fut: torch.futures.Future):
-        super().__init__()
-        self._fut = fut
-
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        self._fut.wait()  # re-raises the switch's error, if any
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        return self._fut
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-    def is_success(self) -> bool:
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.value()
-        except Exception:  # noqa: BLE001
-            return False
-        return True
-
-    def exception(self):
-        try:
-            self._fut.value()
-        except Exception as e:  # noqa: BLE001
-            return e
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        return self._fut.wait()
-
-
-_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(dist.__file__)))
-
-
-def _caller_level() -> int:
-    """warnings' stacklevel of the first frame outside this package and
-    torch.distributed: the user's call, not torch's wrappers."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)).startswith(_OWN_DIRS):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _op_name(op) -> str:
-    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
-        if op == getattr(ReduceOp, name, None):
-            return name
-    return str(op)
-
-
-class ProcessGroupSwml(dist.ProcessGroup):
-    """The `swml` process group: all_reduce through the switch, the rest through Gloo."""
+class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
+    """The `swml` process group: all_reduce through the switch, the rest through
+    Gloo (gloo_side.py)."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
                  options: SwmlOptions | None = None, group_id: str = ""):
@@ -221,22 +118,11 @@ class ProcessGroupSwml(dist.ProcessGroup):
         # leader's stream, the local share.
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-pg{rank}")
         try:
-            gloo_store = dist.PrefixStore("swml-gloo/", store)
-            if opts.gloo_iface or not os.environ.get("GLOO_SOCKET_IFNAME"):
-                gloo_opts = ProcessGroupGloo._Options()
-                gloo_opts._timeout = timeout
-                gloo_opts._devices = [ProcessGroupGloo.create_device(
-                    interface=opts.gloo_iface or here.iface)]
-                self.gloo = ProcessGroupGloo(gloo_store, rank, size, gloo_opts)
-            else:  # this constructor reads GLOO_SOCKET_IFNAME (which may list several)
-                self.gloo = ProcessGroupGloo(gloo_store, rank, size, timeout)
+            self._open_gloo(store, rank, size, timeout, opts.gloo_iface, here.iface)
         except BaseException:
             self._close_switch_side()
             raise
-        self.fallbacks = 0          # all_reduce/broadcast calls that went to Gloo instead
         self.switch_calls = 0       # all_reduce/broadcast/barrier calls through the switch
-        self._warned: set = set()
-        self._gloo_pending: list = []   # Gloo's Work not yet completed (see barrier)
         self._lock = threading.Lock()
         self._closed = False
         self._staging: dict[torch.device, Pipeline] = {}    # one per device, on first use
@@ -285,67 +171,6 @@ class ProcessGroupSwml(dist.ProcessGroup):
                  else f"host leader rank {self.layout.local_ranks[0]}")
         return f"ProcessGroupSwml(rank={self._rank}, size={self._size}, {where})"
 
-    # -- checks -----------------------------------------------------------------
-    def _tensor_reason(self, collective: str, tensors: list[torch.Tensor]) -> str | None:
-        """Why these tensors cannot be handed to the Worker at all (None if they can)."""
-        if len(tensors) != 1 and collective != "all_reduce_coalesced":
-            return f"{collective} of a list of {len(tensors)} tensors"
-        if not tensors:
-            return f"{collective} of no tensors"
-        if len({t.device for t in tensors}) != 1:
-            return f"{collective} of tensors on several devices"
-        device = tensors[0].device
-        if device.type != "cpu" and ops_for(device) is None:
-            # CUDA tensors are staged through host memory (staging.py); a device
-            # without streams and events there stays with Gloo.
-            return f"{collective} on {device.type} tensors"
-        if any(t.layout != torch.strided for t in tensors):
-            return f"{collective} on {tensors[0].layout} tensors"
-        if any(t.is_quantized for t in tensors):
-            return f"{collective} on quantized tensors"
-        return None
-
-    def _allreduce_reason(self, collective: str, tensors: list[torch.Tensor], op) -> str | None:
-        """Why this all_reduce cannot go through the switch (None if it can); a
-        ValueError for what no backend reduces exactly (an integer average)."""
-        name = _op_name(op)
-        dtypes = {t.dtype for t in tensors}
-        if name == "AVG" and any(not (d.is_floating_point or d.is_complex) for d in dtypes):
-            # Raised on every rank alike, before anything is sent: nobody waits.
-            raise ValueError(
-                f"{collective} with ReduceOp.AVG on {', '.join(sorted(map(str, dtypes)))}: an "
-                "integer average is not exact (Gloo refuses it too); use SUM and divide as "
-                "the application needs")
-        reason = self._tensor_reason(collective, tensors)
-        if reason:
-            return reason
-        if len(dtypes) != 1 or next(iter(dtypes)) not in _WORK_DTYPE:
-            return f"{collective} on {', '.join(sorted(str(d) for d in dtypes))}"
-        if name not in _SWITCH_OPS:
-            return f"{collective} {name}"
-        if any(t.is_conj() or t.is_neg() for t in tensors):
-            return f"{collective} {name} on tensors with a pending conj/neg view"
-        return None
-
-    def _fallback(self, reason: str, start):
-        """Count and warn (once per kind) for a call that Gloo does instead."""
-        with self._lock:
-            self.fallbacks += 1
-            first = reason not in self._warned
-            self._warned.add(reason)
-        if first:
-            warnings.warn(f"switchml_xdp: {reason} is not done by the switch ({_WHAT_THE_SWITCH_DOES}): "
-                          "it falls back to gloo (warned once per kind)", RuntimeWarning,
-                          stacklevel=_caller_level())
-        return self._gloo(start())
-
-    def _gloo(self, work):
-        """Keep Gloo's Work until it completes: barrier() waits for it first."""
-        with self._lock:
-            self._gloo_pending = [w for w in self._gloo_pending if not w.is_completed()]
-            self._gloo_pending.append(work)
-        return work
-
     # -- through the switch -------------------------------------------------------
     def _reduce_among_all(self, flat: torch.Tensor, op: str) -> None:
         """Reduce a contiguous 1-D float32/int32 CPU tensor in place with the
@@ -384,7 +209,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
             pipeline.reduce(flat, op, self._reduce_among_all)
 
     def _through_switch(self, flat: torch.Tensor, op: str, finish, avg: bool = False,
-                        outputs: tuple = ()) -> _FutureWork:
+                        outputs: tuple = ()) -> FutureWork:
         """Reduce a contiguous 1-D float32/int32 tensor in place with the
         Worker's `op` over every rank; finish() runs after, on the group's
         thread, and returns the future's value (it writes `outputs`).
@@ -423,19 +248,19 @@ class ProcessGroupSwml(dist.ProcessGroup):
                     fut.set_exception(e)
 
         self._pipeline.submit(run)
-        return _FutureWork(fut)
+        return FutureWork(fut)
 
-    def _reduce(self, tensors: list[torch.Tensor], op) -> _FutureWork:
-        """all_reduce of tensors that _allreduce_reason passed: in place when
+    def _reduce(self, tensors: list[torch.Tensor], op) -> FutureWork:
+        """all_reduce of tensors that routing.allreduce_reason passed: in place when
         one contiguous tensor is already the Worker's dtype, else through one
         flat buffer of it, copied (rounded, for float16/bfloat16) back."""
-        name = _op_name(op)
-        work_dtype = _WORK_DTYPE[tensors[0].dtype]
+        name = op_name(op)
+        work_dtype = WORK_DTYPE[tensors[0].dtype]
         t = tensors[0]
         # detach(): the result is written into the tensors' storage, as Gloo writes
         # it, also into parameters that require grad (autograd refuses copy_ there).
         if len(tensors) == 1 and t.dtype == work_dtype and t.is_contiguous():
-            return self._through_switch(t.detach().view(-1), _SWITCH_OPS[name], lambda: tensors,
+            return self._through_switch(t.detach().view(-1), SWITCH_OPS[name], lambda: tensors,
                                         avg=name == "AVG", outputs=tuple(tensors))
         flat = torch.cat([x.detach().reshape(-1).to(work_dtype) for x in tensors])
 
@@ -447,7 +272,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
                 off += n
             return tensors
 
-        return self._through_switch(flat, _SWITCH_OPS[name], finish, avg=name == "AVG",
+        return self._through_switch(flat, SWITCH_OPS[name], finish, avg=name == "AVG",
                                     outputs=tuple(tensors))
 
     def allreduce(self, tensors, opts=None):
@@ -458,7 +283,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
         elif not isinstance(opts, AllreduceOptions):  # allreduce(tensors, op)
             op, opts = opts, AllreduceOptions()
             opts.reduceOp = op
-        reason = self._allreduce_reason("all_reduce", tensors, opts.reduceOp)
+        reason = allreduce_reason("all_reduce", tensors, opts.reduceOp)
         if reason:
             return self._fallback(reason, lambda: self.gloo.allreduce(tensors, opts))
         return self._reduce(tensors, opts.reduceOp)
@@ -466,7 +291,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         if opts is None:
             opts = AllreduceCoalescedOptions()
-        reason = self._allreduce_reason("all_reduce_coalesced", tensors, opts.reduceOp)
+        reason = allreduce_reason("all_reduce_coalesced", tensors, opts.reduceOp)
         if reason:
             return self._fallback(reason, lambda: self.gloo.allreduce_coalesced(tensors, opts))
         return self._reduce(tensors, opts.reduceOp)
@@ -476,7 +301,7 @@ class ProcessGroupSwml(dist.ProcessGroup):
         other rank's zeros: the switch's int32 sum is the root's bits, exactly."""
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
-        reason = self._tensor_reason("broadcast", tensors)
+        reason = tensor_reason("broadcast", tensors)
         if reason:
             return self._fallback(reason, lambda: self.gloo.broadcast(tensors, opts))
         t = tensors[0]
@@ -499,69 +324,8 @@ class ProcessGroupSwml(dist.ProcessGroup):
         """One 1-element int32 round: it completes when every rank has made it,
         after this rank's earlier switch calls (the Worker runs them in order)
         and its pending Gloo work (waited for here, as Gloo's barrier does)."""
-        with self._lock:
-            pending, self._gloo_pending = self._gloo_pending, []
-        for w in pending:
-            w.wait()
+        self._wait_for_gloo()
         return self._through_switch(torch.zeros(1, dtype=torch.int32), "sum", lambda: [])
-
-    # -- everything else is Gloo's (by design: no warning, no count) ----------------
-    def allgather(self, output_tensors, input_tensors, opts):
-        return self._gloo(self.gloo.allgather(output_tensors, input_tensors, opts))
-
-    def all_gather_single(self, output, input, opts):
-        return self._gloo(self.gloo._allgather_base(output, input, opts))
-
-    _allgather_base = all_gather_single
-
-    def allgather_coalesced(self, output_lists, input_list, opts):
-        return self._gloo(self.gloo.allgather_coalesced(output_lists, input_list, opts))
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
-        works = [self.gloo._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        for w in works[:-1]:
-            w.wait()
-        return self._gloo(works[-1])
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    def gather(self, output_tensors, input_tensors, opts):
-        return self._gloo(self.gloo.gather(output_tensors, input_tensors, opts))
-
-    def scatter(self, output_tensors, input_tensors, opts):
-        return self._gloo(self.gloo.scatter(output_tensors, input_tensors, opts))
-
-    def reduce(self, tensors, opts):
-        return self._gloo(self.gloo.reduce(tensors, opts))
-
-    def reduce_scatter(self, output_tensors, input_tensors, opts):
-        return self._gloo(self.gloo.reduce_scatter(output_tensors, input_tensors, opts))
-
-    def reduce_scatter_single(self, output, input, opts):
-        return self._gloo(self.gloo._reduce_scatter_base(output, input, opts))
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    def alltoall(self, output_tensors, input_tensors, opts):
-        return self._gloo(self.gloo.alltoall(output_tensors, input_tensors, opts))
-
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        return self._gloo(self.gloo.alltoall_base(output, input, output_split_sizes,
-                                                  input_split_sizes, opts))
-
-    alltoall_base = all_to_all_single
-
-    def send(self, tensors, dst, tag):
-        return self._gloo(self.gloo.send(tensors, dst, tag))
-
-    def recv(self, tensors, src, tag):
-        return self._gloo(self.gloo.recv(tensors, src, tag))
-
-    def recv_anysource(self, tensors, tag):
-        return self._gloo(self.gloo.recv_anysource(tensors, tag))
-
-    def monitored_barrier(self, *args, **kwargs):
-        return self.gloo.monitored_barrier(*args, **kwargs)
 
     # -- life cycle -------------------------------------------------------------
     def _close_switch_side(self) -> None:
@@ -587,6 +351,13 @@ class ProcessGroupSwml(dist.ProcessGroup):
     def abort(self) -> None:
         self.shutdown()
 
+    def _leave_at_exit(self) -> None:
+        """At the interpreter's exit: finish the queued reductions and leave
+        the job (the switch side of shutdown())."""
+        self._pipeline.shutdown(wait=True)
+        if self.worker is not None:
+            self.worker.close()
+
 
 # Process groups still open at exit leave their job cleanly: a worker that just
 # disappears makes the switch abort the job under ranks still finishing up.
@@ -597,26 +368,6 @@ _live: "weakref.WeakSet[ProcessGroupSwml]" = weakref.WeakSet()
 def _close_live_groups() -> None:
     for pg in list(_live):
         try:
-            pg._pipeline.shutdown(wait=True)
-            if pg.worker is not None:
-                pg.worker.close()
-        except Exception:  # noqa: BLE001 - exiting anyway
+            pg._leave_at_exit()
+        except Exception:  # noqa: BLE001 - the process exits anyway; the next group still leaves
             pass
-
-
-def _create(backend_opts, pg_options) -> ProcessGroupSwml:
-    """The creator torch calls (extended API: it hands us pg_options)."""
-    if pg_options is not None and not isinstance(pg_options, SwmlOptions):
-        raise TypeError(f"the swml backend takes pg_options=SwmlOptions(...), "
-                        f"not {type(pg_options).__name__}")
-    return ProcessGroupSwml(backend_opts.store, backend_opts.group_rank, backend_opts.group_size,
-                            backend_opts.timeout, pg_options, str(backend_opts.group_id))
-
-
-def register() -> None:
-    """Register the backend as "swml" (done on import of switchml_xdp.torch)."""
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        # "cuda" where torch is built with it: CUDA tensors then reach this group
-        # (staged through host memory, staging.py) instead of torch refusing them.
-        devices = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)

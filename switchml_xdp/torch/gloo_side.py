@@ -1,0 +1,114 @@
+"""The `swml` process group's Gloo side: the Gloo group built from the same
+store, the collectives that are Gloo's by design (the switch only adds, so
+all_gather, reduce_scatter, gather, scatter, all_to_all and send/recv go to
+Gloo without a warning), and the fallback of what the switch could be asked
+for but cannot carry (counted, warned once per kind).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroupGloo
+
+from .fallbacks import Fallbacks, caller_stacklevel
+from .routing import WHAT_THE_SWITCH_DOES
+
+# ProcessGroup method -> the Gloo method that does it, with the same arguments.
+_GLOOS_OWN = {
+    "allgather": "allgather",
+    "all_gather_single": "_allgather_base",
+    "_allgather_base": "_allgather_base",
+    "allgather_coalesced": "allgather_coalesced",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce": "reduce",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "_reduce_scatter_base": "_reduce_scatter_base",
+    "alltoall": "alltoall",
+    "all_to_all_single": "alltoall_base",
+    "alltoall_base": "alltoall_base",
+    "send": "send",
+    "recv": "recv",
+    "recv_anysource": "recv_anysource",
+}
+
+
+def open_gloo(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
+              gloo_iface: str | None, route_iface: str) -> ProcessGroupGloo:
+    """Gloo on `gloo_iface` if given, else on GLOO_SOCKET_IFNAME's interfaces
+    if set, else on the interface that routes to the switch (route_iface)."""
+    gloo_store = dist.PrefixStore("swml-gloo/", store)
+    if gloo_iface or not os.environ.get("GLOO_SOCKET_IFNAME"):
+        opts = ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [ProcessGroupGloo.create_device(interface=gloo_iface or route_iface)]
+        return ProcessGroupGloo(gloo_store, rank, size, opts)
+    # this constructor reads GLOO_SOCKET_IFNAME (which may list several)
+    return ProcessGroupGloo(gloo_store, rank, size, timeout)
+
+
+def _handed_to_gloo(name: str, gloo_name: str):
+    def collective(self, *args, **kwargs):
+        return self._gloo(getattr(self.gloo, gloo_name)(*args, **kwargs))
+
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"Gloo's {gloo_name}, as it is."
+    return collective
+
+
+class GlooSide:
+    """The part of ProcessGroupSwml (it comes first among the bases, before
+    dist.ProcessGroup, whose bindings it overrides) that Gloo does. Its
+    owner calls _open_gloo in its constructor."""
+
+    def _open_gloo(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
+                   gloo_iface: str | None, route_iface: str) -> None:
+        self.gloo = open_gloo(store, rank, size, timeout, gloo_iface, route_iface)
+        self._gloo_pending: list = []   # Gloo's Work not yet completed (see wait_for_gloo)
+        self._gloo_lock = threading.Lock()
+        self._fallbacks = Fallbacks()
+
+    @property
+    def fallbacks(self) -> int:
+        """all_reduce/broadcast calls that went to Gloo instead of the switch."""
+        return self._fallbacks.count
+
+    def _fallback(self, reason: str, start):
+        """Count and warn (once per kind) for a call that Gloo does instead."""
+        self._fallbacks.note(reason, f"switchml_xdp: {reason} is not done by the switch "
+                             f"({WHAT_THE_SWITCH_DOES}): it falls back to gloo (warned once "
+                             "per kind)", stacklevel=caller_stacklevel())
+        return self._gloo(start())
+
+    def _gloo(self, work):
+        """Keep Gloo's Work until it completes: barrier() waits for it first."""
+        with self._gloo_lock:
+            self._gloo_pending = [w for w in self._gloo_pending if not w.is_completed()]
+            self._gloo_pending.append(work)
+        return work
+
+    def _wait_for_gloo(self) -> None:
+        """Wait for this group's Gloo work issued so far (as Gloo's barrier does)."""
+        with self._gloo_lock:
+            pending, self._gloo_pending = self._gloo_pending, []
+        for w in pending:
+            w.wait()
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        works = [self.gloo._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        for w in works[:-1]:
+            w.wait()
+        return self._gloo(works[-1])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def monitored_barrier(self, *args, **kwargs):
+        return self.gloo.monitored_barrier(*args, **kwargs)
+
+
+for _name, _gloo_name in _GLOOS_OWN.items():
+    setattr(GlooSide, _name, _handed_to_gloo(_name, _gloo_name))
