@@ -1,6 +1,6 @@
 """The switch's float32 block quantization in torch ops, on the tensor's device.
 
-For tensors that live on a GPU (issue 13 item 2): quantizing there means only
+For tensors that live on a GPU (docs/pytorch.md, "GPU"): quantizing there means only
 int32 payloads cross to the host, and the float work stays where the data is.
 These are the formulas of switchml_xdp/quant.py (docs/quantization.md), op for
 op, so the result is bit-identical to the streamed path (the C engine and the

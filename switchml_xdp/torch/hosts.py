@@ -1,4 +1,5 @@
-"""Several ranks on one host (issue 13): who shares a host, and their local group.
+"""Several ranks on one host: who shares a host, and their local group
+(docs/pytorch.md, "Several ranks per host").
 
 The switch sends a job's results to one address and port per member, so one
 host can be one member of a job, not several (the switch refuses a second

@@ -1,4 +1,5 @@
-"""The local reduce of one host's ranks through shared memory (issue 13).
+"""The local reduce of one host's ranks through shared memory
+(docs/pytorch.md, "The local reduce").
 
 `SharedMemoryLocalGroup` is hosts.py's local group for CPU tensors: the ranks
 of a host reduce into their leader (local rank 0), the leader streams the
@@ -241,7 +242,10 @@ class SharedMemoryLocalGroup:
         with the leader's message; taken jumps to the call's end so that the
         leader never waits for this rank on it)."""
         leader = self.segment.leader_line
-        failed = lambda: int(leader[seg_.FAILED_CALL]) >= self._call  # noqa: E731
+
+        def failed() -> bool:
+            return int(leader[seg_.FAILED_CALL]) >= self._call
+
         self._wait(lambda: [] if ready() or failed() else [0], what, failing=False)
         if not ready():
             line = self.segment.rank_lines[self.local_rank]

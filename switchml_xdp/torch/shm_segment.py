@@ -1,5 +1,6 @@
 """The shared-memory segment of one host's ranks: its name, its layout, its
-life (issue 13: the local reduce of CPU tensors through shared memory).
+life (the local reduce of CPU tensors through shared memory: docs/pytorch.md,
+"The local reduce").
 
 The leader creates the segment under a fresh random name in /dev/shm (so a
 segment left by a crashed run never collides with a new one), the others map

@@ -2,7 +2,7 @@
 payload through pinned host memory in chunks, and copy the sums back.
 
 The switch and the Worker see host memory only. For a tensor on a GPU
-(issue 13 item 2, DESIGN.md "GPU tensors"):
+(docs/pytorch.md, "GPU"):
 
 1. the caller's stream is marked (an event) at call time; the pipeline's own
    stream waits on that mark before it reads the tensor;
