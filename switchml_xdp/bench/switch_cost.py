@@ -9,7 +9,8 @@ Load comes from real workers in the lab reducing tensors through the switch
 training sends them (SWML_FMT_OFFSET32: the switch adds two elements at a
 time), and/or int32 sums (SWML_FMT_INT32: one at a time). The flood sends
 crafted packets of the same format. The program alone, path by path, without
-the noise of a shared machine: tests/switch_micro.py (docs/performance.md).
+the noise of a shared machine: switchml_xdp/bench/switch_micro.py
+(docs/performance.md).
 """
 from __future__ import annotations
 

@@ -2,9 +2,11 @@
 and parameter types whose errors say in one line what is wrong."""
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import re
 import socket
+from collections.abc import Callable
 
 import click
 
@@ -41,46 +43,47 @@ class IPv4Address(click.ParamType):
             self.fail(f"{text!r} is neither an IPv4 address nor a host name with one", param, ctx)
 
 
-class Sweep(click.ParamType):
+class Parsed(click.ParamType):
+    """A value that `parse` reads from its text, whose ValueError becomes
+    click's one-line error; a value that already is a `done` (a default) passes."""
+
+    def __init__(self, name: str, parse: Callable[[str], object], done: type):
+        self.name, self.parse, self.done = name, parse, done
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, self.done):
+            return value
+        try:
+            return self.parse(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def _imported(module: str, function: str) -> Callable[[str], object]:
+    """module.function, imported when first called: a command that is given
+    no such option does not import what parses it."""
+    return lambda text: getattr(importlib.import_module(module, __package__), function)(text)
+
+
+class Sweep(Parsed):
     """Sizes from MIN to MAX: 4KiB:256MiB, 4KiB:64MiB:4 (the benchmark's parse_sweep)."""
-    name = "MIN:MAX[:FACTOR]"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        from ..bench.allreduce_bench import parse_sweep
-        try:
-            return parse_sweep(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+    def __init__(self):
+        super().__init__("MIN:MAX[:FACTOR]", _imported("..bench.allreduce_bench", "parse_sweep"), list)
 
 
-class Size(click.ParamType):
+class Size(Parsed):
     """A tensor size in bytes: 4096, 64MiB, 1M (the benchmark's parse_size)."""
-    name = "SIZE"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from ..bench.allreduce_bench import parse_size
-        try:
-            return parse_size(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+    def __init__(self):
+        super().__init__("SIZE", _imported("..bench.allreduce_bench", "parse_size"), int)
 
 
-class Listen(click.ParamType):
+class Listen(Parsed):
     """[ADDRESS:]PORT of a TCP listener, as (address, port); every address if none."""
-    name = "[ADDR:]PORT"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        from ..switch.metrics import parse_listen
-        try:
-            return parse_listen(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+    def __init__(self):
+        super().__init__("[ADDR:]PORT", _imported("..switch.metrics", "parse_listen"), tuple)
 
 
 def allreduce_options(size: str, iterations: int, warmup: int, iterations_flags=("--iterations",)):

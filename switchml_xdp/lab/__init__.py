@@ -13,10 +13,13 @@ Modules, each on top of the ones before it:
     shaping     rate limits on links (tc TBF/HTB)
     loss        the loss and duplication injector (XDP + tc, through switchml_xdp.bpf)
     lifecycle   state files, closing live labs at exit/SIGTERM, removing leftovers
+    igmp        a bridge that snoops IGMP with a querier (Lab(igmp=True), the VM lab)
+    wiring      the steps a lab is built of: namespaces, bridge, veth links, pass program
     namespace_lab  Lab: builds, uses and removes one lab
     cluster     the real switch daemon and workers run inside a Lab
-    demo        `swml-lab demo`
-    igmp        a bridge that snoops IGMP with a querier (Lab(igmp=True), the VM lab)
+    train_example  `swml-lab train`: DDP training in a lab, through the switch and Gloo
+The lab knows nothing of the benchmarks: `swml-lab demo` and `swml-lab vm`
+run one in a lab (switchml_xdp/bench/lab_demo.py), never the other way round.
 The same cluster in qemu VMs (`swml-lab vm`), apart from the above:
     vm_boot     the guest kernel, its initramfs (vm_init.sh), KVM or TCG
     vm_net      the VMs' bridge and multi-queue taps in a namespace of the run's own

@@ -1,9 +1,10 @@
 """An emulated cluster on one machine: a switch and N workers on a Linux bridge,
 each in its own network namespace (names and addresses: lab/addressing.py).
 
-Bridge-side veth ends carry an XDP pass program: see xdp/lab/swml_pass.c for
-why veth needs one. Optional shaping (rate_mbit, lab/shaping.py) gives every
-worker link the same rate in each direction, for every kind of traffic.
+How it is built, step by step: lab/wiring.py. Bridge-side veth ends carry
+an XDP pass program: see xdp/lab/swml_pass.c for why veth needs one.
+Optional shaping (rate_mbit, lab/shaping.py) gives every worker link the
+same rate in each direction, for every kind of traffic.
 Optional loss and duplication per link and direction replace the pass
 program with the loss injector (xdp/lab/swml_loss.c, lab/loss.py). A lab
 that is up is registered for removal at exit and on SIGTERM, and describes
@@ -18,33 +19,17 @@ import os
 import subprocess
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from .. import bpf, net
-from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
-from . import lifecycle, netns
+from .. import bpf
+from . import lifecycle, netns, wiring
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
-from .addressing import (
-    SUBNET_PREFIXLEN, Host, bridge_iface, bridge_mac, bridge_ns, check_names, new_prefix,
-    peer_mac, switch_host, worker_host,
-)
+from .addressing import Host, bridge_iface, bridge_ns, check_names, new_prefix, switch_host, worker_host
 from .errors import LabError
 from .shaping import check_queue, check_rate, shape_links
 
 log = logging.getLogger(__name__)
-
-PASS_SOURCE = "lab/swml_pass.c"
-PASS_PROG = "swml_pass"
-NO_MULTICAST_PROG = "swml_pass_no_multicast"   # in PASS_SOURCE too
-# The switch's own interface gets a qdisc, as a real NIC has (veth's default
-# is none): what the stack sends there (the unicast fan-out's copies, above
-# all) then waits when the peer's 256-frame ring is full, where without one
-# veth drops it. XDP_TX'd frames never pass a qdisc. The depth: Linux's
-# default txqueuelen.
-SWITCH_QDISC_HANDLE = 0x10000    # 1:
-SWITCH_QDISC_PACKETS = 1000
 
 
 class Lab:
@@ -328,72 +313,23 @@ class Lab:
         self._iprs.clear()
 
     def _make_namespace(self, ns: str) -> None:
-        """A quiet namespace: IPv6 off (no router/neighbour solicitations, no MLD
-        in captures), loopback up. Set before any veth moves in, so `default`
-        covers them."""
         netns.create_netns(ns)
         self._created.append(ns)
-        for conf in ("all", "default"):
-            netns.write_sysctl(ns, f"net.ipv6.conf.{conf}.disable_ipv6", "1")
-        self._ipr(ns).link("set", index=net.link_index("lo", ns), state="up")
+        wiring.quiet_namespace(ns, self._ipr(ns))
 
     def _make_bridge(self) -> None:
-        """Multicast snooping off: no IGMP querier here, and with snooping on the
-        bridge would stop flooding the switch's result group once its timers
-        expire. Off, multicast floods to every port like broadcast. With
-        igmp=True: snooping, a querier and strict ports (lab/igmp.py)."""
-        ipr = self._ipr(self.bridge_ns)
-        mcast = igmp_mod.snooping_bridge_attrs() if self.igmp else {"br_mcast_snooping": 0}
-        ipr.link("add", ifname=self.bridge, kind="bridge", **mcast)
-        # A real switch port does not run the IP stack's checks or iptables on
-        # what it forwards; br_netfilter (built into kernels like this one) would
-        # drop malformed frames the tests send on purpose, and cost CPU.
-        for family in ("iptables", "ip6tables", "arptables"):
-            key = f"net.bridge.bridge-nf-call-{family}"
-            if (Path("/proc/sys") / key.replace(".", "/")).exists():
-                netns.write_sysctl(self.bridge_ns, key, "0")
-        ipr.link("set", index=net.link_index(self.bridge, self.bridge_ns), address=bridge_mac(),
-                 state="up")
-        if self.igmp:
-            igmp_mod.start_querier(ipr, net.link_index(self.bridge, self.bridge_ns), self.switch.ip,
-                                   SUBNET_PREFIXLEN)
+        wiring.make_bridge(self._ipr(self.bridge_ns), self.bridge_ns, self.bridge,
+                           querier_ip=self.switch.ip if self.igmp else None)
 
     def _make_link(self, host: Host) -> None:
-        """Veth from the bridge namespace straight into the host's: the pair never
-        shows up in the namespace this process runs in."""
-        br = self._ipr(self.bridge_ns)
-        fd = netns.netns_fd(host.ns)
-        try:
-            br.link("add", ifname=host.peer, kind="veth",
-                    peer={"ifname": host.iface, "net_ns_fd": fd})
-        finally:
-            os.close(fd)
-        br.link("set", index=net.link_index(host.peer, self.bridge_ns), address=peer_mac(host),
-                master=net.link_index(self.bridge, self.bridge_ns), state="up")
-        # A VLAN tag crossing the bridge stays in the frame, as on a wire: with
-        # veth's tag insertion offloaded it would travel beside the frame, and
-        # the receiver's XDP program would see a tagged frame untagged.
-        net.set_features(host.peer, {"tx-vlan-hw-insert": False}, self.bridge_ns)
-        if self.igmp:
-            igmp_mod.stop_flooding_unknown_groups(br, net.link_index(host.peer, self.bridge_ns))
-        ipr = self._ipr(host.ns)
-        i = net.link_index(host.iface, host.ns)
-        ipr.link("set", index=i, address=host.mac)
-        ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
-        ipr.link("set", index=i, state="up")
-        if host is self.switch:
-            ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)
+        wiring.make_link(self._ipr(self.bridge_ns), self._ipr(host.ns), self.bridge_ns,
+                         self.bridge, host, is_switch=host is self.switch, igmp_ports=self.igmp)
 
     def _attach_pass_program(self) -> None:
-        """Compile xdp/lab/swml_pass.c once and attach it, native, to every
-        bridge-side end (on the switch's, without multicast, its variant that
-        drops the switch's multicast)."""
         try:
-            self._pass = bpf.compile_program(PASS_SOURCE, PASS_PROG)
-            no_multicast = None if self.multicast else self._pass.load(NO_MULTICAST_PROG)
-            for host in self.hosts:
-                fd = no_multicast if host is self.switch and no_multicast else self._pass.fd
-                bpf.attach(host.peer, fd, "native", netns=self.bridge_ns)
+            self._pass = bpf.compile_program(wiring.PASS_SOURCE, wiring.PASS_PROG)
+            wiring.attach_pass_program(self._pass, self.bridge_ns, self.hosts, self.switch,
+                                       self.multicast)
         except bpf.BpfError as e:
             raise LabError(f"cannot attach the lab's pass program: {e}") from e
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from . import lifecycle, netns
 from .addressing import SUBNET_PREFIXLEN, SWITCH_IP
 from .errors import LabError
-from .vm_boot import VmBootError, boot_argv, build_initramfs, choose_accel, find_guest_kernel, missing
+from .vm_boot import boot_argv, build_initramfs, choose_accel, find_guest_kernel, missing
 from .vm_net import VmHost, VmNetwork, vm_host
 
 PREFIX_STEM = "swv"
@@ -339,26 +339,4 @@ def remove_orphans() -> list[str]:
         state.unlink(missing_ok=True)
         removed.append(prefix)
     return removed
-
-
-def run_vm_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, verify: bool,
-                accel: str = "auto", out=print) -> list[dict]:
-    """`swml-lab vm`: boot, bench, print the table and the lab's timings, remove everything."""
-    from .demo import summary
-
-    t0 = time.monotonic()
-    with VmLab(workers, accel=accel, out=out) as lab:
-        try:
-            results = lab.bench(size, iterations, warmup, dtype, verify)
-        except VmBootError as e:
-            raise LabError(str(e)) from None
-        wall = time.monotonic() - t0
-        boots = [v for k, v in lab.timings.items() if k.startswith("boot_")]
-        out("")
-        for line in summary(results, workers, lab.timings["bench_s"]):
-            out(line)
-        out(f"VMs ({lab.accel.upper()}): booted in {min(boots):.1f}-{max(boots):.1f} s (guest uptime "
-            f"at stage two); switch up (native XDP) {lab.timings['switch_ready_s']:.1f} s after "
-            f"qemu started; bench {lab.timings['bench_s']:.1f} s; {wall:.1f} s in all")
-    return results
 

@@ -1,6 +1,10 @@
-"""`swml-lab demo`: the whole system on one machine. A lab with N workers, the
-real XDP switch, and `swml-worker bench` run as a separate process in every
-worker namespace; prints the per-rank results and a summary."""
+"""`swml-lab demo` and `swml-lab vm`: the allreduce benchmark (`swml-worker
+bench`) run as every rank of one job in a lab, then its table and a summary.
+
+run_demo: the namespace lab (switchml_xdp/lab/namespace_lab.py) with the real
+XDP switch, each rank a separate process in its worker namespace.
+run_vm_demo: the VM lab (switchml_xdp/lab/vm.py), each rank in a worker VM.
+Both labs know nothing of the benchmark's results: this module formats them."""
 from __future__ import annotations
 
 import json
@@ -10,9 +14,9 @@ import subprocess
 import sys
 import time
 
-from ..bench.allreduce_bench import COLUMNS_LEGEND, format_table
-from .cluster import SwitchProcess
-from .namespace_lab import Lab
+from ..lab import Lab, LabError
+from ..lab.cluster import SwitchProcess
+from .allreduce_bench import COLUMNS_LEGEND, format_table
 
 
 def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, backend: str,
@@ -69,3 +73,26 @@ def summary(results: list[dict], workers: int, wall: float) -> list[str]:
             f"median tensor aggregation time {med * 1e3:.1f} ms, "
             f"goodput {r0['bytes'] * 8 / med / 1e9:.3f} Gbit/s per worker, "
             f"{r0['elements'] / med:.3g} ATE/s; wall {wall:.1f} s"]
+
+
+def run_vm_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, verify: bool,
+                accel: str = "auto", out=print) -> list[dict]:
+    """`swml-lab vm`: boot, bench, print the table and the lab's timings, remove everything."""
+    from ..lab.vm import VmLab
+    from ..lab.vm_boot import VmBootError
+
+    t0 = time.monotonic()
+    with VmLab(workers, accel=accel, out=out) as lab:
+        try:
+            results = lab.bench(size, iterations, warmup, dtype, verify)
+        except VmBootError as e:
+            raise LabError(str(e)) from None
+        wall = time.monotonic() - t0
+        boots = [v for k, v in lab.timings.items() if k.startswith("boot_")]
+        out("")
+        for line in summary(results, workers, lab.timings["bench_s"]):
+            out(line)
+        out(f"VMs ({lab.accel.upper()}): booted in {min(boots):.1f}-{max(boots):.1f} s (guest uptime "
+            f"at stage two); switch up (native XDP) {lab.timings['switch_ready_s']:.1f} s after "
+            f"qemu started; bench {lab.timings['bench_s']:.1f} s; {wall:.1f} s in all")
+    return results

@@ -1,0 +1,80 @@
+"""What `swml-lab`'s commands share: the options that build a lab (-n,
+--prefix, --rate) and set its loss injector, how lab failures reach the
+command line, and comma-separated lists of values."""
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import click
+
+from switchml_xdp.lab import LabError
+from switchml_xdp.lab.addressing import MAX_WORKERS
+from switchml_xdp.lab.loss import probability
+from switchml_xdp.lab.shaping import MAX_RATE_MBIT
+from switchml_xdp.net import NetError
+
+from .common import Parsed
+
+
+def lab_options(f):
+    """-n/--workers, --prefix and --rate, for every subcommand that builds a lab."""
+    f = click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True),
+                     default=None, metavar="MBIT",
+                     help="Shape every worker link to MBIT Mbit/s each way (TBF).")(f)
+    f = click.option("--prefix", default=None,
+                     help="Name prefix of everything the lab makes (default: swl + 5 hex digits).")(f)
+    f = click.option("-n", "--workers", type=click.IntRange(1, MAX_WORKERS), default=2,
+                     show_default=True, help="Number of worker namespaces.")(f)
+    return f
+
+
+def probability_type(what: str) -> Parsed:
+    """A probability of `what` given as a fraction (0.05) or a percentage (5%)."""
+    return Parsed("P", functools.partial(probability, what=what), float)
+
+
+def loss_options(f):
+    """--loss, --dup and --loss-port: the lab's loss injector (switchml_xdp/lab/loss.py)."""
+    f = click.option("--loss-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+                     help="UDP port (from or to) subject to loss and duplication "
+                          "[default: the switch's data port, 48864; 0 = all UDP].")(f)
+    f = click.option("--dup", type=probability_type("dup"), default=None,
+                     help="Duplicate data-port UDP frames that pass with probability P, "
+                          "on every worker link, both ways.")(f)
+    f = click.option("--loss", type=probability_type("loss"), default=None,
+                     help="Drop data-port UDP frames with probability P (0.05 or 5%) on every "
+                          "worker link, both ways (ARP, ping, TCP are never dropped).")(f)
+    return f
+
+
+@contextlib.contextmanager
+def lab_errors() -> Iterator[None]:
+    """Turn the lab's failures into one-line click errors (exit status 1)."""
+    try:
+        yield
+    except (LabError, NetError) as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        raise click.ClickException(f"{e.strerror or e}{where}") from None
+
+
+def pct(p: float) -> str:
+    return f"{p * 100:.4g}%"
+
+
+def list_of(kind, what: str):
+    """A click callback: "2,4,8" -> (2, 4, 8); percentages allowed for probabilities."""
+    def convert(ctx, param, value):
+        if value is None or isinstance(value, tuple):
+            return value
+        items = [v for v in str(value).replace(" ", "").split(",") if v]
+        try:
+            if kind is float:
+                return tuple(probability(v, what) for v in items)
+            return tuple(kind(v) for v in items)
+        except (ValueError, LabError) as e:
+            raise click.BadParameter(f"{value!r}: {e}") from None
+    return convert

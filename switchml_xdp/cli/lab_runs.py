@@ -1,0 +1,198 @@
+"""`swml-lab`'s commands that run a workload in a lab they build and remove:
+demo (the allreduce benchmark), train (DDP training, swml against Gloo),
+bench (the sweep against a user-space switch and Gloo), vm (the demo in qemu
+VMs). cli/lab.py adds them to its group; what they share: cli/lab_options.py."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from switchml_xdp import wire
+from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
+from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
+
+from .common import allreduce_options
+from .lab_options import lab_errors, lab_options, list_of
+
+
+@click.command()
+@lab_options
+@allreduce_options("16MiB", iterations=5, warmup=1)
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="check every element of every result")
+@click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
+              help="the switch's `--fanout`; with unicast the lab carries no multicast from the "
+                   "switch, as a cloud VPC")
+def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify, fanout):
+    """Switch + WORKERS workers in a lab, running an allreduce benchmark.
+
+    Every argument is checked before anything is built."""
+    from switchml_xdp.bench.lab_demo import run_demo
+
+    if prefix:
+        raise click.BadParameter("demo makes a fresh lab each run", param_hint="--prefix")
+    if workers > wire.MAX_WORLD:
+        raise click.BadParameter(f"a job has at most {wire.MAX_WORLD} ranks", param_hint="--workers")
+    with lab_errors():
+        try:
+            run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo,
+                     fanout=fanout)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.command()
+@click.option("-n", "--workers", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Number of lab hosts (each runs --ranks-per-host ranks; a job has at most 64 hosts).")
+@click.option("--epochs", type=click.IntRange(1, None), default=30, show_default=True,
+              help="Passes over the training set.")
+@click.option("--batch", type=click.IntRange(1, None), default=16, show_default=True,
+              help="Batch size per rank.")
+@click.option("--lr", type=click.FloatRange(0, None, min_open=True), default=0.05, show_default=True,
+              help="Learning rate (SGD).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the model's weights and the data split (the same for both runs).")
+@click.option("--bucket-kb", type=click.FloatRange(0, None, min_open=True), default=1.0,
+              show_default=True, help="DDP bucket size cap in KiB.")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "afxdp", "udp"]),
+              help="The swml worker's datapath.")
+@click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
+              metavar="MBIT", help="Shape every worker link to MBIT Mbit/s each way (TBF).")
+@click.option("--ranks-per-host", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Ranks on each lab host, as torchrun --nproc_per_node: the swml run then "
+                   "reduces each host's ranks first and streams one leader a host (the swml "
+                   "process group); with 1, it uses the DDP hook.")
+@click.option("--png", default="swml-train.png", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to save the loss and accuracy curves.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Also save both runs' curves as JSON.")
+def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_host, png,
+          json_path):
+    """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
+
+    Same seeds both times; prints final accuracy and time per epoch of both and
+    saves a PNG of the loss and accuracy curves (needs the torch extra,
+    scikit-learn and matplotlib)."""
+    try:
+        import matplotlib  # noqa: F401  (imported to fail here, with the hint below)
+        import sklearn  # noqa: F401  (the same)
+
+        import switchml_xdp.torch  # noqa: F401  (says how to install torch if it is missing)
+        from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
+    except ImportError as e:
+        raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
+    cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb,
+                      ranks_per_host=ranks_per_host)
+    with lab_errors():
+        try:
+            run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@click.command()
+@click.option("-n", "--workers", default="2,4,8", show_default=True, callback=list_of(int, "workers"),
+              help="worker counts, comma-separated (one lab each)")
+@click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
+              metavar="MBIT", help="every worker link's rate, each way [default: 50, low enough "
+                                   "that 2 cores keep up with 8 workers]")
+@click.option("--size", default="8MiB", show_default=True, help="float32 tensor size (bytes; KiB/MiB/...)")
+@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None),
+              help="timed allreduces per measurement")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None),
+              help="untimed allreduces before them")
+@click.option("--loss", "losses", default="0,0.1%,1%", show_default=True,
+              callback=list_of(float, "loss"), help="loss rates per link and direction")
+@click.option("-k", "--elements", "ks", default="64,256", show_default=True,
+              callback=list_of(int, "k"), help="elements a packet (swml systems)")
+@click.option("--systems", default="swml-afxdp,swml-udp,userspace,gloo", show_default=True,
+              callback=list_of(str, "systems"),
+              help="what to run: swml-afxdp / swml-udp (the XDP switch, workers on the afxdp or "
+                   "udp backend), userspace (the same protocol served by a user-space switch "
+                   "process on a UDP socket instead of XDP: the baseline that shows what XDP "
+                   "buys), gloo (torch.distributed's ring allreduce over TCP); and the 16-bit "
+                   "pair: swml-afxdp16 (the switch's 16-bit block format) and gloo-fp16 (Gloo on "
+                   "a float16 copy, as torch's fp16 compression hook)")
+@click.option("--job-slots", type=click.IntRange(8, 1024), default=None,
+              help="slots a job gets on the switches [default: what covers 8 ms of the "
+                   "link's sending (a lost packet's recovery), 16..512]")
+@click.option("--out", "out_dir", default=None,
+              help="directory for lab_bench.json, lab_bench.md and the PNG plots [default: a new "
+                   "./swml-lab-bench-DATE-TIME; the figures README quotes are in bench/results]")
+@click.option("--no-check", is_flag=True, help="skip checking the first result against the exact sum")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="extra environment for every rank process (e.g. SWML_AFXDP_SPIN=200)")
+@click.option("--wait-quiet", default=600.0, show_default=True, type=click.FloatRange(0, None),
+              metavar="SECONDS", help="before each measurement wait up to SECONDS for the machine to "
+                                      "be quiet (no other lab, little CPU use); 0: never wait")
+@click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
+              metavar="PACKETS", help="Every shaped queue's depth in packets (a switch port's "
+              "buffer) [default: TBF's 20 ms]")
+@click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
+              help="the XDP switch's `--fanout` (the lab keeps multicast: this measures the cost)")
+def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
+          env, wait_quiet, fanout):
+    """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
+    on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
+
+    The default sweep (3 worker counts x 3 loss rates x 2 k x 4 systems) takes
+    about 25 minutes on a quiet 2-core machine, longer while it waits for
+    the machine to be quiet (--wait-quiet); e.g. `-n 2 --loss 0 -k 256`
+    takes a few minutes."""
+    import time
+
+    from switchml_xdp.bench import lab_bench
+    from switchml_xdp.bench.allreduce_bench import parse_size
+
+    bad = [s for s in systems if s not in lab_bench.SYSTEMS]
+    if bad:
+        raise click.BadParameter(f"unknown system(s) {', '.join(bad)}; choose from "
+                                 f"{', '.join(lab_bench.SYSTEMS)}", param_hint="--systems")
+    if not workers or min(workers) < 1 or max(workers) > 64:
+        raise click.BadParameter("worker counts must be in 1..64", param_hint="--workers")
+    if any(not 1 <= k <= 364 for k in ks):
+        raise click.BadParameter("k must be in 1..364", param_hint="--elements")
+    try:
+        size_bytes = parse_size(size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--size") from None
+    if out_dir is None:
+        out_dir = f"swml-lab-bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        if Path(out_dir).exists():
+            raise click.ClickException(f"{out_dir} exists; give --out")
+    cfg = lab_bench.BenchConfig(
+        workers=workers, rate_mbit=rate or lab_bench.DEFAULT_RATE_MBIT, queue_packets=queue,
+        size=size_bytes,
+        iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
+        out_dir=out_dir, job_slots=job_slots, check=not no_check,
+        env=dict(e.split("=", 1) for e in env if "=" in e),
+        wait_quiet=wait_quiet, fanout=fanout,
+        command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
+    with lab_errors():
+        lab_bench.run_bench(cfg, out=click.echo)
+
+
+# The same in qemu VMs: the VMs in switchml_xdp/lab/vm.py, the run in switchml_xdp/bench/lab_demo.py.
+@click.command()
+@click.option("-n", "--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Number of worker VMs (one more VM runs the switch).")
+@click.option("--size", default="1MiB", show_default=True, help="tensor size (bytes; K/M/G/KiB/MiB/GiB)")
+@click.option("--iterations", default=5, show_default=True, type=click.IntRange(1, None),
+              help="timed allreduces")
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, None),
+              help="untimed allreduces before them")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int32"]),
+              help="element type")
+@click.option("--accel", default="auto", show_default=True, type=click.Choice(["auto", "kvm", "tcg"]),
+              help="auto: KVM if a short probe boot works, else TCG")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="check every element of every result")
+def vm(workers, size, iterations, warmup, dtype, accel, verify):
+    """Switch + WORKERS workers in qemu VMs (virtio-net, native XDP), running the benchmark."""
+    from switchml_xdp.bench.lab_demo import run_vm_demo
+
+    with lab_errors():
+        run_vm_demo(workers, size, iterations, warmup, dtype, verify, accel, out=click.echo)

@@ -1,0 +1,93 @@
+"""What a lab is built of, step by step: quiet namespaces, the bridge, one veth
+link a host, and the XDP pass program on the bridge side of every link. Lab
+(lab/namespace_lab.py) calls these in order and undoes them; each takes the
+netlink sockets it works through (pyroute2 IPRoute, one a namespace).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from .. import bpf, net
+from . import igmp, netns
+from .addressing import SUBNET_PREFIXLEN, Host, bridge_mac, peer_mac
+
+PASS_SOURCE = "lab/swml_pass.c"
+PASS_PROG = "swml_pass"
+NO_MULTICAST_PROG = "swml_pass_no_multicast"   # in PASS_SOURCE too
+# The switch's own interface gets a qdisc, as a real NIC has (veth's default
+# is none): what the stack sends there (the unicast fan-out's copies, above
+# all) then waits when the peer's 256-frame ring is full, where without one
+# veth drops it. XDP_TX'd frames never pass a qdisc. The depth: Linux's
+# default txqueuelen.
+SWITCH_QDISC_HANDLE = 0x10000    # 1:
+SWITCH_QDISC_PACKETS = 1000
+
+
+def quiet_namespace(ns: str, ipr: IPRoute) -> None:
+    """A new namespace made quiet: IPv6 off (no router/neighbour solicitations,
+    no MLD in captures), loopback up. Set before any veth moves in, so
+    `default` covers them."""
+    for conf in ("all", "default"):
+        netns.write_sysctl(ns, f"net.ipv6.conf.{conf}.disable_ipv6", "1")
+    ipr.link("set", index=net.link_index("lo", ns), state="up")
+
+
+def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None) -> None:
+    """The bridge `bridge` in namespace `ns`, multicast snooping off: no IGMP
+    querier here, and with snooping on the bridge would stop flooding the
+    switch's result group once its timers expire. Off, multicast floods to
+    every port like broadcast. With a querier_ip (Lab(igmp=True)): snooping,
+    a querier and strict ports (lab/igmp.py)."""
+    mcast = igmp.snooping_bridge_attrs() if querier_ip else {"br_mcast_snooping": 0}
+    ipr.link("add", ifname=bridge, kind="bridge", **mcast)
+    # A real switch port does not run the IP stack's checks or iptables on
+    # what it forwards; br_netfilter (built into kernels like this one) would
+    # drop malformed frames the tests send on purpose, and cost CPU.
+    for family in ("iptables", "ip6tables", "arptables"):
+        key = f"net.bridge.bridge-nf-call-{family}"
+        if (Path("/proc/sys") / key.replace(".", "/")).exists():
+            netns.write_sysctl(ns, key, "0")
+    ipr.link("set", index=net.link_index(bridge, ns), address=bridge_mac(), state="up")
+    if querier_ip:
+        igmp.start_querier(ipr, net.link_index(bridge, ns), querier_ip, SUBNET_PREFIXLEN)
+
+
+def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host, *,
+              is_switch: bool, igmp_ports: bool) -> None:
+    """Veth from the bridge namespace straight into the host's (`br` and `ipr`
+    their sockets): the pair never shows up in the namespace this process
+    runs in. The switch's end gets a qdisc (SWITCH_QDISC_PACKETS)."""
+    fd = netns.netns_fd(host.ns)
+    try:
+        br.link("add", ifname=host.peer, kind="veth",
+                peer={"ifname": host.iface, "net_ns_fd": fd})
+    finally:
+        os.close(fd)
+    br.link("set", index=net.link_index(host.peer, bridge_ns), address=peer_mac(host),
+            master=net.link_index(bridge, bridge_ns), state="up")
+    # A VLAN tag crossing the bridge stays in the frame, as on a wire: with
+    # veth's tag insertion offloaded it would travel beside the frame, and
+    # the receiver's XDP program would see a tagged frame untagged.
+    net.set_features(host.peer, {"tx-vlan-hw-insert": False}, bridge_ns)
+    if igmp_ports:
+        igmp.stop_flooding_unknown_groups(br, net.link_index(host.peer, bridge_ns))
+    i = net.link_index(host.iface, host.ns)
+    ipr.link("set", index=i, address=host.mac)
+    ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
+    ipr.link("set", index=i, state="up")
+    if is_switch:
+        ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)
+
+
+def attach_pass_program(prog: bpf.Program, bridge_ns: str, hosts: list[Host], switch: Host,
+                        multicast: bool) -> None:
+    """Attach xdp/lab/swml_pass.c (`prog`, compiled from PASS_SOURCE), native,
+    to the bridge side of every host's link; on the switch's, without
+    multicast, its variant that drops the switch's multicast."""
+    no_multicast = None if multicast else prog.load(NO_MULTICAST_PROG)
+    for host in hosts:
+        fd = no_multicast if host is switch and no_multicast else prog.fd
+        bpf.attach(host.peer, fd, "native", netns=bridge_ns)
