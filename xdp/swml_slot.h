@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * swml_slot.h - the per-slot step: what one contribution does to one version
- * of one aggregation slot (DESIGN.md "Data plane", 3 and 4). The one copy of
+ * of one aggregation slot (docs/design.md, "Data plane", 3 and 4). The one copy of
  * the algorithm, compiled by the XDP switch (xdp/swml_switch.c, BPF C through
  * bcc) and by the user-space baseline (switchml_xdp/switch/userspace_dp.c,
  * plain C through gcc), so that the baseline measures what XDP buys and
@@ -181,7 +181,7 @@ static __always_inline void swml_store16(__s16 *out, const __s32 *vals, __u32 k,
 }
 
 /* Contribution `c` with payload `in` (k elements) of rank bit `bit` to version
- * `ver` of slot `s` in a job of `world` ranks (DESIGN.md "Data plane", 3, 4).
+ * `ver` of slot `s` in a job of `world` ranks (docs/design.md, "Data plane", 3 and 4).
  * Returns the counter row of the outcome:
  *   SWML_CNT_AGGREGATED    added, the round is not complete
  *   SWML_CNT_COMPLETED     the last one: the result is in `out`, *res set

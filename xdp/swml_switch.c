@@ -2,7 +2,7 @@
 /*
  * swml_switch.c - the aggregation switch's data plane (XDP, loaded with bcc).
  *
- * Specialised at load time by compiler defines (switchml_xdp/switch/dataplane.py):
+ * Specialised at load time by compiler defines (switchml_xdp/switch/xdp_dataplane.py):
  *   SWML_K        int32 elements a packet (fixed per switch)
  *   SWML_SLOTS    aggregation slots shared by all jobs
  *   SWML_PORT     UDP port the switch listens on
@@ -12,7 +12,7 @@
  *   SWML_SWITCH_MAC_LO  bytes 4-5 as a __u16 reads them
  *   SWML_FANOUT_UNICAST defined: --fanout unicast (see below)
  *
- * Per packet of (job, rank, slot, ver, round), after DESIGN.md "Data plane":
+ * Per packet of (job, rank, slot, ver, round), after docs/design.md, "Data plane":
  *   not IPv4/UDP to our port          -> XDP_PASS (the box stays reachable)
  *   to our port, not our MAC and IP   -> XDP_PASS (flooded or forwarded: not for us)
  *   malformed / foreign / stale       -> XDP_DROP, counted by reason, no slot touched
