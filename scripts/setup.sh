@@ -32,7 +32,8 @@ pkgs=(python3-bpfcc bpfcc-tools libbpfcc-dev linux-headers-amd64 libxdp-dev libb
       bpftool clang llvm iproute2 util-linux python3-venv python3-dev python3-numpy
       python3-pyroute2 gcc make pkg-config ethtool tcpdump iputils-ping
       python3-sklearn python3-matplotlib python3-psutil
-      ruby shellcheck)  # ruby, shellcheck: the tests check vagrant/ (ruby -c, shellcheck)
+      ruby shellcheck  # ruby, shellcheck: the tests check vagrant/ (ruby -c, shellcheck)
+      clang-format)  # the unit tier checks the C style (tests/unit/test_style.py)
 # The VM lab's guests boot linux-image-amd64 (not this machine's kernel) with this
 # machine's root over 9p; its headers are linux-headers-amd64's, installed above.
 if [ "$vm" = 1 ]; then pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static cpio); fi
