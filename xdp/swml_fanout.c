@@ -72,7 +72,7 @@ int swml_fanout(struct __sk_buff *skb)
 		bpf_skb_store_bytes(skb, SWML_UDP_DEST_OFF, &to.port, sizeof(to.port), 0);
 		prev_ip = to.ip;
 		swml_count(bpf_clone_redirect(skb, ifindex, 0) ? SWML_CNT_UNICAST_CLONE_FAILED
-							    : SWML_CNT_UNICAST_COPIES);
+							       : SWML_CNT_UNICAST_COPIES);
 	}
 	return TC_ACT_SHOT; /* the group-addressed original: every member had its copy */
 }

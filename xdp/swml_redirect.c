@@ -85,8 +85,7 @@ int swml_redirect(struct xdp_md *ctx)
 	if (ip->saddr != (__be32)SWML_SWITCH_IP || udp->source != bpf_htons(SWML_SWITCH_PORT))
 		goto pass;
 	h = (void *)(udp + 1);
-	if ((void *)(h + 1) > data_end ||
-	    h->ver_type != ((SWML_VERSION << 4) | SWML_TYPE_RESULT))
+	if ((void *)(h + 1) > data_end || h->ver_type != ((SWML_VERSION << 4) | SWML_TYPE_RESULT))
 		goto pass;
 	swml_rx_count(SWML_RX_REDIRECTED);
 	return xsks.redirect_map(ctx->rx_queue_index, XDP_PASS);

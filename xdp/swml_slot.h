@@ -199,9 +199,8 @@ static __always_inline void swml_store16(__s16 *out, const __s32 *vals, __u32 k,
  * format; a round of another fmt than the packet's answers DISAGREE). The
  * result is copied under the lock: the read must not tear. */
 static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, __u32 world,
-					  const struct swml_contrib *c, const void *in,
-					  void *out, __u32 k, struct swml_slot_result *res,
-					  int *disagreed)
+					  const struct swml_contrib *c, const void *in, void *out,
+					  __u32 k, struct swml_slot_result *res, int *disagreed)
 {
 	int outcome;
 	__u8 op_fmt = c->op | (c->fmt << 4);
@@ -227,7 +226,8 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 	} else if (age < 0) {
 		outcome = SWML_CNT_STALE;
 	} else if (seen & bit) {
-		outcome = SWML_COUNT(s, ver) >= world ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
+		outcome =
+			SWML_COUNT(s, ver) >= world ? SWML_CNT_SHADOW_REPLY : SWML_CNT_DUP_DROPPED;
 	} else {
 		__u32 n = SWML_COUNT(s, ver) + 1;
 

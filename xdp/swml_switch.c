@@ -163,10 +163,9 @@ static __always_inline int swml_length_ok(const struct iphdr *ip, const struct u
  * is as long as the DATA). Its own call site, with the fmt a constant and the
  * payload bounds checked again here, so that the verifier sees k int16
  * accesses within what it knows of the packet. */
-static __always_inline int swml_step16(struct swml_slot *s, struct swml_hdr *h,
-				       void *data_end, __u32 world, __u32 rank,
-				       struct swml_contrib *c, struct swml_slot_result *res,
-				       int *disagreed)
+static __always_inline int swml_step16(struct swml_slot *s, struct swml_hdr *h, void *data_end,
+				       __u32 world, __u32 rank, struct swml_contrib *c,
+				       struct swml_slot_result *res, int *disagreed)
 {
 	__s16 *payload = (void *)(h + 1);
 
@@ -182,9 +181,9 @@ static __always_inline int swml_step16(struct swml_slot *s, struct swml_hdr *h,
  * shifts them together (8 loads and 14 ALU steps for the key); XDP's packet
  * loads may be unaligned (swml_slot.h, SWML_PAIR_ALIGN): this reads the field
  * at its offset as its plain type. */
-#define SWML_HDR(h, f)                                                                        \
-	(*(const __typeof__(((struct swml_hdr *)0)->f) *)((const void *)(h) +                 \
-							 __builtin_offsetof(struct swml_hdr, f)))
+#define SWML_HDR(h, f)                                                        \
+	(*(const __typeof__(((struct swml_hdr *)0)->f) *)((const void *)(h) + \
+							  __builtin_offsetof(struct swml_hdr, f)))
 
 /* Is the frame addressed to this box (its MAC and IP), not flooded or routed
  * past it? */
@@ -299,13 +298,11 @@ int swml_switch(struct xdp_md *ctx)
 		outcome = swml_step16(s, h, data_end, job->world, rank, &c, &res, &disagreed);
 	} else if (h->fmt == SWML_FMT_OFFSET32) {
 		c.fmt = SWML_FMT_OFFSET32;
-		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank,
-					 job->world, &c, payload, payload, SWML_K, &res,
-					 &disagreed);
+		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank, job->world,
+					 &c, payload, payload, SWML_K, &res, &disagreed);
 	} else {
-		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank,
-					 job->world, &c, payload, payload, SWML_K, &res,
-					 &disagreed);
+		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank, job->world,
+					 &c, payload, payload, SWML_K, &res, &disagreed);
 	}
 
 	swml_count(outcome);

@@ -26,8 +26,8 @@
 /* Pinned: `status`, `down` and a restarted daemon open them by path; a reload
  * on the same interface re-uses them (bcc opens an existing pin). */
 BPF_TABLE_PINNED("array", u32, struct swml_job, jobs, SWML_MAX_JOBS, SWML_PIN_DIR "/jobs");
-BPF_TABLE_PINNED("array", u32, struct swml_member, members,
-		 SWML_MAX_JOBS * SWML_MAX_WORLD, SWML_PIN_DIR "/members");
+BPF_TABLE_PINNED("array", u32, struct swml_member, members, (SWML_MAX_JOBS * SWML_MAX_WORLD),
+		 SWML_PIN_DIR "/members");
 BPF_TABLE_PINNED("array", u32, struct swml_slot, slots, SWML_SLOTS, SWML_PIN_DIR "/slots");
 BPF_TABLE_PINNED("percpu_array", u32, u64, counters, SWML_CNT_NUM, SWML_PIN_DIR "/counters");
 BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX_JOBS,

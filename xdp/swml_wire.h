@@ -29,8 +29,9 @@
 #define SWML_FLAG_RETRANS 0x02   /* the worker sent this packet before */
 #define SWML_FLAG_NONFINITE 0x04 /* some input of this block was NaN/Inf */
 #define SWML_FLAG_SHADOW 0x08    /* a unicast re-send of a completed result */
-#define SWML_FLAG_DISAGREE 0x10  /* RESULT: contributions of this round carried different
-				    call tags or ops; the result is meaningless */
+/* RESULT: contributions of this round carried different call tags or ops; the
+ * result is meaningless. */
+#define SWML_FLAG_DISAGREE 0x10
 
 /* op: how contributions of one round combine (int32 in the switch). */
 #define SWML_OP_SUM 0 /* wrapping two's complement sum */
@@ -40,16 +41,17 @@
 
 /* fmt: the payload format, k elements of it. */
 #define SWML_FMT_INT32 0 /* little-endian int32 */
-#define SWML_FMT_INT16 1 /* little-endian int16, SUM only: the switch adds them into its
-			    int32 slot and returns (sum + 2^(L-1)) >> L, L = ceil(log2(world))
-			    (docs/quantization.md, "The 16-bit format") */
-#define SWML_FMT_OFFSET32 2 /* little-endian uint32 in offset binary, SUM only: the sender
-			       adds 2^(30-L) to each quantized int32 (|q| <= 2^(30-L)), so
-			       that every element is in [0, 2^(31-L)] and world <= 2^L of
-			       them sum below 2^32: the switch adds two elements at once
-			       with one u64 add, no carry crossing between them; receivers
-			       subtract world * 2^(30-L) (docs/quantization.md, "Offset
-			       binary"). Float32 sums at 32 bits travel so. */
+/* Little-endian int16, SUM only: the switch adds them into its int32 slot and
+ * returns (sum + 2^(L-1)) >> L, L = ceil(log2(world)) (docs/quantization.md,
+ * "The 16-bit format"). */
+#define SWML_FMT_INT16 1
+/* Little-endian uint32 in offset binary, SUM only: the sender adds 2^(30-L) to
+ * each quantized int32 (|q| <= 2^(30-L)), so that every element is in
+ * [0, 2^(31-L)] and world <= 2^L of them sum below 2^32: the switch adds two
+ * elements at once with one u64 add, no carry crossing between them; receivers
+ * subtract world * 2^(30-L) (docs/quantization.md, "Offset binary"). Float32
+ * sums at 32 bits travel so. */
+#define SWML_FMT_OFFSET32 2
 #define SWML_FMT_NUM 3
 
 /* Rounds: seq is the packet's index in the job's stream, modulo 2^32; every
@@ -90,34 +92,35 @@
 /* What the switch did with a packet: one counter row each. The names after
  * SWML_CNT_ are what `swml-switch status` prints. Rows from SWML_CNT_TRUNCATED
  * on are the reasons a packet was dropped before it reached a slot. */
-#define SWML_CNT_RX 0             /* swml packets seen (to our port) */
-#define SWML_CNT_AGGREGATED 1     /* added into a slot, not yet complete */
-#define SWML_CNT_COMPLETED 2      /* last contribution: RESULT sent to the job's members */
-#define SWML_CNT_SHADOW_REPLY 3   /* retransmission answered from the shadow copy */
-#define SWML_CNT_DUP_DROPPED 4    /* retransmission to an incomplete slot */
-#define SWML_CNT_PASSED 5         /* not swml: handed to the kernel stack */
-#define SWML_CNT_OTHER_HOST 6     /* to our port but not to our MAC and IP: passed */
-#define SWML_CNT_DISAGREED 7      /* also counted above: another tag or op than its round's */
+#define SWML_CNT_RX 0           /* swml packets seen (to our port) */
+#define SWML_CNT_AGGREGATED 1   /* added into a slot, not yet complete */
+#define SWML_CNT_COMPLETED 2    /* last contribution: RESULT sent to the job's members */
+#define SWML_CNT_SHADOW_REPLY 3 /* retransmission answered from the shadow copy */
+#define SWML_CNT_DUP_DROPPED 4  /* retransmission to an incomplete slot */
+#define SWML_CNT_PASSED 5       /* not swml: handed to the kernel stack */
+#define SWML_CNT_OTHER_HOST 6   /* to our port but not to our MAC and IP: passed */
+#define SWML_CNT_DISAGREED 7    /* also counted above: another tag or op than its round's */
 /* --fanout unicast (xdp/swml_fanout.c): the completed RESULT goes to each member
  * as a copy of its own. Outside the rx sum, as DISAGREED is. */
-#define SWML_CNT_UNICAST_COPIES 8      /* unicast copies of RESULTs sent, one per member */
-#define SWML_CNT_UNICAST_NO_MAC 9      /* a member without a learnt MAC yet: no copy for it */
+#define SWML_CNT_UNICAST_COPIES 8        /* unicast copies of RESULTs sent, one per member */
+#define SWML_CNT_UNICAST_NO_MAC 9        /* a member without a learnt MAC yet: no copy for it */
 #define SWML_CNT_UNICAST_CLONE_FAILED 10 /* the kernel refused a copy (bpf_clone_redirect) */
-#define SWML_CNT_UNICAST_NO_META 11    /* the driver could not carry the RESULT to the fan-out
-					  (no XDP metadata room): nobody got it */
-#define SWML_CNT_TRUNCATED 12     /* shorter than the headers or than its count */
-#define SWML_CNT_BAD_IP 13        /* IP options, fragment, or wrong length */
-#define SWML_CNT_BAD_VERSION 14   /* version nibble not SWML_VERSION */
-#define SWML_CNT_BAD_TYPE 15      /* type is not DATA */
-#define SWML_CNT_UNKNOWN_JOB 16   /* no such job */
-#define SWML_CNT_BAD_KEY 17       /* not the job's data key */
-#define SWML_CNT_BAD_RANK 18      /* rank >= world */
-#define SWML_CNT_BAD_SOURCE 19    /* source IP/port not the one registered for the rank */
-#define SWML_CNT_BAD_SLOT 20      /* slot outside the job's range */
-#define SWML_CNT_BAD_COUNT 21     /* count != k */
-#define SWML_CNT_BAD_OP 22        /* op or payload format unknown */
-#define SWML_CNT_STALE 23         /* a round older than the slot version's (replay, late copy) */
-#define SWML_CNT_BUSY 24          /* the slot stayed locked by another CPU (a stalled holder) */
+/* The driver could not carry the RESULT to the fan-out (no XDP metadata room):
+ * nobody got it. */
+#define SWML_CNT_UNICAST_NO_META 11
+#define SWML_CNT_TRUNCATED 12   /* shorter than the headers or than its count */
+#define SWML_CNT_BAD_IP 13      /* IP options, fragment, or wrong length */
+#define SWML_CNT_BAD_VERSION 14 /* version nibble not SWML_VERSION */
+#define SWML_CNT_BAD_TYPE 15    /* type is not DATA */
+#define SWML_CNT_UNKNOWN_JOB 16 /* no such job */
+#define SWML_CNT_BAD_KEY 17     /* not the job's data key */
+#define SWML_CNT_BAD_RANK 18    /* rank >= world */
+#define SWML_CNT_BAD_SOURCE 19  /* source IP/port not the one registered for the rank */
+#define SWML_CNT_BAD_SLOT 20    /* slot outside the job's range */
+#define SWML_CNT_BAD_COUNT 21   /* count != k */
+#define SWML_CNT_BAD_OP 22      /* op or payload format unknown */
+#define SWML_CNT_STALE 23       /* a round older than the slot version's (replay, late copy) */
+#define SWML_CNT_BUSY 24        /* the slot stayed locked by another CPU (a stalled holder) */
 #define SWML_CNT_NUM 25
 
 #ifndef SWML_NO_STRUCTS
