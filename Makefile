@@ -25,6 +25,7 @@ test: setup-test
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # The switch's cost per packet (kernel BPF stats) with afxdp workers, as README's table.
+# The other benchmarks: python -m switchml_xdp.bench.NAME (switchml_xdp/bench/__init__.py lists them).
 bench: setup
 	$(PY) -m switchml_xdp.bench.switch_cost --backend afxdp $(BENCH_COST_ARGS)
 

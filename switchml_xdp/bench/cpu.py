@@ -38,7 +38,10 @@ def cpu_summary(times: Sequence[float]) -> dict:
     machine_cpu_times()."""
     d = dict(zip(CPU_FIELDS, times))
     total = sum(times) or 1
-    pct = lambda v: round(100.0 * v / total, 1)  # noqa: E731
+
+    def pct(v: float) -> float:
+        return round(100.0 * v / total, 1)
+
     return {"busy_pct": pct(total - d["idle"] - d["iowait"]),
             "user_pct": pct(d["user"] + d["nice"]), "system_pct": pct(d["system"]),
             "softirq_pct": pct(d["irq"] + d["softirq"]), "steal_pct": pct(d["steal"]),

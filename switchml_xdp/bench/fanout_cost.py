@@ -14,7 +14,6 @@ skb that XDP_PASS makes for the fan-out; TAT has everything.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
@@ -28,6 +27,7 @@ from ..switch.state_files import read_state
 from ..switch.dataplane import FANOUTS
 from .allreduce_bench import parse_size
 from .bpf_stats import ProgCost
+from .output import echo_rows
 
 
 def measure(lab: Lab, fanout: str, elements: int, iterations: int, warmup: int,
@@ -95,20 +95,18 @@ def main(workers, size, iterations, warmup, backend, runs, as_json):
                     click.echo(f"measuring {n} workers, fanout {fanout} (run {run + 1}) ...",
                                err=True)
                     rows.append(measure(lab, fanout, elements, iterations, warmup, backend))
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    click.echo(f"{'workers':>7} {'fanout':>9} {'backend':>7} {'TAT ms':>8} {'retx':>6} "
-               f"{'XDP ns/pkt':>10} {'tc ns/RESULT':>12}")
-    for r in rows:
+    def line(r: dict) -> str:
         tc = "-" if r["tc_ns_per_result"] is None else f"{r['tc_ns_per_result']:.0f}"
-        click.echo(f"{r['workers']:>7} {r['fanout']:>9} {r['backend']:>7} "
-                   f"{r['tat_median_s'] * 1e3:>8.1f} {r['retransmissions']:>6} "
-                   f"{r['xdp_ns_per_packet']:>10.0f} {tc:>12}")
-    click.echo(f"{elements * 4 / 2**20:g} MiB float32, {iterations} iterations after {warmup} "
-               f"warm-up; TAT: the job's median tensor aggregation time; XDP ns/pkt and tc "
-               f"ns/RESULT: kernel BPF stats of the switch program and of the fan-out.")
+        return (f"{r['workers']:>7} {r['fanout']:>9} {r['backend']:>7} "
+                f"{r['tat_median_s'] * 1e3:>8.1f} {r['retransmissions']:>6} "
+                f"{r['xdp_ns_per_packet']:>10.0f} {tc:>12}")
 
+    echo_rows(rows, as_json,
+              f"{'workers':>7} {'fanout':>9} {'backend':>7} {'TAT ms':>8} {'retx':>6} "
+              f"{'XDP ns/pkt':>10} {'tc ns/RESULT':>12}", line,
+              f"{elements * 4 / 2**20:g} MiB float32, {iterations} iterations after {warmup} "
+              f"warm-up; TAT: the job's median tensor aggregation time; XDP ns/pkt and tc "
+              f"ns/RESULT: kernel BPF stats of the switch program and of the fan-out.")
 
 if __name__ == "__main__":
     main()

@@ -215,7 +215,7 @@ class Bench:
         torch_reason = None
         if set(GLOO_SYSTEMS) & set(cfg.systems):
             try:
-                import torch  # noqa: F401
+                import torch  # noqa: F401 - only whether it is installed
             except ImportError as e:
                 torch_reason = f"torch not installed ({e})"
                 self.unavailable["gloo"] = torch_reason

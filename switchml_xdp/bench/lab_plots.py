@@ -40,93 +40,100 @@ def _systems(meta):
     return [s for s in SYSTEMS if s in meta["systems"]]
 
 
+def _panels(count: int, width: float, height: float):
+    """A figure of `count` panels side by side, one y axis; (figure, panels)."""
+    fig, axes = _plt().subplots(1, count, figsize=(width * count, height), squeeze=False,
+                                sharey=True)
+    return fig, axes[0]
+
+
+def _lines(ax, meta: dict, points) -> None:
+    """One line a system that ran: points(system) gives its (x, y), where measured."""
+    for s in _systems(meta):
+        pts = points(s)
+        if pts:
+            ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+
+
+def _by_workers(ax, k: int, ws: list[int]) -> None:
+    """A panel of k's figures against the worker counts."""
+    ax.set_title(f"k = {k}")
+    ax.set_xlabel("workers")
+    ax.set_xticks(ws)
+    ax.grid(alpha=0.3)
+
+
+def _save(fig, title: str, meta: dict, path: Path) -> Path:
+    fig.suptitle(f"{title}\n{_caption(meta)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def _measured(res: list[dict], s: str, at, field: str, scale: float = 1.0) -> list[tuple]:
+    """(x, row[field] * scale) of system s's row at each (x, (workers, k, loss)) of `at`."""
+    rows = ((x, find_row(res, s, *where)) for x, where in at)
+    return [(x, r[field] * scale) for x, r in rows if r]
+
+
 def plot_tat_vs_workers(doc: dict, path: Path) -> Path:
-    plt = _plt()
     meta, res = doc["meta"], doc["results"]
     ks, ws = meta["ks"], meta["workers"]
-    fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4.2), squeeze=False, sharey=True)
-    for ax, k in zip(axes[0], ks):
-        for s in _systems(meta):
-            pts = [(n, find_row(res, s, n, k, 0.0)) for n in ws]
-            pts = [(n, r["tat_median_s"] * 1e3) for n, r in pts if r]
-            if pts:
-                ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+    fig, axes = _panels(len(ks), 5.5, 4.2)
+    for ax, k in zip(axes, ks):
+        _lines(ax, meta, lambda s: _measured(res, s, [(n, (n, k, 0.0)) for n in ws],
+                                             "tat_median_s", 1e3))
         for s, ls in (("swml-afxdp", "--"), ("gloo", ":")):
             if s in meta["systems"]:
                 ideal = [meta["size_bytes"] * 8 / (bound_mbps(s, meta["rate_mbit"], k, n) * 1e6) * 1e3
                          for n in ws]
                 ax.plot(ws, ideal, ls, color=STYLE[s]["color"], alpha=0.6,
                         label=f"link bound, {'swml' if s != 'gloo' else 'ring'}")
-        ax.set_title(f"k = {k}")
-        ax.set_xlabel("workers")
-        ax.set_xticks(ws)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("tensor aggregation time (ms)")
-    axes[0][0].set_ylim(bottom=0)
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"Aggregation time vs workers, no loss\n{_caption(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        _by_workers(ax, k, ws)
+    axes[0].set_ylabel("tensor aggregation time (ms)")
+    axes[0].set_ylim(bottom=0)
+    axes[-1].legend(fontsize=8)
+    return _save(fig, "Aggregation time vs workers, no loss", meta, path)
 
 
 def plot_goodput_vs_bound(doc: dict, path: Path) -> Path:
-    plt = _plt()
     meta, res = doc["meta"], doc["results"]
     ks, ws, rate = meta["ks"], meta["workers"], meta["rate_mbit"]
-    fig, axes = plt.subplots(1, len(ks), figsize=(5.5 * len(ks), 4.2), squeeze=False, sharey=True)
-    for ax, k in zip(axes[0], ks):
-        for s in _systems(meta):
-            pts = [(n, find_row(res, s, n, k, 0.0)) for n in ws]
-            pts = [(n, r["goodput_mbps"]) for n, r in pts if r]
-            if pts:
-                ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+    fig, axes = _panels(len(ks), 5.5, 4.2)
+    for ax, k in zip(axes, ks):
+        _lines(ax, meta, lambda s: _measured(res, s, [(n, (n, k, 0.0)) for n in ws],
+                                             "goodput_mbps"))
         ax.axhline(rate, color="black", lw=0.8, label=f"link rate {rate:g} Mbit/s")
         ax.axhline(swml_bound_mbps(rate, k), color=STYLE["swml-afxdp"]["color"], ls="--",
                    label=f"swml bound (4k/(4k+58)) {swml_bound_mbps(rate, k):.0f}")
         if "gloo" in meta["systems"]:
             ax.plot(ws, [gloo_bound_mbps(rate, n) for n in ws], ":", color=STYLE["gloo"]["color"],
                     label="ring bound (TCP, N/(2(N-1)))")
-        ax.set_title(f"k = {k}")
-        ax.set_xlabel("workers")
-        ax.set_xticks(ws)
-        ax.grid(alpha=0.3)
+        _by_workers(ax, k, ws)
         ax.set_ylim(0, rate * 1.08)
-    axes[0][0].set_ylabel("goodput per worker (Mbit/s of tensor)")
-    axes[0][-1].legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"Goodput vs header-adjusted link bound, no loss\n{_caption(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    axes[0].set_ylabel("goodput per worker (Mbit/s of tensor)")
+    axes[-1].legend(fontsize=7, loc="lower left")
+    return _save(fig, "Goodput vs header-adjusted link bound, no loss", meta, path)
 
 
 def plot_tat_vs_loss(doc: dict, path: Path) -> Path:
-    plt = _plt()
     meta, res = doc["meta"], doc["results"]
     k, ws, losses = max(meta["ks"]), meta["workers"], sorted(meta["losses"])
     xs = list(range(len(losses)))
-    fig, axes = plt.subplots(1, len(ws), figsize=(4.3 * len(ws), 4.0), squeeze=False, sharey=True)
-    for ax, n in zip(axes[0], ws):
-        for s in _systems(meta):
-            pts = [(x, find_row(res, s, n, k, p)) for x, p in zip(xs, losses)]
-            pts = [(x, r["tat_median_s"] * 1e3) for x, r in pts if r]
-            if pts:
-                ax.plot(*zip(*pts), label=LABELS[s], **STYLE[s])
+    fig, axes = _panels(len(ws), 4.3, 4.0)
+    for ax, n in zip(axes, ws):
+        _lines(ax, meta, lambda s: _measured(res, s, [(x, (n, k, p)) for x, p in zip(xs, losses)],
+                                             "tat_median_s", 1e3))
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{p * 100:g}%" for p in losses])
         ax.set_xlabel("loss per link and direction")
         ax.set_title(f"{n} workers")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("tensor aggregation time (ms)")
-    axes[0][0].set_yscale("log")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"Aggregation time vs loss, k = {k} for swml\n{_caption(meta)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    axes[0].set_ylabel("tensor aggregation time (ms)")
+    axes[0].set_yscale("log")
+    axes[-1].legend(fontsize=8)
+    return _save(fig, f"Aggregation time vs loss, k = {k} for swml", meta, path)
 
 
 def plot_all(doc: dict, out_dir: Path) -> dict[str, Path]:

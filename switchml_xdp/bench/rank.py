@@ -186,10 +186,10 @@ def rank_main(**options) -> None:
                 break
             try:
                 say(_run_iterations(a, impl, cmd))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - reported to the orchestrator, one line
                 try:
                     state = {"counters": impl.counters(), "gauges": impl.gauges()}
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - a broken rank may have none to report
                     state = {}
                 say({"error": f"{type(e).__name__}: {e}".splitlines()[0], **state})
                 sys.exit(1)

@@ -1,6 +1,6 @@
-"""The report of a `swml-lab bench` run: the issue's figures of merit
-(summary), the Markdown table, and the line printed for each result; the
-PNG plots are lab_plots.py."""
+"""The report of a `swml-lab bench` run: its figures of merit (summary; what
+README.md quotes under "Measured"), the Markdown table, and the line printed
+for each result; the PNG plots are lab_plots.py."""
 from __future__ import annotations
 
 from .constants import FOREIGN_WARN_PCT, GLOO_SYSTEMS, LABELS, SYSTEMS, swml_bound_mbps
@@ -46,8 +46,9 @@ def best_swml(results, workers, k, loss):
 
 
 def summary(doc: dict) -> dict:
-    """The issue's figures of merit, per k: swml/gloo TAT ratio per N, goodput as a
-    fraction of the bound, TAT(max N)/TAT(min N), loss inflation."""
+    """The figures of merit (README.md, "Measured"), per k: swml/gloo TAT
+    ratio per N, goodput as a fraction of the bound, TAT(max N)/TAT(min N),
+    loss inflation."""
     res, meta = doc["results"], doc["meta"]
     ws, losses = sorted(meta["workers"]), sorted(meta["losses"])
     out = {}

@@ -14,7 +14,6 @@ the noise of a shared machine: switchml_xdp/bench/switch_micro.py
 """
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import threading
@@ -28,6 +27,7 @@ from ..lab import Lab
 from ..lab.cluster import SwitchProcess, run_ranks
 from ..switch.state_files import read_state
 from .bpf_stats import ProgCost
+from .output import echo_rows
 
 
 #: The payload format each dtype's sums travel in (calls.Call.fmt).
@@ -170,19 +170,18 @@ def main(workers, seconds, backend, runs, dtypes, as_json):
                 r = measure(k, workers, seconds, backend, dtype)
                 runs_of.setdefault((k, dtype, "workers"), []).append(r)
     rows = [median_run(rs) for rs in runs_of.values()]
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    click.echo(f"{'k':>4} {'dtype':>8} {'backend':>8} {'workers':>7} {'packets':>9} {'pkt/s':>9} "
-               f"{'ns/packet':>10} {'up->serving':>12}")
-    for r in rows:
+    def line(r: dict) -> str:
         every = "" if runs == 1 else "  runs: " + ", ".join(f"{x:.0f}"
                                                            for x in r["ns_per_packet_runs"])
-        click.echo(f"{r['k']:>4} {r['dtype']:>8} {r['backend']:>8} {r['workers']:>7} {r['packets']:>9} "
-                   f"{r['pps']:>9.0f} {r['ns_per_packet']:>10.0f} {r['startup_s']:>11.2f}s{every}")
-    click.echo("ns/packet: kernel BPF stats (run_time_ns / run_cnt) of the switch program; "
-               "up->serving: from starting `swml-switch up` to its 'up on' line.")
+        return (f"{r['k']:>4} {r['dtype']:>8} {r['backend']:>8} {r['workers']:>7} "
+                f"{r['packets']:>9} {r['pps']:>9.0f} {r['ns_per_packet']:>10.0f} "
+                f"{r['startup_s']:>11.2f}s{every}")
 
+    echo_rows(rows, as_json,
+              f"{'k':>4} {'dtype':>8} {'backend':>8} {'workers':>7} {'packets':>9} {'pkt/s':>9} "
+              f"{'ns/packet':>10} {'up->serving':>12}", line,
+              "ns/packet: kernel BPF stats (run_time_ns / run_cnt) of the switch program; "
+              "up->serving: from starting `swml-switch up` to its 'up on' line.")
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,6 @@ the least disturbed by whatever else the machine runs (docs/performance.md).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import secrets
 import statistics
@@ -30,6 +29,7 @@ from .. import bpf, wire
 from ..switch.dataplane import SwitchParams
 from ..switch.maps import JobEntry, SwitchMaps
 from ..switch.xdp_dataplane import program_defines
+from .output import echo_rows
 
 XDP_DROP, XDP_TX = 1, 3   # enum xdp_action
 ROUNDS = 8  # rounds of every slot a pass
@@ -197,16 +197,12 @@ def main(ks, passes, src, fmt, cpus, as_json):
             sw.close()
         rows.append({"k": k, "first_ns": two["first"], "middle_ns": three["middle"],
                      "last_ns": two["last"], "world2_mean_ns": (two["first"] + two["last"]) / 2})
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-        return
-    click.echo(f"{'k':>4} {'first':>7} {'middle':>7} {'last':>7} {'world-2 mean':>13}  (ns/packet)")
-    for r in rows:
-        click.echo(f"{r['k']:>4} {r['first_ns']:>7.0f} {r['middle_ns']:>7.0f} {r['last_ns']:>7.0f} "
-                   f"{r['world2_mean_ns']:>13.0f}")
-    click.echo("BPF_PROG_TEST_RUN, one run a frame; min over passes of the median of a pass. "
-               "first: copy in; middle: add; last: add, copy out, RESULT.")
-
+    echo_rows(rows, as_json,
+              f"{'k':>4} {'first':>7} {'middle':>7} {'last':>7} {'world-2 mean':>13}  (ns/packet)",
+              lambda r: f"{r['k']:>4} {r['first_ns']:>7.0f} {r['middle_ns']:>7.0f} "
+                        f"{r['last_ns']:>7.0f} {r['world2_mean_ns']:>13.0f}",
+              "BPF_PROG_TEST_RUN, one run a frame; min over passes of the median of a pass. "
+              "first: copy in; middle: add; last: add, copy out, RESULT.")
 
 if __name__ == "__main__":
     main()

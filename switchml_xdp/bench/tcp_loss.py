@@ -31,15 +31,27 @@ DIRECTIONS = ("up", "down")
 HOOKS = {"swml_tcp_loss_up": TC_INGRESS_PARENT, "swml_tcp_loss_down": TC_EGRESS_PARENT}
 
 
-class TcpLoss:
+class TcpLoss(contextlib.ExitStack):
+    """The TCP dropper on every worker link of `lab`; close() (or the end of
+    a `with`) removes it."""
+
     def __init__(self, lab):
+        super().__init__()
         self.lab = lab
         self._prog = bpf.compile_program(SOURCE, None, maps_only=True)
-        fds = {name: self._prog.load(name, "sched_cls") for name in HOOKS}
         self._attached: list[tuple[int, str]] = []
-        with contextlib.closing(netns.iproute_in(lab.bridge_ns)) as br:
-            for w in lab.workers:
-                idx = net.link_index(w.peer, lab.bridge_ns)
+        self.callback(self._remove)
+        try:
+            self._attach({name: self._prog.load(name, "sched_cls") for name in HOOKS})
+        except BaseException:
+            self.close()
+            raise
+        self.set(0.0)
+
+    def _attach(self, fds: dict[str, int]) -> None:
+        with contextlib.closing(netns.iproute_in(self.lab.bridge_ns)) as br:
+            for w in self.lab.workers:
+                idx = net.link_index(w.peer, self.lab.bridge_ns)
                 qdiscs = [q.get_attr("TCA_KIND") for q in br.get_qdiscs(index=idx)]
                 if "clsact" not in qdiscs:
                     raise LabError(f"{w.peer} has no clsact: attach the lab's loss injector "
@@ -48,7 +60,6 @@ class TcpLoss:
                     br.tc("add-filter", "bpf", idx, ":1", fd=fds[name], name=name,
                           parent=parent, prio=PRIO, classid=1, direct_action=True)
                     self._attached.append((idx, parent))
-        self.set(0.0)
 
     def set(self, loss: float) -> None:
         """Drop TCP with probability `loss` in both directions of every worker link."""
@@ -62,10 +73,9 @@ class TcpLoss:
         return {d: {"seen": vals[2 * i], "dropped": vals[2 * i + 1]}
                 for i, d in enumerate(DIRECTIONS)}
 
-    def close(self) -> None:
-        """Remove the filters (if the lab is still there) and the programs."""
-        if self._prog is None:
-            return
+    def _remove(self) -> None:
+        """Remove the filters (if the lab is still there), then the programs;
+        what is already gone is no error."""
         with contextlib.suppress(Exception):
             with contextlib.closing(netns.iproute_in(self.lab.bridge_ns)) as br:
                 for idx, parent in self._attached:
@@ -73,10 +83,3 @@ class TcpLoss:
                         br.tc("del-filter", "bpf", idx, ":1", parent=parent, prio=PRIO)
         with contextlib.suppress(Exception):
             self._prog.close()
-        self._prog = None
-
-    def __enter__(self) -> "TcpLoss":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

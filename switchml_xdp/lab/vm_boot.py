@@ -51,6 +51,11 @@ class GuestKernel:
         return MODULES_DIR / self.version
 
 
+def _version_key(kernel: GuestKernel) -> list:
+    """Kernel versions in numeric order: 6.10 after 6.9."""
+    return [int(n) if n.isdigit() else n for n in re.split(r"(\d+)", kernel.version)]
+
+
 def find_guest_kernel() -> GuestKernel | None:
     """The newest Debian amd64 kernel in /boot whose modules are installed."""
     found = []
@@ -58,8 +63,7 @@ def find_guest_kernel() -> GuestKernel | None:
         version = image.name.removeprefix("vmlinuz-")
         if (MODULES_DIR / version / "modules.dep").exists():
             found.append(GuestKernel(version, image))
-    key = lambda k: [int(n) if n.isdigit() else n for n in re.split(r"(\d+)", k.version)]  # noqa: E731
-    return max(found, key=key, default=None)
+    return max(found, key=_version_key, default=None)
 
 
 def missing() -> str | None:

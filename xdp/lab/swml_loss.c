@@ -153,6 +153,32 @@ static __always_inline void duplicate(struct __sk_buff *skb, __u64 flags,
 	skb->mark = mark;
 }
 
+/* Count a subject frame as seen, then as dropped (with probability c->drop)
+ * or passed; 1 if it is to be dropped. */
+static __always_inline int drop_one(struct swml_loss_cfg *c, struct swml_loss_counters *n)
+{
+	__sync_fetch_and_add(&n->seen, 1);
+	if (chance(c->drop)) {
+		__sync_fetch_and_add(&n->dropped, 1);
+		return 1;
+	}
+	__sync_fetch_and_add(&n->passed, 1);
+	return 0;
+}
+
+/* At a tc hook: whether skb is subject to loss in `dir` (its link's
+ * configuration and counters in *c, *n). A copy duplicate() made is not: it
+ * passes as it is, its mark cleared. */
+static __always_inline int tc_subject(struct __sk_buff *skb, __u32 dir, struct swml_loss_cfg **c,
+				      struct swml_loss_counters **n)
+{
+	if (skb->mark == SWML_LOSS_MARK) {
+		skb->mark = 0;
+		return 0;
+	}
+	return lookup(skb->ifindex, dir, c, n) && skb_subject(skb);
+}
+
 int swml_loss_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -180,13 +206,7 @@ int swml_loss_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	if (!lookup(ctx->ingress_ifindex, SWML_LOSS_UP, &c, &n))
 		return XDP_PASS;
-	__sync_fetch_and_add(&n->seen, 1);
-	if (chance(c->drop)) {
-		__sync_fetch_and_add(&n->dropped, 1);
-		return XDP_DROP;
-	}
-	__sync_fetch_and_add(&n->passed, 1);
-	return XDP_PASS; /* duplication, if any, happens at tc ingress */
+	return drop_one(c, n) ? XDP_DROP : XDP_PASS; /* duplication, if any: at tc ingress */
 }
 
 int swml_loss_ingress(struct __sk_buff *skb)
@@ -194,13 +214,7 @@ int swml_loss_ingress(struct __sk_buff *skb)
 	struct swml_loss_cfg *c;
 	struct swml_loss_counters *n;
 
-	if (skb->mark == SWML_LOSS_MARK) {
-		skb->mark = 0;
-		return TC_ACT_OK;
-	}
-	if (!lookup(skb->ifindex, SWML_LOSS_UP, &c, &n) || c->dup == 0 || !skb_subject(skb))
-		return TC_ACT_OK;
-	if (chance(c->dup))
+	if (tc_subject(skb, SWML_LOSS_UP, &c, &n) && chance(c->dup))
 		duplicate(skb, BPF_F_INGRESS, n);
 	return TC_ACT_OK;
 }
@@ -210,18 +224,10 @@ int swml_loss_egress(struct __sk_buff *skb)
 	struct swml_loss_cfg *c;
 	struct swml_loss_counters *n;
 
-	if (skb->mark == SWML_LOSS_MARK) {
-		skb->mark = 0;
+	if (!tc_subject(skb, SWML_LOSS_DOWN, &c, &n))
 		return TC_ACT_OK;
-	}
-	if (!lookup(skb->ifindex, SWML_LOSS_DOWN, &c, &n) || !skb_subject(skb))
-		return TC_ACT_OK;
-	__sync_fetch_and_add(&n->seen, 1);
-	if (chance(c->drop)) {
-		__sync_fetch_and_add(&n->dropped, 1);
+	if (drop_one(c, n))
 		return TC_ACT_SHOT;
-	}
-	__sync_fetch_and_add(&n->passed, 1);
 	if (chance(c->dup))
 		duplicate(skb, 0, n);
 	return TC_ACT_OK;
