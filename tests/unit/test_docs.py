@@ -142,6 +142,33 @@ def test_every_path_in_prose_exists():
     assert not bad, "\n".join(bad)
 
 
+# Modules made at build time, not in the checkout: the C engine, the layout.
+BUILT_MODULES = {"_engine", "_layout"}
+
+
+def _module_missing(dotted: str) -> bool:
+    """`switchml_xdp.bench.switch_cost` names a module (what follows a module
+    may be an attribute of it: `switchml_xdp.quant.simulate_allreduce`)."""
+    here = ROOT
+    for part in dotted.split("."):
+        if os.path.isfile(os.path.join(here, part + ".py")) or part in BUILT_MODULES:
+            return False
+        if not os.path.isdir(os.path.join(here, part)):
+            init = os.path.join(here, "__init__.py")     # `switchml_xdp.Worker`: in __all__
+            return not (os.path.isfile(init) and f'"{part}"' in _text(init))
+        here = os.path.join(here, part)
+    return False
+
+
+def test_every_module_named_exists():
+    bad = []
+    for doc in DOCS:
+        for m in re.finditer(r"\bswitchml_xdp(?:\.\w+)+", _prose(doc)):
+            if _module_missing(m.group(0)):
+                bad.append(f"{_rel(doc)}: {m.group(0)}")
+    assert not bad, "\n".join(bad)
+
+
 def _anchors(path: str) -> set[str]:
     """GitHub's anchors of a page's headings."""
     out = set()
