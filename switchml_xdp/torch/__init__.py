@@ -34,11 +34,11 @@ if not _dist.is_available():  # pragma: no cover
     raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
 
 # After the checks above, so that a missing PyTorch fails with their message.
-from .hook import HookState, allreduce_hook, register_hook  # noqa: E402 - after the check
-from .options import BACKEND_NAME, SwmlOptions  # noqa: E402 - after the check
-from .process_group import ProcessGroupSwml  # noqa: E402 - after the check
-from .registration import register  # noqa: E402 - after the check
-from .staging import StagingConfig  # noqa: E402 - after the check
+from .hook import HookState, allreduce_hook, register_hook
+from .options import BACKEND_NAME, SwmlOptions
+from .process_group import ProcessGroupSwml
+from .registration import register
+from .staging import StagingConfig
 
 register()
 

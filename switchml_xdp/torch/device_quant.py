@@ -28,7 +28,7 @@ stream instead; the results are the same bits.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

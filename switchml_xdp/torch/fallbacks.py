@@ -37,11 +37,15 @@ class Fallbacks:
             warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
+def _is_ours(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)).startswith(_OWN_DIRS)
+
+
 def caller_stacklevel() -> int:
     """warnings' stacklevel, seen from the caller of this function, of the
     first frame outside this package and torch.distributed: the user's call,
     not torch's wrappers."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)).startswith(_OWN_DIRS):
+    while frame is not None and _is_ours(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import BroadcastOptions, ProcessGroupGloo, ReduceOptions, ReduceOp
+from torch._C._distributed_c10d import BroadcastOptions, ProcessGroupGloo, ReduceOp, ReduceOptions
 
 from .shm_local import SharedMemoryLocalGroup
 from .shm_segment import DEFAULT_REGION_BYTES, Geometry, Segment
@@ -52,7 +52,7 @@ class HostLayout:
     rank: int
 
     @classmethod
-    def from_keys(cls, keys: list[str], rank: int) -> "HostLayout":
+    def from_keys(cls, keys: list[str], rank: int) -> HostLayout:
         groups: dict[str, list[int]] = {}
         for r, key in enumerate(keys):
             groups.setdefault(key, []).append(r)

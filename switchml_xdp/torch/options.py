@@ -27,7 +27,7 @@ class SwmlOptions:
     shm_bytes: int | None = None        # shared memory per rank of a host (SWML_SHM_BYTES; 4 MiB)
     staging: StagingConfig | None = None   # GPU tensors' chunks through host memory (staging.py)
 
-    def resolved(self) -> "SwmlOptions":
+    def resolved(self) -> SwmlOptions:
         env = os.environ
         switch = self.switch or env.get("SWML_SWITCH")
         if not switch:

@@ -154,7 +154,7 @@ class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
         return store.get(_TOKEN_KEY).decode()
 
     # -- identity -------------------------------------------------------------
-    def getBackendName(self) -> str:  # noqa: N802 - the C++ name the trampoline looks up
+    def getBackendName(self) -> str:  # camelCase: the C++ name the trampoline looks up
         return BACKEND_NAME
 
     def name(self) -> str:
@@ -361,7 +361,7 @@ class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
 
 # Process groups still open at exit leave their job cleanly: a worker that just
 # disappears makes the switch abort the job under ranks still finishing up.
-_live: "weakref.WeakSet[ProcessGroupSwml]" = weakref.WeakSet()
+_live: weakref.WeakSet[ProcessGroupSwml] = weakref.WeakSet()
 
 
 @atexit.register

@@ -39,7 +39,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -63,7 +63,7 @@ class Geometry:
     slot_bytes: int
 
     @classmethod
-    def for_region(cls, n_ranks: int, region_bytes: int) -> "Geometry":
+    def for_region(cls, n_ranks: int, region_bytes: int) -> Geometry:
         slot = max(ALIGN, (region_bytes // SLOTS) // ALIGN * ALIGN)
         return cls(n_ranks, slot)
 
@@ -102,7 +102,7 @@ class Segment:
 
     # -- creation -------------------------------------------------------------
     @classmethod
-    def create(cls, geometry: Geometry) -> "Segment":
+    def create(cls, geometry: Geometry) -> Segment:
         """A new segment under a name nobody has used (O_EXCL), owner-only."""
         while True:
             name = NAME_PREFIX + secrets.token_hex(8)
@@ -126,7 +126,7 @@ class Segment:
         return seg
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str) -> Segment:
         """The leader's segment, with the leader's geometry (whatever this
         rank's own setting)."""
         if not name.startswith(NAME_PREFIX) or "/" in name:

@@ -31,8 +31,9 @@ calls, and ranks whose calls differ in length get CallMismatch.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 import torch
 
