@@ -1,6 +1,7 @@
 """Generate switchml_xdp/_layout.py: the byte layouts of the C headers (xdp/
 swml_wire.h, swml_maps.h, lab/swml_loss.h, and the user-space data plane's
-tables), as the C compiler lays them out.
+tables), as the C compiler lays them out, and the numbers the worker engine
+shares with Python (worker/engine_policy.h).
 
 The C compiler is the only faithful reader of C, so nothing here evaluates C:
 this module writes a small C program that includes the sources, and the
@@ -37,6 +38,7 @@ from pathlib import Path
 SOURCES = (("xdp/swml_wire.h", None, True),
            ("xdp/swml_maps.h", None, True),
            ("xdp/lab/swml_loss.h", None, True),  # the lab's loss injector
+           ("worker/engine_policy.h", None, True),  # retransmission timeouts and rules, spin
            # The user-space data plane's tables (numpy arrays the C loop reads).
            ("switchml_xdp/switch/userspace_dp.c", ("us_job", "us_member", "us_state"), False))
 GENERATOR = "switchml_xdp/layout_gen.py"

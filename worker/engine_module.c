@@ -4,10 +4,11 @@
  *
  *   Engine(ifname, xskmap_fd, abort, job=, rank=, world=, k=, slots=,
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
- *          key=, seq_base=, queue=0, frames=4096, rto_initial=0.005, rto_min=0.002,
- *          rto_max=0.5, stall_timeout=30.0, spin=200, rto_adaptive=True,
+ *          key=, seq_base=, queue=0, frames=4096, rto_initial=, rto_min=,
+ *          rto_max=, stall_timeout=, spin=, rto_adaptive=True,
  *          window=WindowPolicy tuple)
- *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy, window a
+ *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy; their,
+ *     stall_timeout's and spin's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
  *     .allreduce(array, op, tag, fmt) -> status  whole tensor, GIL released;
@@ -44,6 +45,7 @@
 #include <string.h>
 
 
+#include "engine_policy.h"
 #include "quant.h"
 #include "stream.h"
 #include "xsk_port.h"
@@ -497,10 +499,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	unsigned long long key = 0;
 	unsigned int seq_base = 0;
 	PyObject *key_obj = NULL, *seq_base_obj = NULL;
-	unsigned int spin = 200;
+	unsigned int spin = SWML_ENGINE_SPIN;
 	int rto_adaptive = 1;
 	PyObject *window_obj = NULL;
-	double rto_initial = 0.005, rto_min = 0.002, rto_max = 0.5, stall_timeout = 30.0;
+	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
+	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
 	struct swml_stream_cfg cfg = {0};
 	char err[256];
 	int ret;

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine_policy.h"
 #include "quant.h"
 
 #define RX_BATCH 64
@@ -471,11 +472,11 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 	int lost = 0;
 
 	if (st->probe < 0) {
-		/* Stalled (no RESULT since the oldest due packet went out, or for
-		 * an eighth of the RTO, far longer than RESULTs are apart while
-		 * they flow: a rank is late): that packet becomes the probe. Else
-		 * RESULTs flow, a timeout means a loss, and every due packet goes
-		 * now. */
+		/* Stalled (no RESULT since the oldest due packet went out, or
+		 * for the RTO / SWML_RTO_QUIET_DIV, far longer than RESULTs are
+		 * apart while they flow: a rank is late): that packet becomes the
+		 * probe. Else RESULTs flow, a timeout means a loss, and every due
+		 * packet goes now. */
 		int64_t oldest = -1;
 
 		for (uint32_t s = 0; s < pl->S; s++)
@@ -484,7 +485,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 			    (oldest < 0 || st->inflight[s] < st->inflight[oldest]))
 				oldest = s;
 		if (oldest >= 0 && (st->sent_at[oldest] >= pl->last_progress ||
-				    pl->now - pl->last_progress >= st->rto_ns / 8))
+				    pl->now - pl->last_progress >= st->rto_ns / SWML_RTO_QUIET_DIV))
 			st->probe = oldest;
 	}
 	for (uint32_t s = 0; s < pl->S; s++) {
@@ -496,7 +497,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 			st->timer_state[s] = TIMER_DEFERRED;
 		} else if (st->deadline[s] <= pl->now) {
 			st->timer_state[s] = TIMER_NORMAL;
-			st->rto[s] = min_u64(st->rto[s] * 2, st->cfg.rto_max_ns);
+			st->rto[s] = min_u64(st->rto[s] * SWML_RTO_BACKOFF, st->cfg.rto_max_ns);
 			/* RFC 6298 (5.5, 5.7): the backed-off timeout also holds for
 			 * packets sent from now on, until a fresh RTT sample. Without
 			 * this the estimator is censored: behind a deep queue (a

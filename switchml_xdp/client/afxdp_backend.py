@@ -27,13 +27,12 @@ import threading
 import numpy as np
 
 from .. import bpf, wire
-from .abort import AbortSignal
-from .backend import STAT_KEYS, Backend, LocalEnd
+from ..layout import DEFINES
+from .backend import STAT_KEYS, Backend
 from .calls import Call, check_length
 from .control import JobInfo
 from .port import reserve_port
-from .retransmit import ENGINE_POLICY, RetransmitPolicy
-from .window import WindowPolicy, window_policy
+from .retransmit import ENGINE_POLICY
 
 PROG_NAME = "swml_redirect"
 SOURCE = "swml_redirect.c"
@@ -44,12 +43,8 @@ ENV_PREFIX = "SWML_AFXDP_"
 # The port-holding socket reads nothing (frames come through AF_XDP): what the
 # redirect program passes to the stack may fill this little and be dropped.
 PORT_RCVBUF = 4096
-# Empty rx-ring polls (~10 us) before sleeping in ppoll(). Results of a worker's own
-# packets come back inside its own sendto() (copy mode runs the whole veth/bridge/
-# switch path in that call's softirq), so spinning only helps for results that
-# other workers complete; on 2 shared cores a long spin (20000) halved 4-worker
-# goodput by starving the peers it was waiting for.
-SPIN = 200
+# Empty rx-ring polls before the engine sleeps; worker/engine_policy.h says why 200.
+SPIN = DEFINES["engine_policy.h"]["SWML_ENGINE_SPIN"]
 
 
 def _tunable(name: str, default: float) -> float:
@@ -90,16 +85,18 @@ class AfxdpBackend(Backend):
     default_policy = ENGINE_POLICY
     name = "afxdp"
     precisions = ("32", "16")
+    env_prefix = ENV_PREFIX
 
-    def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
-                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
-                 mode: str | None = None, spin: int | None = None,
-                 window: WindowPolicy | None = None, verbose: bool = True):
+    def __init__(self, *args, mode: str | None = None, spin: int | None = None, **kwargs):
+        """Backend's arguments (backend.py), and: `mode` the redirect program's
+        XDP mode ("native", "generic"; None: native, else generic), `spin` the
+        engine's empty polls before it sleeps (None: SPIN, or SWML_AFXDP_SPIN)."""
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(f"afxdp backend unavailable: {reason}")
-        self.info, self.iface, self.stall_timeout = info, local.iface, stall_timeout
-        self.abort_signal = abort
+        super().__init__(*args, **kwargs)
+        info, local = self.info, self.local
+        self.iface = local.iface
         self._lock = threading.Lock()
         self._call_lock = threading.Lock()  # held by allreduce; close() waits for it
         self._engine = None
@@ -109,13 +106,11 @@ class AfxdpBackend(Backend):
         self._closed = False
         # The abort flag the C loop reads: a 4-byte aligned, writable buffer.
         self._abort = np.zeros(1, dtype=np.uint32)
-        self.policy = (policy or self.default_policy).with_env(ENV_PREFIX)
-        self.window = window_policy(window)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
             self._port_sock = reserve_port(info.port, info.group_ip, local.ip, PORT_RCVBUF)
             self._prog = compile_redirect(info, local.ip)
-            self.mode = self._attach(self._prog.fd, mode, verbose)
+            self.mode = self._attach(self._prog.fd, mode, self.verbose)
             engine = _engine_module()
             self._engine = engine.Engine(
                 local.iface, self._prog.map_fd("xsks"), self._abort,
@@ -126,11 +121,11 @@ class AfxdpBackend(Backend):
                 seq_base=info.seq_base, queue=QUEUE,
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
                 rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
-                stall_timeout=stall_timeout, spin=spin, window=self.window.as_tuple())
+                stall_timeout=self.stall_timeout, spin=spin, window=self.window_policy.as_tuple())
         except BaseException:
             self.close()
             raise
-        abort.on_abort(self._on_abort)  # at once if the job is already aborted
+        self.abort_signal.on_abort(self._on_abort)  # at once if the job is already aborted
 
     # --- set-up and tear-down --------------------------------------------------
     def _attach(self, prog_fd: int, mode: str | None, verbose: bool) -> str:

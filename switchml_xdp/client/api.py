@@ -26,6 +26,7 @@ from .. import net, wire
 from .backend import Backend, LocalEnd
 from .calls import Call, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
+from .retransmit import STALL_TIMEOUT_S
 from .window import WindowPolicy, window_policy
 
 BACKENDS = ("auto", "afxdp", "udp")
@@ -56,14 +57,14 @@ class Worker:
     def __init__(self, switch: str, job: str, rank: int, world: int, iface: str | None = None,
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
-                 stall_timeout: float = 30.0, verbose: bool = True, token: str | None = None,
+                 stall_timeout: float = STALL_TIMEOUT_S, verbose: bool = True, token: str | None = None,
                  window: WindowPolicy | None = None):
         """token: the job's secret, the same on every rank; without it, nothing
         that changes the job is accepted by the switch (docs/security.md).
         None: an open job, which anyone who reaches the switch can disturb.
-        window: the congestion window and pacing (worker/window.py; None: the
+        window: the congestion window and pacing (client/window.py; None: the
         default, or what SWML_WINDOW* in the environment say; NO_WINDOW: all
-        the job's slots at once, as before issue 12)."""
+        the job's slots at once, no pacing)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:

@@ -2,12 +2,14 @@
 
 The Worker builds a backend once it has joined its job, with
 
-    Backend(info, local, abort, policy=None, stall_timeout=30.0, verbose=True)
+    Backend(info, local, abort, policy=None, stall_timeout=STALL_TIMEOUT_S,
+            window=None, verbose=True)
 
 where `info` is the join's JobInfo, `local` this end of the data path
 (LocalEnd: IPv4, interface, MAC, looked up once by the Worker), `abort` the
 AbortSignal the control client sets (abort.py), `policy` the retransmission
-policy (retransmit.py; None: the backend's `default_policy`). It then calls
+policy (retransmit.py; None: the backend's `default_policy`), `window` the
+congestion window's (window.py; None: the default). It then calls
 `allreduce` one call at a time, `stats()` whenever, and `close()` once.
 Both backends speak the same wire protocol and streaming rules (plans.py,
 calls.py: seq, tag, resync after a failed call), so the ranks of a job may use
@@ -24,7 +26,8 @@ import numpy as np
 from .abort import AbortSignal
 from .calls import Call
 from .control import JobInfo
-from .retransmit import RetransmitPolicy
+from .retransmit import STALL_TIMEOUT_S, RetransmitPolicy
+from .window import WindowPolicy, window_policy
 
 # The counters every backend's stats() has (a backend may add its own).
 STAT_KEYS = ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies",
@@ -47,13 +50,21 @@ class Backend(ABC):
     # 16-bit block format, where the backend packs int16 payloads.
     precisions: ClassVar[tuple[str, ...]] = ("32",)
     default_policy: ClassVar[RetransmitPolicy]
+    # <env_prefix>RTO_INITIAL=... in the environment overrides the policy: knobs
+    # for experiments (RetransmitPolicy.with_env).
+    env_prefix: ClassVar[str]
 
-    @abstractmethod
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
-                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
-                 verbose: bool = True):
+                 policy: RetransmitPolicy | None = None, stall_timeout: float = STALL_TIMEOUT_S, *,
+                 window: WindowPolicy | None = None, verbose: bool = True):
         """Set up the datapath for a joined job; raise RuntimeError or OSError
-        with a one-line reason if it cannot be set up (nothing is left behind)."""
+        with a one-line reason if it cannot be set up (nothing is left behind).
+        A backend's constructor takes these arguments (and may add keywords
+        of its own), and calls this first: it keeps what every backend uses."""
+        self.info, self.local, self.abort_signal = info, local, abort
+        self.stall_timeout, self.verbose = stall_timeout, verbose
+        self.policy = (policy or self.default_policy).with_env(self.env_prefix)
+        self.window_policy = window_policy(window)
 
     @abstractmethod
     def allreduce(self, flat: np.ndarray, call: Call) -> None:

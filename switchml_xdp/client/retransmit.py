@@ -1,7 +1,7 @@
 """The one retransmission policy of the worker's backends.
 
 Every in-flight packet has a timer; each expiry resends the packet and
-doubles its timeout, up to max_s. The timeout a packet starts with is the
+multiplies its timeout by RTO_BACKOFF (doubles it), up to max_s. The timeout a packet starts with is the
 backend's current RTO:
 - adaptive: `initial_s` until a round trip has been measured, then srtt +
   4 rttvar (RFC 6298 2.2/2.3) kept within [min_s, max_s]. Round trips are
@@ -19,7 +19,7 @@ round; when a rank is late (descheduled for a few ms), RESULTs stop and every
 packet in flight times out in turn, though none was lost. So a timer that
 runs out while RESULTs flow means a loss, and its packet goes again at once.
 One that runs out when none has come in since its packet went out, or for an
-eighth of the RTO (far longer than RESULTs are apart while they flow), means
+eighth of the RTO (RTO_QUIET_DIV; far longer than RESULTs are apart while they flow), means
 a stall: that packet is resent as the probe, and the others that time out
 while it is out are deferred (re-armed, not resent). The probe's RESULT tells
 which it was: if this rank's resend completed the round (the RESULT's `rank`
@@ -38,7 +38,11 @@ waits across many ranks stall the job (measured: 60x slower at 1% loss and
 
 `RtoEstimator` and `RetransmitTimers` are these rules in Python (the udp
 backend); worker/stream.c (rtt_sample, check_timers) implements the same
-rules in the afxdp engine, which takes the policy's three numbers.
+rules in the afxdp engine, which takes the policy's three numbers. The
+numbers both share (the engine's default timeouts, the rules' constants, the
+stall timeout) are defined once, in worker/engine_policy.h, and read here
+from the generated layout (docs/architecture.md, "Where Python gets the C
+layouts").
 """
 from __future__ import annotations
 
@@ -46,6 +50,14 @@ import os
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
+
+from ..layout import DEFINES
+
+_ENGINE = DEFINES["engine_policy.h"]
+RTO_BACKOFF = _ENGINE["SWML_RTO_BACKOFF"]      # an expired timer's timeout times this
+RTO_QUIET_DIV = _ENGINE["SWML_RTO_QUIET_DIV"]  # RESULTs stopped: none for the RTO / this
+# A call fails when no result came in for this long (every backend's default).
+STALL_TIMEOUT_S = float(_ENGINE["SWML_STALL_TIMEOUT_S"])
 
 
 @dataclass(frozen=True)
@@ -101,12 +113,13 @@ class RtoEstimator:
         self.rto = min(max(self.srtt + 4 * self.rttvar, self.policy.min_s), self.policy.max_s)
 
     def backoff(self, rto: float) -> float:
-        """A timer of `rto` expired: its doubled timeout, which (adaptive) also
-        holds for packets sent from now on if it is longer than the current RTO."""
-        doubled = min(rto * 2, self.policy.max_s)
+        """A timer of `rto` expired: its backed-off timeout, which (adaptive)
+        also holds for packets sent from now on if it is longer than the
+        current RTO."""
+        backed_off = min(rto * RTO_BACKOFF, self.policy.max_s)
         if self.policy.adaptive:
-            self.rto = max(self.rto, doubled)
-        return doubled
+            self.rto = max(self.rto, backed_off)
+        return backed_off
 
 
 class RetransmitTimers:
@@ -176,7 +189,8 @@ class RetransmitTimers:
         if self._probe is None:
             oldest = next((p for p in due if p not in self._deferred), None)
             if oldest is not None and (self._timers[oldest][3] >= self._last_answer
-                                       or now - self._last_answer >= self.estimator.rto / 8):
+                                       or now - self._last_answer
+                                       >= self.estimator.rto / RTO_QUIET_DIV):
                 self._probe = oldest
         for p in due:
             _, rto, first, sent0 = self._timers[p]
@@ -201,12 +215,10 @@ class RetransmitTimers:
 # What each backend uses by default (docs/design-decisions.md, "One
 # retransmission policy", has the measurements).
 #
-# The C engine (afxdp) turns a packet around in about a microsecond; a window's
-# round trip in the lab is ~1 ms. Measured round trips let it retransmit within
-# a few ms; the floor keeps a peer that is descheduled for a moment (4 workers
-# sharing 2 cores) from costing whole windows of spurious resends (a fixed 5 ms
-# timer resent ~7 % of packets).
-ENGINE_POLICY = RetransmitPolicy(initial_s=0.005, min_s=0.002, max_s=0.5)
+# The C engine (afxdp): 5 ms, within [2 ms, 0.5 s]; worker/engine_policy.h says why.
+ENGINE_POLICY = RetransmitPolicy(initial_s=_ENGINE["SWML_RTO_INITIAL_US"] / 1e6,
+                                 min_s=_ENGINE["SWML_RTO_MIN_US"] / 1e6,
+                                 max_s=_ENGINE["SWML_RTO_MAX_US"] / 1e6)
 # The udp loop runs Python per packet (~30 us of it at k=64, on the cores its
 # peers need): adaptive, as the engine, with a floor of 5 ms that its Python
 # turnaround stays well inside. Measured with `swml-lab bench --systems

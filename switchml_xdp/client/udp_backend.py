@@ -22,14 +22,12 @@ import time
 import numpy as np
 
 from .. import wire
-from .abort import AbortSignal
-from .backend import Backend, LocalEnd
+from .backend import Backend
 from .calls import SEQ_MASK, Call, CallSpan, check_length, resync_index
-from .control import JobInfo
 from .plans import make_plan, packets_needed
 from .port import reserve_port
-from .retransmit import PYTHON_POLICY, RetransmitPolicy, RetransmitTimers
-from .window import CongestionWindow, WindowPolicy, window_policy
+from .retransmit import PYTHON_POLICY, RetransmitTimers
+from .window import CongestionWindow
 
 HDR = wire.HDR_STRUCT  # struct swml_hdr, field by field
 ENV_PREFIX = "SWML_UDP_"  # SWML_UDP_RTO_MIN=...: knobs for experiments (RetransmitPolicy.with_env)
@@ -45,18 +43,17 @@ class UdpBackend(Backend):
     default_policy = PYTHON_POLICY
     name = "udp"
     precisions = ("32", "16")
+    env_prefix = ENV_PREFIX
 
-    def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
-                 policy: RetransmitPolicy | None = None, stall_timeout: float = 30.0, *,
-                 window: WindowPolicy | None = None, verbose: bool = True):
-        self.info = info
-        self.abort_signal = abort
-        self.stall_timeout = stall_timeout
+    def __init__(self, *args, **kwargs):
+        """Backend's arguments (backend.py)."""
+        super().__init__(*args, **kwargs)
+        info = self.info
         # One set of timers per worker: what an adaptive policy learnt about round
         # trips carries over from tensor to tensor.
-        self.timers = RetransmitTimers((policy or self.default_policy).with_env(ENV_PREFIX))
-        self.window = CongestionWindow(info.slots, window_policy(window))
-        self.sock = reserve_port(info.port, info.group_ip, local.ip, rcvbuf=8 << 20)
+        self.timers = RetransmitTimers(self.policy)
+        self.window = CongestionWindow(info.slots, self.window_policy)
+        self.sock = reserve_port(info.port, info.group_ip, self.local.ip, rcvbuf=8 << 20)
         self.sock.setblocking(False)
         self.dest = (info.switch_ip, info.switch_port)
         self.next_index = 0  # p_job: packets of the job's life; slot and version follow from it

@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine_policy.h - the numbers the worker's policies share between Python
+ * and the engine, written once. switchml_xdp/layout_gen.py reads every SWML_*
+ * define of this header into switchml_xdp/_layout.py at build time, where
+ * switchml_xdp/client/retransmit.py and afxdp_backend.py take them
+ * (docs/architecture.md, "Where Python gets the C layouts"). Integer defines
+ * and nothing else: the layout generator compiles this header without the
+ * engine's libraries.
+ */
+#ifndef SWML_ENGINE_POLICY_H
+#define SWML_ENGINE_POLICY_H
+
+/* The afxdp engine's default retransmission timeouts, in microseconds
+ * (retransmit.ENGINE_POLICY). The engine turns a packet around in about a
+ * microsecond and a window's round trip in the lab is ~1 ms: measured round
+ * trips let it retransmit within a few ms, and the 2 ms floor keeps a peer
+ * that is descheduled for a moment (4 workers sharing 2 cores) from costing
+ * whole windows of spurious resends (a fixed 5 ms timer resent ~7% of
+ * packets). docs/design-decisions.md, "One retransmission policy", has the
+ * measurements. */
+#define SWML_RTO_INITIAL_US 5000
+#define SWML_RTO_MIN_US 2000
+#define SWML_RTO_MAX_US 500000
+
+/* The timer rules of both backends (retransmit.py's docstring says why): an
+ * expired timer's timeout is multiplied by SWML_RTO_BACKOFF, up to the max;
+ * RESULTs have stopped (a rank is late, not a packet lost) when none came in
+ * for the RTO / SWML_RTO_QUIET_DIV, far longer than they are apart while they
+ * flow. */
+#define SWML_RTO_BACKOFF 2
+#define SWML_RTO_QUIET_DIV 8
+
+/* A call fails when no result came in for this long, in seconds (the
+ * Worker's and every backend's default stall_timeout). */
+#define SWML_STALL_TIMEOUT_S 30
+
+/* Empty rx-ring polls (~10 us each) before the engine sleeps in ppoll().
+ * Results of a worker's own packets come back inside its own sendto() (copy
+ * mode runs the whole veth/bridge/switch path in that call's softirq), so
+ * spinning only helps for results that other workers complete; on 2 shared
+ * cores a long spin (20000) halved 4-worker goodput by starving the peers it
+ * was waiting for. */
+#define SWML_ENGINE_SPIN 200
+
+#endif /* SWML_ENGINE_POLICY_H */
