@@ -1,14 +1,14 @@
 """What a worker streams for one tensor: a plan of packets, each with its
 payload and the dependencies that say when it may be sent.
 
-The streaming rule (DESIGN.md "Worker"): packet i of the job's life goes to slot
-i mod S with version (i div S) mod 2, and may be sent only when the slot's
-previous packet (i - S) has its result. Float tensors summed add one rule: the
-payload of block b is quantized with the exponent agreed for it, which travels
-`lag` packets ahead in the switch's `exp` field, so packet p also waits for the
-result of packet p - lag. For int32, lag = S and the rule is SwitchML's; float32
-MIN and MAX need no exponent: they go through the order-preserving map of
-switchml_xdp/ordered.py and stream like int32.
+The streaming rule (docs/design.md, "Worker"): packet i of the job's life goes
+to slot i mod S with version (i div S) mod 2, and may be sent only when the
+slot's previous packet (i - S) has its result. Float tensors summed add one
+rule: the payload of block b is quantized with the exponent agreed for it,
+which travels `lag` packets ahead in the switch's `exp` field, so packet p also
+waits for the result of packet p - lag. For int32, lag = S and the rule is
+SwitchML's; float32 MIN and MAX need no exponent: they go through the
+order-preserving map of switchml_xdp/ordered.py and stream like int32.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The congestion window and pacing of the worker's backends (issue 12).
+"""The congestion window and pacing of the worker's backends (docs/transport.md,
+"The window").
 
 Both backends follow these rules: the udp backend through this class, the
 afxdp engine through worker/window.c, which is the same arithmetic in C on
