@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 
 
-.PHONY: setup setup-torch setup-test demo test bench bench-lab clean setup-vm vm-demo vm-test
+.PHONY: setup setup-torch setup-test demo test test-unit test-bpf test-lab bench bench-lab clean setup-vm vm-demo vm-test
 
 # torch (the [torch] extra) only for the targets that use it: test and bench-lab
 # (and `swml-lab train`: make setup-torch). demo, bench and the VM lab go without.
@@ -19,10 +19,24 @@ setup-test:
 demo: setup
 	$(VENV)/bin/swml-lab demo -n 4 $(DEMO_ARGS)
 
-# The suite includes one VM lab run (tests/test_vm.py, ~3.5 min under TCG) and the
-# PyTorch tests: setup-test installs what both need.
+# The tests in tiers, one folder each (docs/testing.md): tests/unit (no root, no
+# namespaces, no BPF compiler: about a minute), tests/bpf (BPF_PROG_TEST_RUN),
+# tests/lab (network namespaces), tests/vm (one VM lab run, ~3.5 min under TCG).
+# `make test` runs the unit tier first and stops there if it fails; setup-test
+# installs what every tier needs (qemu for the VMs, torch for the PyTorch tests).
 test: setup-test
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -ra tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -ra tests/bpf tests/lab tests/vm $(PYTEST_ARGS)
+
+# The fast loop while changing code: the unit tier alone.
+test-unit: setup-torch
+	$(PY) -m pytest -ra tests/unit $(PYTEST_ARGS)
+
+test-bpf: setup
+	$(PY) -m pytest -ra tests/bpf $(PYTEST_ARGS)
+
+test-lab: setup-torch
+	$(PY) -m pytest -ra tests/lab $(PYTEST_ARGS)
 
 # The switch's cost per packet (kernel BPF stats) with afxdp workers, as README's table.
 # The other benchmarks: python -m switchml_xdp.bench.NAME (switchml_xdp/bench/__init__.py lists them).
@@ -39,7 +53,7 @@ bench-lab: setup-torch
 
 # The lab in qemu VMs (switchml_xdp/lab/vm.py): switch VM + workers, virtio-net,
 # native XDP; KVM where it works, else TCG (minutes). Lower priority than the rest.
-# vm-test runs only the VM tests (make test runs them too).
+# vm-test runs only the VM tier, tests/vm (make test runs it too).
 setup-vm:
 	bash scripts/setup.sh --vm
 
@@ -47,7 +61,7 @@ vm-demo: setup-vm
 	nice -n 10 $(VENV)/bin/swml-lab vm -n 2 $(VM_ARGS)
 
 vm-test: setup-vm
-	nice -n 10 $(PY) -m pytest -ra tests/test_vm.py $(PYTEST_ARGS)
+	nice -n 10 $(PY) -m pytest -ra tests/vm $(PYTEST_ARGS)
 
 clean:
 	-$(VENV)/bin/swml-lab down --all

@@ -1,53 +1,31 @@
-"""Shared fixtures: a lab with the real switch, shared by the tests that allow it
-(a bcc compile costs about 1.5 s on these machines)."""
+"""The test tiers, one folder each, marked by their folder so that `-m` can pick
+them too (docs/testing.md):
+
+    unit   no root, no network namespaces, no BPF compiler: seconds (make test-unit)
+    bpf    the XDP programs alone through BPF_PROG_TEST_RUN, and the kernel door
+    lab    the real switch and workers in network namespaces (the session's lab8)
+    vm     qemu VMs and the vagrant lab
+
+Helpers the tiers share live in tests/support/ (on sys.path: pyproject.toml's
+pytest `pythonpath`)."""
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import pytest
 
-from switchml_xdp import bpf
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "bpf", "lab", "vm")
 
 
-def _why_no_lab() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root: network namespaces, veth and XDP"
-    return bpf.compiler_missing()
+def tier_of(path: Path) -> str:
+    """The tier of a test file: the folder under tests/ it lives in."""
+    tier = path.resolve().relative_to(TESTS).parts[0]
+    if tier not in TIERS:
+        raise pytest.UsageError(f"{path}: a test belongs in one of tests/{{{','.join(TIERS)}}}/")
+    return tier
 
 
-NO_LAB = _why_no_lab()
-needs_lab = pytest.mark.skipif(NO_LAB is not None, reason=NO_LAB or "")
-
-
-@pytest.fixture
-def fresh_lab(request):
-    """A lab of its own for a test that kills or restarts things; the number of
-    workers comes from `@pytest.mark.lab_workers(N)` (default 1)."""
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    from switchml_xdp.lab import Lab
-
-    mark = request.node.get_closest_marker("lab_workers")
-    with Lab(workers=mark.args[0] if mark else 1) as lab:
-        yield lab
-
-
-@pytest.fixture(scope="session")
-def lab8():
-    """A lab with 8 workers, for the whole session."""
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    from switchml_xdp.lab import Lab
-
-    with Lab(workers=8) as lab:
-        yield lab
-
-
-@pytest.fixture(scope="session")
-def switch(lab8):
-    """The real switch daemon (k=256) serving in lab8's switch namespace."""
-    from switchml_xdp.lab.cluster import SwitchProcess
-
-    with SwitchProcess(lab8, ["--lease", "2"]) as sw:
-        yield sw
-    assert sw.proc.returncode == 0, "\n".join(sw.output[-20:])
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(item.path)))

@@ -19,7 +19,7 @@
 # Running it again changes nothing that is already right.
 #
 # SWML_PROVISION_ROOT=DIR writes the files under DIR and does nothing else (no set-up,
-# no systemctl, no NIC changes): tests/test_vagrant.py reads what it would install.
+# no systemctl, no NIC changes): tests/unit/test_vagrant_plan.py reads what it would install.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

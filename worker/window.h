@@ -4,7 +4,7 @@
  *
  * The rules, and why, are in switchml_xdp/client/window.py; this is the same
  * arithmetic on the same doubles (times in seconds), so that the udp backend
- * (Python) and the afxdp engine (C) behave alike: tests/test_window.py replays
+ * (Python) and the afxdp engine (C) behave alike: tests/unit/test_window.py replays
  * one trace through both and compares every value bit for bit. Keep the two
  * in step, operation for operation.
  */

@@ -3,7 +3,7 @@
 
 Both backends follow these rules: the udp backend through this class, the
 afxdp engine through worker/window.c, which is the same arithmetic in C on
-the same doubles (tests/test_window.py replays one trace through both and
+the same doubles (tests/unit/test_window.py replays one trace through both and
 compares every value bit for bit). No clock of its own: the caller passes
 the time in seconds, so tests drive it with a fake clock.
 

@@ -10,7 +10,7 @@ ports), also for groups nobody joined: a worker whose kernel never joined the
 result group gets no results by multicast. Before that (the first query
 response interval, or without a querier) it floods; stopping ports flooding
 unknown groups (`stop_flooding_unknown_groups`, as strict switches do) closes
-that gap too, so tests/test_igmp.py sees the same from the first packet.
+that gap too, so tests/lab/test_igmp.py sees the same from the first packet.
 
 Timers are shortened (query every 5 s, startup queries every 1 s) so that a
 lab learns and re-learns within a test's time; the rules are the standard ones.

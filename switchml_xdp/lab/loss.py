@@ -10,7 +10,7 @@ Per link (one per host: the switch and every worker) and per direction:
 For a worker, up is worker -> switch and down is switch -> worker; every path
 is covered: kernel-socket traffic, AF_XDP transmissions (copy mode on veth
 sends with __dev_direct_xmit, past the worker's qdisc, but still into the
-bridge-side end's XDP hook; tests/test_loss.py drives that path with
+bridge-side end's XDP hook; tests/lab/test_loss.py drives that path with
 PACKET_QDISC_BYPASS) and the switch's XDP_TX'd RESULTs
 (the bridge forwards them through each worker port's tc egress, one skb per
 port, so multicast is dropped independently per worker). Nothing is attached

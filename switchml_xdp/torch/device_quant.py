@@ -4,7 +4,7 @@ For tensors that live on a GPU (docs/pytorch.md, "GPU"): quantizing there means 
 int32 payloads cross to the host, and the float work stays where the data is.
 These are the formulas of switchml_xdp/quant.py (docs/quantization.md), op for
 op, so the result is bit-identical to the streamed path (the C engine and the
-udp backend): tests/test_device_quant.py checks it against quant.py on the CPU,
+udp backend): tests/unit/test_device_quant.py checks it against quant.py on the CPU,
 and on a GPU where there is one.
 
     E_local = floor(log2(max |x|)) over the block's finite elements (frexp

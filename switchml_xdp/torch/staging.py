@@ -20,7 +20,7 @@ The switch and the Worker see host memory only. For a tensor on a GPU
 The device-specific operations (a host staging buffer, an asynchronous copy
 on a stream, events) sit behind `DeviceOps`. `CpuOps` runs everything at once
 on plain tensors: CI drives the chunking and ordering logic through it (and
-through a deferred-copy variant in tests/test_staging.py that runs each copy
+through a deferred-copy variant in tests/unit/test_staging.py that runs each copy
 only when an event says it must have run, so a missing wait shows up as a
 wrong result), bit for bit against quant.simulate_allreduce. `CudaOps` is the
 same contract with torch.cuda streams, events and pinned memory.

@@ -1,0 +1,86 @@
+"""xdp/swml_redirect.c, the worker's program, on crafted frames through
+BPF_PROG_TEST_RUN (tests/xdp_tester.py): which frames it hands to the AF_XDP
+socket and which to the kernel stack. No lab, one compile for the module.
+
+Its XSKMAP is empty here, so a redirect falls back to XDP_PASS: every frame
+comes back XDP_PASS and untouched, and the decision is read from the
+program's counters.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from switchml_xdp import wire
+
+from frames import IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request, ipv6_udp_frame, tcp_frame, udp_frame
+from xdp_tester import Action, RedirectTester, require_bpf
+
+SWITCH = Endpoint("02:5e:00:00:00:01", "10.1.0.1", wire.DEFAULT_PORT)
+LOCAL = Endpoint("02:00:00:00:01:02", "10.1.0.2", 41000)      # this worker
+GROUP_IP, GROUP_MAC = wire.group_of_job(1)
+GROUP = Endpoint(GROUP_MAC, GROUP_IP, LOCAL.port)              # job 1's RESULTs
+OTHER = Endpoint("02:00:00:00:01:03", "10.1.0.3", LOCAL.port)  # another worker
+
+
+def swml(kind: int = wire.TYPE_RESULT, flags: int = 0) -> bytes:
+    return wire.datagram(kind, 1, 0, 0, 0, np.ones(8, np.int32), flags=flags)
+
+
+@pytest.fixture(scope="module")
+def redirect_prog():
+    require_bpf()
+    with RedirectTester(LOCAL, GROUP, SWITCH) as prog:
+        yield prog
+
+
+@pytest.fixture
+def rx(redirect_prog):
+    redirect_prog.reset()
+    return redirect_prog
+
+
+TO_THE_SOCKET = {
+    "multicast result": lambda: udp_frame(SWITCH, GROUP, swml()),
+    "unicast result": lambda: udp_frame(SWITCH, LOCAL, swml()),
+    "shadow reply": lambda: udp_frame(SWITCH, LOCAL, swml(flags=wire.FLAG_SHADOW | 1)),
+}
+
+TO_THE_STACK = {
+    "result to another worker": lambda: udp_frame(SWITCH, OTHER, swml()),
+    # Only the switch's address and port may send RESULTs (docs/security.md): a forged
+    # one goes to the stack, where the socket holding the port drops it unread.
+    "result from another host": lambda: udp_frame(OTHER, LOCAL, swml()),
+    "multicast result from another host": lambda: udp_frame(OTHER, GROUP, swml()),
+    "result from the switch's address, another port": lambda: udp_frame(
+        replace(SWITCH, port=SWITCH.port + 1), LOCAL, swml()),
+    "result to another port": lambda: udp_frame(SWITCH, replace(LOCAL, port=LOCAL.port + 1),
+                                                swml()),
+    "data, not a result": lambda: udp_frame(OTHER, LOCAL, swml(kind=wire.TYPE_DATA)),
+    "result of another version": lambda: udp_frame(
+        SWITCH, LOCAL, bytes([(wire.VERSION + 1) << 4 | wire.TYPE_RESULT]) + swml()[1:]),
+    "fragment": lambda: udp_frame(SWITCH, LOCAL, swml(), frag_off=IP_MF),
+    "ip options": lambda: udp_frame(SWITCH, LOCAL, swml(), ip_options=IP_OPTIONS_NOP),
+    "cut in the swml header": lambda: udp_frame(SWITCH, LOCAL, swml())[:42 + wire.HDR_LEN - 1],
+    "cut in the udp header": lambda: udp_frame(SWITCH, LOCAL, swml())[:14 + 20 + 7],
+    "tcp to the port": lambda: tcp_frame(SWITCH, LOCAL),
+    "arp": lambda: arp_request(SWITCH, LOCAL.ip),
+    "ipv6 udp to the port": lambda: ipv6_udp_frame(SWITCH.mac, LOCAL.mac, SWITCH.port, LOCAL.port,
+                                                   swml()),
+}
+
+
+@pytest.mark.parametrize("name", TO_THE_SOCKET)
+def test_results_for_this_worker_go_to_the_socket(rx, name):
+    frame = TO_THE_SOCKET[name]()
+    assert rx.run(frame) == (Action.PASS, frame)  # the fallback of an empty XSKMAP slot
+    assert rx.counters() == {"redirected": 1, "passed": 0}
+
+
+@pytest.mark.parametrize("name", TO_THE_STACK)
+def test_everything_else_goes_to_the_kernel_stack(rx, name):
+    frame = TO_THE_STACK[name]()
+    assert rx.run(frame) == (Action.PASS, frame)
+    assert rx.counters() == {"redirected": 0, "passed": 1}

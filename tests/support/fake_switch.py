@@ -1,0 +1,70 @@
+"""A stand-in switch on the loopback for the client library's unit tests: it
+answers every DATA datagram with crafted RESULTs (honest, forged, disagreeing)."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+
+from switchml_xdp import wire
+
+
+def result_of(h, values: np.ndarray, **changes) -> bytes:
+    """The RESULT an honest switch sends for DATA header h (world 1: the
+    values themselves); `changes` alter header fields."""
+    f = {"job": int(h["job"]), "rank": int(h["rank"]), "slot": int(h["slot"]),
+         "seq": int(h["seq"]), "flags": int(h["flags"]) & wire.FLAG_SLOT_VER, "exp": int(h["exp"]),
+         "tag": int(h["tag"]), "op": int(h["op"]), "fmt": int(h["fmt"]), "kind": wire.TYPE_RESULT}
+    f.update(changes)
+    kind, job, rank, slot, seq = f.pop("kind"), f.pop("job"), f.pop("rank"), f.pop("slot"), f.pop("seq")
+    return wire.datagram(kind, job, rank, slot, seq, values, **f)
+
+
+class FakeSwitch:
+    """A UDP socket on the loopback that plays the switch: for every DATA
+    datagram it calls answer(h, values) -> [(from_forger, payload), ...] and
+    sends those to the worker, from its own port or from a forger's."""
+
+    def __init__(self, answer):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.forger.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.answer = answer
+        self.headers: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(4096)
+            except socket.timeout:
+                continue
+            h = wire.unpack_header(data)
+            self.headers.append(h)
+            for forged, payload in self.answer(h, np.frombuffer(data, "<i4", offset=wire.HDR_LEN)):
+                (self.forger if forged else self.sock).sendto(payload, addr)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        self.forger.close()
+
+
+def honest(h, values):
+    return [(False, result_of(h, values))]
+
+
+GROUP = "239.77.0.9"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,67 @@
+"""Jobs run in the session's lab (8 workers, the switch at k=256): workers as
+threads or processes in the worker namespaces, the worker CLI on two ranks,
+and an idle rank that holds a job open."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from clis import WORKER_CLI
+
+K = 256  # the session switch's k
+
+
+def skip_without_afxdp(backends) -> None:
+    if "afxdp" in backends:
+        from switchml_xdp.client import afxdp_backend
+
+        reason = afxdp_backend.unavailable_reason()
+        if reason:
+            pytest.skip(f"afxdp: {reason}")
+
+
+def run_job(lab, job: str, backends, body, timeout=120.0, switch_ip=None):
+    """body(rank, worker) on every rank at once, a Worker each on backends[rank]."""
+    from switchml_xdp import Worker
+    from switchml_xdp.lab.cluster import run_ranks
+
+    world = len(backends)
+
+    def rank_body(rank, host):
+        with Worker(switch_ip or lab.switch.ip, job, rank, world, backend=backends[rank],
+                    verbose=False, stall_timeout=30) as w:
+            assert w.backend_name == backends[rank]
+            return body(rank, w)
+
+    return run_ranks(lab, lab.workers[:world], rank_body, timeout=timeout)
+
+
+def bench_cli_2_ranks(lab, job: str, port: int, *extra: str) -> list[dict]:
+    """`swml-worker bench --verify --json` of 100 KiB on udp at world 2 (3
+    calls): each rank's JSON, after it exited 0."""
+    argv = WORKER_CLI + ["bench", "--switch", lab.switch.ip, "--job", job, "--world", "2",
+                         "--size", "100KiB", "--iterations", "2", "--warmup", "1", "--verify",
+                         "--json", "--backend", "udp", "--port", str(port), *extra]
+    procs = [lab.popen(h, argv + ["--rank", str(r)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True) for r, h in enumerate(lab.workers[:2])]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    return results
+
+
+def start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Popen:
+    """A rank in its own process that joins and then never sends a packet."""
+    code = ("import time\n"
+            "from switchml_xdp import Worker\n"
+            f"w = Worker({lab.switch.ip!r}, {job!r}, {rank}, {world}, backend='udp', verbose=False)\n"
+            "print('joined', flush=True)\n"
+            "time.sleep(600)\n")
+    return lab.popen(host, [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+

@@ -1,0 +1,112 @@
+"""The VM lab (switchml_xdp/lab/vm.py): a switch VM and two worker VMs on
+virtio-net NICs, booted with qemu on this machine (KVM where it works, TCG
+otherwise: about three minutes here), the switch in native XDP, afxdp workers.
+
+The boot pieces are checked on their own first (cheap); the whole lab once.
+Everything skips, saying why, where qemu, the guest kernel or root is missing
+(`scripts/setup.sh --vm`, which `make test` and `make vm-test` run, installs them).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from switchml_xdp.lab import netns, vm_boot
+
+WHY_NOT = vm_boot.missing()
+needs_vms = pytest.mark.skipif(WHY_NOT is not None, reason=f"no VM lab here: {WHY_NOT}")
+
+
+@needs_vms
+def test_the_initramfs_holds_busybox_the_init_and_the_modules_in_dependency_order(tmp_path):
+    kernel = vm_boot.find_guest_kernel()
+    order = [p.name for p in vm_boot.module_closure(kernel, vm_boot.INITRAMFS_MODULES)]
+    for module, needs in [("virtio_pci.ko", "virtio.ko"), ("9pnet_virtio.ko", "9pnet.ko"),
+                          ("9p.ko", "9pnet.ko")]:
+        assert order.index(needs) < order.index(module), order
+    cpio = vm_boot.build_initramfs(kernel, tmp_path / "initramfs.cpio")
+    listing = subprocess.run(["cpio", "-t", "--quiet"], stdin=open(cpio, "rb"), capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert {"init", "bin/busybox", "modules/order", *(f"modules/{m}" for m in order)} <= set(listing)
+
+
+@needs_vms
+@pytest.mark.timeout(900)
+def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys):
+    from switchml_xdp.lab.vm import VmLab
+
+    lines = []
+    with VmLab(workers=2, out=lines.append) as lab:
+        results = lab.bench(size="64KiB", iterations=2, warmup=1, dtype="float32", verify=True)
+        status = lab.switch_status()
+        prefix, run_dir, ns = lab.prefix, lab.run_dir, lab.net.ns
+        procs = [vm.proc for vm in lab.vms]
+    # bench() itself refuses anything but native XDP (the daemon's ready line
+    # and the guest's `ip -d link` both); say what ran, for the log.
+    with capsys.disabled():
+        print("\n" + "\n".join(lines) + f"\n{lab.switch_ready_line}\n{lab.timings}")
+    assert "native XDP" in lab.switch_ready_line
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["backend"] == "afxdp" and r["dtype"] == "float32"
+        assert r["verify_failures"] == 0 and r["verified"] == 3, r   # bit-exact, every call
+    # The switch VM's own `swml-switch status --json`, read as the daemon stopped.
+    [switch] = status["switches"]
+    assert switch["mode"] == "native" and switch["iface"] == "eth0", switch
+    rounds = 3 * -(-(64 * 1024 // 4) // results[0]["k"])   # calls x packets a call
+    assert switch["counters"]["completed"] >= rounds, switch["counters"]
+    # Nothing of the run is left: no qemu, no namespace (bridge, taps), no run directory.
+    assert all(p.poll() is not None for p in procs)
+    assert not netns.ns_path(ns).exists()
+    assert not run_dir.exists()
+    assert prefix.startswith("swv")
+
+
+@needs_vms
+def test_a_lab_that_fails_while_booting_leaves_nothing(monkeypatch):
+    """The switch VM's qemu is started for real, then the first worker fails to start."""
+    from switchml_xdp.lab import vm as vm_mod
+
+    real_start = vm_mod.VmLab._start
+
+    def start_then_fail(self, vm, kernel, initramfs):
+        if vm.role == "worker":
+            raise RuntimeError("injected failure")
+        real_start(self, vm, kernel, initramfs)
+
+    monkeypatch.setattr(vm_mod.VmLab, "_start", start_then_fail)
+    lab = vm_mod.VmLab(workers=1, accel="tcg", out=lambda line: None)
+    with pytest.raises(RuntimeError, match="injected"), lab:
+        lab.boot()
+    assert lab.switch.proc is not None and lab.switch.proc.poll() is not None
+    assert not netns.ns_path(lab.net.ns).exists()
+    assert not lab.run_dir.exists()
+    assert not vm_mod.state_path(lab.prefix).exists()
+
+
+@needs_vms
+def test_a_lab_whose_owner_died_is_removed_by_the_next_one():
+    from switchml_xdp.lab import vm as vm_mod
+    from switchml_xdp.lab.vm_net import VmNetwork
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    prefix = vm_mod.new_prefix()
+    net = VmNetwork(prefix, vm_mod.MTU)
+    run_dir = Path("/tmp") / f"{prefix}-leftover"
+    try:
+        net.create()
+        run_dir.mkdir()
+        vm_mod.state_path(prefix).parent.mkdir(parents=True, exist_ok=True)
+        vm_mod.state_path(prefix).write_text(f'{{"owner_pid": {dead.pid}}}\n')
+        assert prefix in vm_mod.remove_orphans()
+        assert not netns.ns_path(net.ns).exists()
+        assert not run_dir.exists()
+        assert not vm_mod.state_path(prefix).exists()
+    finally:
+        net.remove()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        vm_mod.state_path(prefix).unlink(missing_ok=True)
