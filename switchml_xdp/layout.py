@@ -16,7 +16,7 @@ import ctypes
 import hashlib
 import importlib.util
 import types
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +65,7 @@ def _load():
     with contextlib.suppress(OSError):
         layout_gen.save(text, _HERE / "_layout.py")
     gen = types.ModuleType("switchml_xdp._layout")
-    exec(compile(text, str(_HERE / "_layout.py"), "exec"), gen.__dict__)  # noqa: S102 - our own output
+    exec(compile(text, str(_HERE / "_layout.py"), "exec"), gen.__dict__)
     return gen
 
 
@@ -93,7 +93,7 @@ def sizeof(struct: str, k: int | None = None) -> int:
     return _at(_GEN.STRUCTS[struct]["size"], k, struct)
 
 
-@lru_cache(maxsize=None)
+@cache
 def dtype(struct: str, k: int | None = None) -> np.dtype:
     """numpy dtype of `struct`: __be* fields big-endian, the rest native, padding
     where the compiler put it, opaque structs (bpf_spin_lock) as raw bytes."""
@@ -117,7 +117,7 @@ _CTYPES = {(1, False): ctypes.c_uint8, (1, True): ctypes.c_int8, (2, False): cty
            (8, False): ctypes.c_uint64, (8, True): ctypes.c_int64}
 
 
-@lru_cache(maxsize=None)
+@cache
 def ctype(struct: str, k: int | None = None) -> type[ctypes.Structure]:
     """ctypes structure of `struct` (BPF map values). Byte order is not
     converted: a __be* field reads as the raw integer (wire.ip_to_be32 writes

@@ -9,7 +9,7 @@ import resource
 import subprocess
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import psutil
 
@@ -97,7 +97,7 @@ class Disturbance:
         self.ours = {os.stat(netns.ns_path(ns)).st_ino for ns in lab.namespaces}
         self._stop = None
 
-    def __enter__(self) -> "Disturbance":
+    def __enter__(self) -> Disturbance:
         self.cpu_s, self.others = 0.0, set()
         self._stop = threading.Event()
         self._t0 = time.monotonic()

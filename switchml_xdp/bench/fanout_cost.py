@@ -23,8 +23,8 @@ import numpy as np
 from .. import bpf
 from ..lab import Lab
 from ..lab.cluster import SwitchProcess, run_ranks
-from ..switch.state_files import read_state
 from ..switch.dataplane import FANOUTS
+from ..switch.state_files import read_state
 from .allreduce_bench import parse_size
 from .bpf_stats import ProgCost
 from .output import echo_rows

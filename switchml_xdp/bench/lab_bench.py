@@ -41,14 +41,27 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from .constants import (DEFAULT_ITERATIONS, DEFAULT_KS, DEFAULT_LOSSES, DEFAULT_OUT,
-                        DEFAULT_RATE_MBIT, DEFAULT_SIZE, DEFAULT_WARMUP, DEFAULT_WORKERS,
-                        DEFAULT_SYSTEMS, GLOO_BOUND_DEFINITION, GLOO_PORT, GLOO_SYSTEMS,
-                        SWML_BOUND_DEFINITION, SWML_HEADERS, SYSTEMS,
-                        bound_mbps)
+from .constants import (
+    DEFAULT_ITERATIONS,
+    DEFAULT_KS,
+    DEFAULT_LOSSES,
+    DEFAULT_OUT,
+    DEFAULT_RATE_MBIT,
+    DEFAULT_SIZE,
+    DEFAULT_SYSTEMS,
+    DEFAULT_WARMUP,
+    DEFAULT_WORKERS,
+    GLOO_BOUND_DEFINITION,
+    GLOO_PORT,
+    GLOO_SYSTEMS,
+    SWML_BOUND_DEFINITION,
+    SWML_HEADERS,
+    SYSTEMS,
+    bound_mbps,
+)
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
 from .rank_group import RankError, RankGroup
 from .report import SKIPPED, markdown, row_line
@@ -201,8 +214,8 @@ class Bench:
 
     # -- the sweep ---------------------------------------------------------------
     def run(self) -> dict:
-        from ..lab import Lab
         from ..client.api import _afxdp_unavailable_reason
+        from ..lab import Lab
 
         cfg = self.cfg
         started = time.time()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class RankError(RuntimeError):
@@ -95,7 +95,7 @@ class RankGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def __enter__(self) -> "RankGroup":
+    def __enter__(self) -> RankGroup:
         return self
 
     def __exit__(self, *exc) -> None:

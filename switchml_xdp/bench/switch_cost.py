@@ -29,7 +29,6 @@ from ..switch.state_files import read_state
 from .bpf_stats import ProgCost
 from .output import echo_rows
 
-
 #: The payload format each dtype's sums travel in (calls.Call.fmt).
 FMT_OF = {"float32": wire.FMT_OFFSET32, "int32": wire.FMT_INT32}
 

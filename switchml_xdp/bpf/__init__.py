@@ -12,13 +12,13 @@ import them.
     tc_attach("eth1", prog.load("f", "sched_cls"), "f")  # tc ingress (clsact, bpf filter)
     retval, frame_out, ns = prog_test_run(prog.fd, frame)  # BPF_PROG_TEST_RUN, no traffic
 """
+from .bpffs import PIN_ROOT, ensure_bpffs, pin_dir, remove_pins
 from .compile import Program, c_string, compile_program, compiler_missing
 from .errors import BpfError, PinnedMapError, XdpError
 from .pinned_map import PinnedMap
-from .bpffs import PIN_ROOT, ensure_bpffs, pin_dir, remove_pins
+from .prog_test_run import prog_test_run
 from .stats import prog_name, prog_stats, stats_enabled
 from .tc import TcError, TcFilter, tc_attach, tc_attachment, tc_detach
-from .prog_test_run import prog_test_run
 from .xdp import Attachment, XdpLink, attach, attach_link, attachment, detach
 
 __all__ = ["Attachment", "BpfError", "PIN_ROOT", "PinnedMap", "PinnedMapError", "Program",

@@ -153,7 +153,7 @@ class Program:
                 self._bpf.cleanup()
             self._bpf = None
 
-    def __enter__(self) -> "Program":
+    def __enter__(self) -> Program:
         return self
 
     def __exit__(self, *exc) -> None:

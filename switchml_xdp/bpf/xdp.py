@@ -101,7 +101,7 @@ class XdpLink:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "XdpLink":
+    def __enter__(self) -> XdpLink:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -24,8 +24,7 @@ from pathlib import Path
 import click
 
 from switchml_xdp import wire
-from switchml_xdp.lab import Host, Lab, LabError, cleanup_leftovers
-from switchml_xdp.lab import lifecycle
+from switchml_xdp.lab import Host, Lab, LabError, cleanup_leftovers, lifecycle
 from switchml_xdp.lab.addressing import is_namespace_of, prefix_of
 from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.netns import ns_path, nsenter_argv

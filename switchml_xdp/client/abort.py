@@ -11,7 +11,7 @@ run Python per packet (afxdp's C loop) registers `on_abort` and raises a flag.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 class JobAborted(RuntimeError):

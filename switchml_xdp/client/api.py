@@ -196,7 +196,7 @@ class Worker:
             self._control.close()
             self._backend.close()
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -171,7 +171,7 @@ class ControlClient:
         self.sock.settimeout(timeout + 10.0)  # the switch answers at the barrier or its timeout
         try:
             reply = self._read_line()
-        except socket.timeout:
+        except TimeoutError:
             raise ControlError(f"the switch did not answer the join within {timeout + 10:g} s") from None
         finally:
             self.sock.settimeout(None)

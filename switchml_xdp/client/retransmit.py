@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
 
 from ..layout import DEFINES
 
@@ -73,7 +73,7 @@ class RetransmitPolicy:
             raise ValueError(f"retransmission timeouts need 0 < min ({self.min_s:g}) <= "
                              f"initial ({self.initial_s:g}) <= max ({self.max_s:g})")
 
-    def with_env(self, prefix: str) -> "RetransmitPolicy":
+    def with_env(self, prefix: str) -> RetransmitPolicy:
         """This policy with <prefix>RTO_INITIAL / RTO_MIN / RTO_MAX (seconds)
         and <prefix>RTO_ADAPTIVE (0 or 1) from the environment where set:
         knobs for experiments."""

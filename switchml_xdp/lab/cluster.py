@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 from . import lifecycle, netns
 from .addressing import Host
@@ -79,7 +79,7 @@ class SwitchProcess:
         if state_files.remove_leftover_files(self.iface):   # no daemon of this interface is alive
             bpf.remove_pins(bpf.pin_dir(self.iface))
 
-    def __enter__(self) -> "SwitchProcess":
+    def __enter__(self) -> SwitchProcess:
         return self
 
     def __exit__(self, *exc) -> None:

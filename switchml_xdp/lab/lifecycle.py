@@ -166,7 +166,7 @@ def remove_lab_files(prefix: str) -> None:
     """The state file and pinned maps of lab `prefix`, and whatever a switch
     daemon on its switch interface left (pins, state, token and lock files),
     once its namespaces are gone."""
-    from .. import bpf                   # late: `swml-lab down` needs neither at import
+    from .. import bpf  # late: `swml-lab down` needs neither at import
     from ..switch import state_files
 
     state_path(prefix).unlink(missing_ok=True)

@@ -138,7 +138,7 @@ class LossInjector:
         return os.path.exists(f"{pin_dir(prefix)}/cfg")
 
     @classmethod
-    def open(cls, lab) -> "LossInjector | None":
+    def open(cls, lab) -> LossInjector | None:
         """The injector of a lab that already has one (maybe attached by another
         process), or None."""
         try:
@@ -149,7 +149,7 @@ class LossInjector:
             raise
 
     @classmethod
-    def attach(cls, lab, bridge_ipr: IPRoute) -> "LossInjector":
+    def attach(cls, lab, bridge_ipr: IPRoute) -> LossInjector:
         """Compile xdp/lab/swml_loss.c once and put it on every bridge-side end:
         XDP (replacing the pass program), tc ingress and tc egress. Loss starts
         at 0 and the port at the switch's default data port. `bridge_ipr`: a

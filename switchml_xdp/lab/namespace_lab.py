@@ -156,7 +156,7 @@ class Lab:
         }
 
     @classmethod
-    def from_state(cls, prefix: str) -> "Lab":
+    def from_state(cls, prefix: str) -> Lab:
         """A handle on a lab left up by another process (`swml-lab up`).
 
         It is keep=True: leaving a `with` block does not remove it; close() does.
@@ -225,14 +225,14 @@ class Lab:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def __enter__(self) -> "Lab":
+    def __enter__(self) -> Lab:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         if not self.keep:
             self.close()
 
-    def start(self) -> "Lab":
+    def start(self) -> Lab:
         """Build the topology; on any failure remove whatever was made, then raise."""
         if self._started:
             return self

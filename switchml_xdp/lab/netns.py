@@ -26,7 +26,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2 import netns as _pr_netns
 
-from ..net import NETNS_DIR, in_netns  # noqa: F401  (in_netns: part of this module's API)
+from ..net import NETNS_DIR, in_netns
 
 
 def ns_path(name: str) -> Path:

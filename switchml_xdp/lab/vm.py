@@ -115,7 +115,7 @@ class VmLab:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def __enter__(self) -> "VmLab":
+    def __enter__(self) -> VmLab:
         return self
 
     def __exit__(self, *exc) -> None:

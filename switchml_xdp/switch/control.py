@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from .jobs import ControlError, Job, JobStartFailed, JobTable
 
@@ -151,7 +151,7 @@ class ControlServer:
         not read for the idle timeout is dropped (ConnectionResetError)."""
         try:
             await asyncio.wait_for(conn.writer.drain(), self.idle_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             conn.drop(f"did not read for {self.idle_timeout_s:g} s")
             raise ConnectionResetError from None
 
@@ -171,7 +171,7 @@ class ControlServer:
                     pass
             try:
                 await asyncio.wait_for(linger(), LINGER_S)
-            except (asyncio.TimeoutError, ConnectionError, OSError):
+            except (TimeoutError, ConnectionError, OSError):
                 pass
             finally:
                 w.close()  # also when the daemon stops meanwhile (the task is cancelled)
@@ -183,7 +183,7 @@ class ControlServer:
         timeout = None if conn.job is not None else self.idle_timeout_s
         try:
             line = await asyncio.wait_for(conn.reader.readline(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             conn.error(f"idle for {self.idle_timeout_s:g} s without a request; closing")
             conn.closing = True
             return None

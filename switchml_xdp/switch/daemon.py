@@ -21,8 +21,15 @@ from .control import ControlServer
 from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .metrics import MetricsError, MetricsServer, SwitchCollector
-from .state_files import (LockError, lock_holder, read_state, read_token_digests, remove_state,
-                          take_lock, write_state)
+from .state_files import (
+    LockError,
+    lock_holder,
+    read_state,
+    read_token_digests,
+    remove_state,
+    take_lock,
+    write_state,
+)
 from .userspace import UserspaceDataplane
 from .xdp_dataplane import XdpDataplane
 

@@ -20,8 +20,8 @@ import ipaddress
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .. import wire
 from .maps import DataplaneMaps, JobEntry
@@ -36,7 +36,7 @@ class JobStartFailed(ControlError):
     """The barrier completed but the job could not get an id or slots: every
     rank that waited is told, and the job is gone."""
 
-    def __init__(self, job: "Job", reason: str):
+    def __init__(self, job: Job, reason: str):
         super().__init__(reason)
         self.job = job
 

@@ -11,7 +11,7 @@ example scrape, in docs/operations.md.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .. import wire
 

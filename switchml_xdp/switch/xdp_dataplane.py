@@ -19,7 +19,12 @@ import os
 
 from .. import bpf, net, wire
 from .dataplane import (
-    DEFAULT_FANOUT, FANOUTS, Dataplane, DataplaneError, SwitchParams, netns_inode,
+    DEFAULT_FANOUT,
+    FANOUTS,
+    Dataplane,
+    DataplaneError,
+    SwitchParams,
+    netns_inode,
 )
 from .maps import SwitchMaps
 

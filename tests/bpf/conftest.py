@@ -23,7 +23,7 @@ def unicast_prog():
         yield sw
 
 
-def _emptied(tester: "SwitchTester"):
+def _emptied(tester: SwitchTester):
     """The module's switch, emptied; afterwards, every packet must be accounted for."""
     tester.reset()
     yield tester

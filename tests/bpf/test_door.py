@@ -17,10 +17,9 @@ import threading
 
 import pytest
 
+from requires import NO_LAB, needs_lab
 from switchml_xdp import bpf, layout, net
 from switchml_xdp.switch.xdp_dataplane import address_defines
-
-from requires import NO_LAB, needs_lab
 
 PASS = "lab/swml_pass.c"  # kernel tests skip where the lab would (root, bcc, BTF)
 

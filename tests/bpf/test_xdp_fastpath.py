@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from switchml_xdp import wire
-
 from xdp_tester import Action, Run, SwitchTester, assert_accounted, only, require_bpf
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1

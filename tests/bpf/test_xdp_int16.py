@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from switchml_xdp import quant16, wire
-
 from xdp_tester import PROG_K as K
 from xdp_tester import Action, SwitchTester, only
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from switchml_xdp import quant, wire
-
 from xdp_tester import PROG_K as K
 from xdp_tester import Action, SwitchTester, only, require_bpf
 

@@ -13,9 +13,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from switchml_xdp import wire
-
 from frames import IP_MF, IP_OPTIONS_NOP, Endpoint, arp_request, ipv6_udp_frame, tcp_frame, udp_frame
+from switchml_xdp import wire
 from xdp_tester import Action, RedirectTester, require_bpf
 
 SWITCH = Endpoint("02:5e:00:00:00:01", "10.1.0.1", wire.DEFAULT_PORT)

@@ -15,9 +15,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from switchml_xdp import ordered, wire
-
 from frames import BROADCAST
+from switchml_xdp import ordered, wire
 from xdp_tester import PROG_K, PROG_SLOTS, Action, SwitchTester, only
 
 K, SLOTS = PROG_K, PROG_SLOTS

@@ -14,8 +14,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from switchml_xdp import bpf, layout, wire
-
 from frames import (
     BROADCAST,
     ETH_P_IP,
@@ -31,6 +29,7 @@ from frames import (
     tcp_frame,
     udp_frame,
 )
+from switchml_xdp import bpf, layout, wire
 from xdp_tester import (
     PROG_K,
     PROG_SLOTS,
@@ -38,8 +37,8 @@ from xdp_tester import (
     SwitchTester,
     assert_accounted,
     only,
-    require_bpf,  # noqa: F401 - fixtures
-    )
+    require_bpf,
+)
 
 K, SLOTS = PROG_K, PROG_SLOTS  # elements a packet: small frames, readable values
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1

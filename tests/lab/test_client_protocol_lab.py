@@ -12,10 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from switchml_xdp import quant
-
 from lab_jobs import K, run_job, skip_without_afxdp
 from requires import needs_lab
+from switchml_xdp import quant
 
 BACKEND_SETS = {"udp": ["udp", "udp"], "afxdp": ["afxdp", "afxdp"],
                 "mixed": ["afxdp", "udp", "afxdp"]}
@@ -280,11 +279,10 @@ def test_the_engine_checks_results_again_behind_the_redirect_program(lab8, switc
     type or format. The afxdp engine ignores every one; the sums stay exact."""
     import threading
 
-    from switchml_xdp import wire
-    from switchml_xdp.client.calls import call_tag
-
     from crafted_packets import raw_socket
     from frames import Endpoint, endpoint, udp_frame
+    from switchml_xdp import wire
+    from switchml_xdp.client.calls import call_tag
 
     backends = ["afxdp", "afxdp"]
     skip_without_afxdp(backends)

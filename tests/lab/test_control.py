@@ -15,8 +15,6 @@ import time
 
 import pytest
 
-from switchml_xdp import wire
-
 from control_helpers import (
     JOB_SLOTS,
     LEASE_S,
@@ -32,6 +30,7 @@ from control_helpers import (
     wait_gone,
     wait_members,
 )
+from switchml_xdp import wire
 
 # --- requests the switch refuses ------------------------------------------------
 

@@ -11,10 +11,6 @@ import time
 
 import pytest
 
-from switchml_xdp import wire
-from switchml_xdp.client.control import ControlClient, ControlError
-from switchml_xdp.lab.cluster import SwitchProcess
-
 from control_helpers import (
     LEASE_S,
     PORT,
@@ -27,6 +23,9 @@ from control_helpers import (
     wait_for,
     wait_gone,
 )
+from switchml_xdp import wire
+from switchml_xdp.client.control import ControlClient, ControlError
+from switchml_xdp.lab.cluster import SwitchProcess
 
 # --- leases, disconnects and leave ----------------------------------------------
 
@@ -212,7 +211,7 @@ def test_client_that_never_reads_is_dropped(own_switch):
             try:
                 r.sock.sendall(b'{"op": "status"}\n' * 64)
                 sent += 64
-            except socket.timeout:
+            except TimeoutError:
                 pass   # the switch stopped reading us: it waits for us to read
             except (ConnectionResetError, BrokenPipeError) as e:
                 reset = e

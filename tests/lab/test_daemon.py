@@ -10,11 +10,10 @@ import sys
 
 import pytest
 
+from clis import SWITCH_CLI
 from switchml_xdp import wire
 from switchml_xdp.switch.maps import SwitchMaps, pin_dir
 from switchml_xdp.switch.state_files import read_state, state_path
-
-from clis import SWITCH_CLI
 
 
 @pytest.fixture
@@ -126,10 +125,9 @@ def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
     says so in one line and the winner serves with its program attached."""
     import time
 
+    from control_helpers import Raw
     from switchml_xdp import bpf
     from switchml_xdp.switch.state_files import lock_holder, lock_path
-
-    from control_helpers import Raw
 
     iface = lab1.switch.iface
     argv = SWITCH_CLI + ["up", iface]

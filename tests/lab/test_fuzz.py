@@ -14,10 +14,6 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from switchml_xdp import wire
-from switchml_xdp.lab import netns
-from switchml_xdp.lab.cluster import run_ranks
-
 from crafted_packets import PAYLOAD_LEN, eth_ip_udp, raw_socket, send_paced, to_switch, udp_socket
 from frames import Endpoint
 from reliability_helpers import (
@@ -37,6 +33,9 @@ from reliability_helpers import (
     upstream_drops,
     wrap_sum,
 )
+from switchml_xdp import wire
+from switchml_xdp.lab import netns
+from switchml_xdp.lab.cluster import run_ranks
 from xdp_tester import SwitchOracle, job_snapshot
 
 FIELDS = list(wire.HDR_DTYPE.names)  # the swml header fields a fuzz case corrupts

@@ -8,10 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from switchml_xdp import quant, quant16
-
 from lab_jobs import K, bench_cli_2_ranks, run_job
 from requires import needs_lab
+from switchml_xdp import quant, quant16
 
 
 @needs_lab

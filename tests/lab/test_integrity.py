@@ -24,15 +24,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from switchml_xdp import wire
-from switchml_xdp.lab import netns
-from switchml_xdp.lab.cluster import run_ranks
-
 from control_helpers import PORT
 from crafted_packets import raw_socket
 from frames import ETH_P_IP, endpoint, ethernet, udp_frame
 from honest_job import HonestJob
 from reliability_helpers import cdelta, switch_counters
+from switchml_xdp import wire
+from switchml_xdp.lab import netns
+from switchml_xdp.lab.cluster import run_ranks
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 FORGER = Path(__file__).resolve().parents[1] / "support" / "forge_results.py"
@@ -167,7 +166,7 @@ def test_replaying_every_packet_a_rank_sent_changes_nothing_and_stalls_nothing(l
         while time.monotonic() < t_end:
             try:
                 frame, addr = cap.recvfrom(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if addr[2] != socket.PACKET_OUTGOING and len(frame) > wire.HEADERS_LEN and \
                     frame[36:38] == wire.DEFAULT_PORT.to_bytes(2, "big") and \

@@ -25,12 +25,11 @@ if NO_LAB:
 
 from click.testing import CliRunner
 
+from repo import REPO
 from switchml_xdp.cli.lab import main as lab_cli
 from switchml_xdp.lab import Lab, LabError, cleanup_leftovers
 from switchml_xdp.lab.addressing import new_prefix
 from switchml_xdp.lab.lifecycle import lab_namespaces, state_path
-
-from repo import REPO  # noqa: E402 - beside the constants that use it
 
 GROUP, PORT = "239.77.0.1", 48864
 needs_ping = pytest.mark.skipif(shutil.which("ping") is None,

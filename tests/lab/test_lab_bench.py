@@ -61,7 +61,7 @@ def _receive(lab, host, port: int, out: dict) -> None:
                 first = first or now
                 last = now
                 nbytes += len(d) + 42
-        except socket.timeout:
+        except TimeoutError:
             pass
     out[port] = nbytes * 8 / (last - first) / 1e6 if first and last > first else 0.0
 

@@ -13,12 +13,11 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from clis import LAB_CLI
+from requires import needs_lab
 from switchml_xdp.cli import lab as lab_cli
 from switchml_xdp.lab import Lab, lifecycle, netns
 from switchml_xdp.lab.addressing import new_prefix
-
-from clis import LAB_CLI
-from requires import needs_lab
 
 
 def _lab(prefix: str, uid: int, monkeypatch) -> Lab:

@@ -95,7 +95,7 @@ class Flow:
             while True:
                 self.rx.recv(2048)
                 got += 1
-        except socket.timeout:
+        except TimeoutError:
             return got
 
     def close(self) -> None:

@@ -14,9 +14,6 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from switchml_xdp import quant, wire
-from switchml_xdp.lab.cluster import run_ranks
-
 from reliability_helpers import (
     PORT,
     K,
@@ -35,6 +32,8 @@ from reliability_helpers import (
     upstream_drops,
     wrap_sum,
 )
+from switchml_xdp import quant, wire
+from switchml_xdp.lab.cluster import run_ranks
 
 LOSS_LEVELS = [0.0, 0.001, 0.01, 0.05]
 N_INT, N_FLOAT = 250 * K - 17, 250 * K + 3          # 250 + 251 packets each way, a worker

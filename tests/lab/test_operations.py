@@ -13,10 +13,9 @@ import urllib.request
 
 import pytest
 
-from switchml_xdp import wire
-
 from clis import SWITCH_CLI
 from requires import needs_lab
+from switchml_xdp import wire
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 

@@ -19,11 +19,10 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 
 import pytest
 
-from switchml_xdp.switch.control import MAX_CONNECTIONS_PER_IP, MAX_PENDING_JOINS_PER_IP
-
 from clis import SWITCH_CLI
 from control_helpers import LEASE_S, PORT, Raw, assert_error, job_of, join_msg, status, wait_for, wait_members
 from honest_job import HonestJob
+from switchml_xdp.switch.control import MAX_CONNECTIONS_PER_IP, MAX_PENDING_JOINS_PER_IP
 
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 _names = itertools.count()

@@ -18,7 +18,6 @@ torch = pytest.importorskip(
 
 from switchml_xdp import quant  # noqa: E402 - after the importorskip
 from switchml_xdp.torch.staging import StagingConfig  # noqa: E402 - after the importorskip
-
 from two_level import HOSTS, PARAM_ATOL, PER_HOST, RANK_DEADLINE_S, STEPS, WORLD  # noqa: E402 - after the importorskip
 from two_level import gather as _gather_cpu  # noqa: E402 - after the importorskip
 from two_level import model as _cpu_model  # noqa: E402 - after the importorskip

@@ -18,12 +18,11 @@ import time
 import numpy as np
 import pytest
 
+from frames import endpoint, udp_frame
+from requires import NO_LAB
 from switchml_xdp import wire
 from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 from switchml_xdp.switch.maps import SwitchMaps
-
-from frames import endpoint, udp_frame
-from requires import NO_LAB
 
 K = wire.DEFAULT_K
 _names = itertools.count()
@@ -182,7 +181,7 @@ class Peer:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             return None
         return wire.unpack_header(data), np.frombuffer(data, "<i4", offset=wire.HDR_LEN)
 

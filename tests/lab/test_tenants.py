@@ -16,9 +16,6 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
-from switchml_xdp import wire
-from switchml_xdp.lab.cluster import run_ranks
-
 from crafted_packets import ip_bytes, send_paced, to_switch, udp_socket
 from frames import endpoint
 from reliability_helpers import (
@@ -34,6 +31,8 @@ from reliability_helpers import (
     switch_counters,
     upstream_drops,
 )
+from switchml_xdp import wire
+from switchml_xdp.lab.cluster import run_ranks
 from xdp_tester import SwitchOracle
 
 

@@ -9,10 +9,9 @@ import subprocess
 
 import pytest
 
+from requires import NO_LAB
 from switchml_xdp.lab import Lab
 from switchml_xdp.lab.addressing import new_prefix
-
-from requires import NO_LAB
 
 
 def _qdiscs(ns: str) -> str:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from switchml_xdp.lab.cluster import run_ranks
-
 from lab_jobs import bench_cli_2_ranks
+from switchml_xdp.lab.cluster import run_ranks
 
 
 def test_bad_arrays_are_refused_before_anything_is_sent(lab8, switch):

@@ -9,11 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from switchml_xdp.client.abort import JobAborted
-from switchml_xdp.client.retransmit import ENGINE_POLICY
-
 from lab_jobs import start_idle_rank
 from retransmit_timers import FIXED_POLICY
+from switchml_xdp.client.abort import JobAborted
+from switchml_xdp.client.retransmit import ENGINE_POLICY
 
 # --------------------------------------------------------- the abort signal
 

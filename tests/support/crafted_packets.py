@@ -8,11 +8,10 @@ import errno
 import socket
 import time
 
-from switchml_xdp import wire
-from switchml_xdp.switch.maps import SwitchMaps
-
 from frames import Endpoint, endpoint, udp_frame
 from reliability_helpers import PORT, K
+from switchml_xdp import wire
+from switchml_xdp.switch.maps import SwitchMaps
 
 PAYLOAD_LEN = wire.HDR_LEN + 4 * K                 # a whole DATA datagram's UDP payload
 IP_RECVERR = 11                                    # <linux/in.h>: local drops become ENOBUFS

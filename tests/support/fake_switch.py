@@ -43,7 +43,7 @@ class FakeSwitch:
         while not self._stop.is_set():
             try:
                 data, addr = self.sock.recvfrom(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             h = wire.unpack_header(data)
             self.headers.append(h)

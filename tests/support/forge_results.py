@@ -45,7 +45,7 @@ def main() -> None:
     while time.monotonic() < end:
         try:
             real = rx.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if len(real) <= hdr_len:
             continue

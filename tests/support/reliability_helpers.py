@@ -234,7 +234,7 @@ class StreamingJob:
             self.joined.set()
             self.streaming.set()
 
-    def start(self, gate: bool = True) -> "StreamingJob":
+    def start(self, gate: bool = True) -> StreamingJob:
         """Join and start streaming (with gate=False: join, and stream once
         self.gate is set)."""
         if gate:

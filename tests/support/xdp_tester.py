@@ -30,6 +30,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
+from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
+from requires import NO_LAB
 from switchml_xdp import bpf, wire
 from switchml_xdp.client.afxdp_backend import compile_redirect
 from switchml_xdp.client.control import JobInfo
@@ -37,9 +39,6 @@ from switchml_xdp.switch.dataplane import SwitchParams
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps
 from switchml_xdp.switch.state_files import read_state
 from switchml_xdp.switch.xdp_dataplane import program_defines
-
-from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
-from requires import NO_LAB
 
 
 class Action(IntEnum):

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from fake_switch import GROUP, FakeSwitch, free_port
 from switchml_xdp.client.abort import AbortSignal
 from switchml_xdp.client.backend import LocalEnd
 from switchml_xdp.client.control import JobInfo
 from switchml_xdp.client.udp_backend import UdpBackend
-
-from fake_switch import GROUP, FakeSwitch, free_port
 
 
 @pytest.fixture

@@ -6,9 +6,8 @@ import subprocess
 
 import pytest
 
-from switchml_xdp.bench.allreduce_bench import bus_factor, format_sweep, parse_sweep
-
 from clis import WORKER_CLI
+from switchml_xdp.bench.allreduce_bench import bus_factor, format_sweep, parse_sweep
 
 
 def test_the_default_sweep_is_4KiB_to_256MiB_in_powers_of_two():

@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fake_switch import result_of
 from switchml_xdp import quant16, wire
 from switchml_xdp.client.calls import Call, call_tag, check_precision
 from switchml_xdp.client.plans import Float16Plan, make_plan
-
-from fake_switch import result_of
 
 
 def test_precision_16_only_for_a_float32_sum():

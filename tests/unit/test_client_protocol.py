@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from fake_switch import GROUP, free_port, honest, result_of
 from switchml_xdp import ordered, wire
 from switchml_xdp.client.calls import (
     Call,
@@ -23,8 +24,6 @@ from switchml_xdp.client.calls import (
 )
 from switchml_xdp.client.plans import make_plan, packets_needed
 from switchml_xdp.client.port import PortInUse, reserve_port
-
-from fake_switch import GROUP, free_port, honest, result_of
 
 try:
     from switchml_xdp import _engine

@@ -8,14 +8,13 @@ import subprocess
 
 import pytest
 
+from clis import SWITCH_CLI
 from switchml_xdp import wire
 from switchml_xdp.switch.daemon import DATAPLANES, SwitchError, make_dataplane
 from switchml_xdp.switch.dataplane import Dataplane, SwitchParams
 from switchml_xdp.switch.jobs import JobTable
 from switchml_xdp.switch.maps import DataplaneMaps, SwitchMaps
 from switchml_xdp.switch.userspace import MemoryMaps
-
-from clis import SWITCH_CLI
 
 
 @pytest.mark.parametrize("args, reason", [

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from repo import REPO as ROOT  # noqa: E402 - beside the constants that use it
+from repo import REPO as ROOT
 
 PACKAGE = ROOT / "switchml_xdp"
 

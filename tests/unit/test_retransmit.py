@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from retransmit_timers import FIXED_POLICY, FakeClock, engine_like_timers
 from switchml_xdp.client.abort import AbortSignal, JobAborted
 from switchml_xdp.client.retransmit import (
     ENGINE_POLICY,
@@ -13,8 +14,6 @@ from switchml_xdp.client.retransmit import (
     RetransmitTimers,
     RtoEstimator,
 )
-
-from retransmit_timers import FIXED_POLICY, FakeClock, engine_like_timers
 
 
 def test_abort_signal_keeps_the_first_reason_and_calls_listeners_once():
