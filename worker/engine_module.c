@@ -44,7 +44,6 @@
 #include <errno.h>
 #include <string.h>
 
-
 #include "engine_policy.h"
 #include "quant.h"
 #include "stream.h"
@@ -84,9 +83,11 @@ static int get_buf(PyObject *obj, Py_buffer *b, int writable, const char *kinds,
 		return -1;
 	kind = buf_kind(b);
 	if (b->itemsize != itemsize || !kind || !strchr(kinds, kind)) {
-		PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous buffer of %s, got format '%s'",
-			     what, itemsize == 4 ? (strchr(kinds, 'f') ? "float32" : "int32")
-				 : itemsize == 2 ? "int16" : "int8/bool",
+		PyErr_Format(PyExc_TypeError,
+			     "%s: expected a C-contiguous buffer of %s, got format '%s'", what,
+			     itemsize == 4   ? (strchr(kinds, 'f') ? "float32" : "int32")
+			     : itemsize == 2 ? "int16"
+					     : "int8/bool",
 			     b->format ? b->format : "B");
 		PyBuffer_Release(b);
 		return -1;
@@ -148,7 +149,8 @@ static PyObject *py_block_exponents(PyObject *self, PyObject *args)
 			Py_ssize_t m = n - b * k < k ? n - b * k : k;
 			int bad;
 
-			((int8_t *)e.buf)[b] = swml_block_exponent((const float *)x.buf + b * k, m, &bad);
+			((int8_t *)e.buf)[b] =
+				swml_block_exponent((const float *)x.buf + b * k, m, &bad);
 			((uint8_t *)nf.buf)[b] = (uint8_t)bad;
 		}
 		Py_END_ALLOW_THREADS
@@ -194,7 +196,8 @@ static PyObject *quantize_buffers(PyObject *args, int bits16)
 		uint32_t limit = bits16 ? 1u << 14 : 1u << (30 - L);
 
 		if (e.len != nb || buf_len(&o) != nb * k) {
-			PyErr_Format(PyExc_ValueError, "need %zd exponents and %zd outputs", nb, nb * k);
+			PyErr_Format(PyExc_ValueError, "need %zd exponents and %zd outputs", nb,
+				     nb * k);
 			goto out;
 		}
 		Py_BEGIN_ALLOW_THREADS
@@ -212,17 +215,18 @@ static PyObject *quantize_buffers(PyObject *args, int bits16)
 				else
 					swml_quantize_block(xb, m, k, eg, L, o32);
 			} else {
-				too_big |= (bits16 ? swml_quantize16_block_checked(xb, m, k, eg, o16)
-						   : swml_quantize_block_checked(xb, m, k, eg, L, o32))
-					   > limit;
+				too_big |=
+					(bits16 ? swml_quantize16_block_checked(xb, m, k, eg, o16)
+						: swml_quantize_block_checked(xb, m, k, eg, L,
+									      o32)) > limit;
 			}
 		}
 		Py_END_ALLOW_THREADS
 		if (too_big) {
 			PyErr_Format(PyExc_ValueError,
 				     "exp_global is smaller than a block's local exponent: "
-				     "values would not fit the %s", bits16 ? "int16 payload"
-									: "int32 headroom");
+				     "values would not fit the %s",
+				     bits16 ? "int16 payload" : "int32 headroom");
 			goto out;
 		}
 	}
@@ -274,13 +278,16 @@ static PyObject *dequantize_buffers(PyObject *args, int bits16)
 		int L = swml_exponent_bits((uint32_t)world);
 
 		if (nb == 0 || f.len != nb || buf_len(&s) % nb) {
-			PyErr_Format(PyExc_ValueError, "%s must be nblocks * k %s, with one "
-				     "exponent and one flag per block", what, bits16 ? "int16" : "int32");
+			PyErr_Format(PyExc_ValueError,
+				     "%s must be nblocks * k %s, with one "
+				     "exponent and one flag per block",
+				     what, bits16 ? "int16" : "int32");
 			goto out;
 		}
 		k = buf_len(&s) / nb;
 		if (!((nb - 1) * k < n && n <= nb * k)) {
-			PyErr_Format(PyExc_ValueError, "n=%zd does not fit %zd blocks of %zd", n, nb, k);
+			PyErr_Format(PyExc_ValueError, "n=%zd does not fit %zd blocks of %zd", n,
+				     nb, k);
 			goto out;
 		}
 		Py_BEGIN_ALLOW_THREADS
@@ -291,9 +298,11 @@ static PyObject *dequantize_buffers(PyObject *args, int bits16)
 			float *y = (float *)o.buf + b * k;
 
 			if (bits16)
-				swml_dequantize16_block((const int16_t *)s.buf + b * k, m, eg, L, nf, y);
+				swml_dequantize16_block((const int16_t *)s.buf + b * k, m, eg, L,
+							nf, y);
 			else
-				swml_dequantize_block((const int32_t *)s.buf + b * k, m, eg, L, nf, y);
+				swml_dequantize_block((const int32_t *)s.buf + b * k, m, eg, L, nf,
+						      y);
 		}
 		Py_END_ALLOW_THREADS
 	}
@@ -339,7 +348,8 @@ static PyObject *map_buffers(PyObject *io, PyObject *oo, int op)
 		if (op < 0)
 			swml_unordered_block(in.buf, buf_len(&in), out.buf);
 		else
-			swml_ordered_block(in.buf, buf_len(&in), buf_len(&in), (uint8_t)op, out.buf);
+			swml_ordered_block(in.buf, buf_len(&in), buf_len(&in), (uint8_t)op,
+					   out.buf);
 		ret = Py_NewRef(Py_None);
 	}
 	PyBuffer_Release(&out);
@@ -355,8 +365,10 @@ static PyObject *py_ordered(PyObject *self, PyObject *args)
 	if (!PyArg_ParseTuple(args, "ObO", &xo, &op, &oo))
 		return NULL;
 	if (op != SWML_OP_MIN && op != SWML_OP_MAX)
-		return PyErr_Format(PyExc_ValueError, "the order-preserving map is for MIN and MAX, "
-				    "not op %d", op);
+		return PyErr_Format(PyExc_ValueError,
+				    "the order-preserving map is for MIN and MAX, "
+				    "not op %d",
+				    op);
 	return map_buffers(xo, oo, op);
 }
 
@@ -406,8 +418,8 @@ static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what
  * at once, no pacing); the numbers are window.py's alone. */
 static int window_arg(PyObject *obj, struct swml_window_policy *w)
 {
-	*w = (struct swml_window_policy){ .enabled = 0, .initial = 1, .ai = 1, .beta = 1,
-					  .max_mdf = 0.5, .pace_burst = 1 };
+	*w = (struct swml_window_policy){
+		.enabled = 0, .initial = 1, .ai = 1, .beta = 1, .max_mdf = 0.5, .pace_burst = 1};
 	if (!obj || obj == Py_None)
 		return 0;
 	if (!PyTuple_Check(obj)) {
@@ -415,8 +427,8 @@ static int window_arg(PyObject *obj, struct swml_window_policy *w)
 		return -1;
 	}
 	if (!PyArg_ParseTuple(obj, "pddddddddd", &w->enabled, &w->initial, &w->ai, &w->beta,
-			      &w->max_mdf, &w->target_backlog, &w->pace_burst,
-			      &w->random_loss_md, &w->max_backlog, &w->target_delay_s))
+			      &w->max_mdf, &w->target_backlog, &w->pace_burst, &w->random_loss_md,
+			      &w->max_backlog, &w->target_delay_s))
 		return -1;
 	if (!(w->initial >= 1) || !(w->ai > 0) || !(w->beta > 0) || !(w->max_mdf > 0) ||
 	    !(w->max_mdf < 1) || !(w->target_backlog >= 0) || !(w->pace_burst >= 1) ||
@@ -485,11 +497,12 @@ fail:
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"ifname", "xskmap_fd", "abort", "job", "rank", "world", "k",
-				 "slots", "src_mac", "dst_mac", "src_ip", "dst_ip", "src_port",
-				 "dst_port", "key", "seq_base", "queue", "frames", "rto_initial",
-				 "rto_min", "rto_max", "stall_timeout", "spin", "rto_adaptive",
-				 "window", NULL};
+	static char *kwlist[] = {
+		"ifname",      "xskmap_fd", "abort",   "job",           "rank",   "world",
+		"k",           "slots",     "src_mac", "dst_mac",       "src_ip", "dst_ip",
+		"src_port",    "dst_port",  "key",     "seq_base",      "queue",  "frames",
+		"rto_initial", "rto_min",   "rto_max", "stall_timeout", "spin",   "rto_adaptive",
+		"window",      NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -515,15 +528,17 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpO", kwlist, &ifname,
 					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
 					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
-					 &key_obj, &seq_base_obj, &queue, &frames, &rto_initial, &rto_min,
-					 &rto_max, &stall_timeout, &spin, &rto_adaptive, &window_obj))
+					 &key_obj, &seq_base_obj, &queue, &frames, &rto_initial,
+					 &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
+					 &window_obj))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
 	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
 	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip ||
 	    !key_obj || !seq_base_obj) {
-		PyErr_SetString(PyExc_TypeError, "Engine: job, rank, world, k, slots, src_mac, dst_mac, "
+		PyErr_SetString(PyExc_TypeError,
+				"Engine: job, rank, world, k, slots, src_mac, dst_mac, "
 				"src_ip, dst_ip, src_port, dst_port, key and seq_base are required "
 				"keywords");
 		return -1;
@@ -545,8 +560,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	}
 	if (job < 1 || job > 65535 || rank >= world || world < 1 || world > SWML_MAX_WORLD ||
 	    k < 1 || k > SWML_MAX_K || slots < 1 || slots > 65535 || src_port > 65535 ||
-	    dst_port > 65535 || !(rto_min > 0) || !(rto_initial >= rto_min) || !(rto_max >= rto_initial) ||
-	    !(stall_timeout > 0)) {
+	    dst_port > 65535 || !(rto_min > 0) || !(rto_initial >= rto_min) ||
+	    !(rto_max >= rto_initial) || !(stall_timeout > 0)) {
 		PyErr_SetString(PyExc_ValueError, "Engine: parameter out of range");
 		return -1;
 	}
@@ -571,12 +586,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.stall_ns = (uint64_t)(stall_timeout * 1e9);
 	cfg.spin = spin;
 
-	if (PyObject_GetBuffer(abort_obj, &self->abort_buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+	if (PyObject_GetBuffer(abort_obj, &self->abort_buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) <
+	    0)
 		return -1;
 	if (self->abort_buf.len < 4 || ((uintptr_t)self->abort_buf.buf & 3)) {
 		PyBuffer_Release(&self->abort_buf);
 		PyErr_SetString(PyExc_ValueError, "abort must be a writable, 4-byte aligned buffer "
-				"of at least 4 bytes");
+						  "of at least 4 bytes");
 		return -1;
 	}
 	cfg.abort = (const volatile uint32_t *)self->abort_buf.buf;
@@ -624,7 +640,7 @@ static int check_usable(EngineObject *self)
 	}
 	if (self->busy) {
 		PyErr_SetString(PyExc_RuntimeError, "the engine is busy with another allreduce "
-				"(calls must not overlap)");
+						    "(calls must not overlap)");
 		return -1;
 	}
 	return 0;
@@ -645,7 +661,7 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *
 		return NULL;
 	if (op >= SWML_OP_NUM || tag > 0xffffffffUL || fmt >= SWML_FMT_NUM)
 		return PyErr_Format(PyExc_ValueError, "allreduce: op must be an SWML_OP_*, tag "
-				    "fit 32 bits and fmt be an SWML_FMT_*");
+						      "fit 32 bits and fmt be an SWML_FMT_*");
 	call.op = op;
 	call.fmt = fmt;
 	call.tag = (uint32_t)tag;
@@ -655,14 +671,16 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *
 		return NULL;
 	kind = buf_kind(&b);
 	if (b.itemsize != 4 || (kind != 'f' && kind != 'i')) {
-		PyErr_Format(PyExc_TypeError, "allreduce takes a writable C-contiguous float32 or "
-			     "int32 buffer, not format '%s'", b.format ? b.format : "B");
+		PyErr_Format(PyExc_TypeError,
+			     "allreduce takes a writable C-contiguous float32 or "
+			     "int32 buffer, not format '%s'",
+			     b.format ? b.format : "B");
 		PyBuffer_Release(&b);
 		return NULL;
 	}
 	if (fmt != SWML_FMT_INT32 && (kind != 'f' || op != SWML_OP_SUM)) {
 		PyErr_SetString(PyExc_ValueError, "allreduce: fmts SWML_FMT_INT16 and "
-				"SWML_FMT_OFFSET32 are for a float32 SUM only");
+						  "SWML_FMT_OFFSET32 are for a float32 SUM only");
 		PyBuffer_Release(&b);
 		return NULL;
 	}
@@ -768,8 +786,7 @@ static PyGetSetDef Engine_getset[] = {
 	{NULL}};
 
 static PyTypeObject EngineType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "switchml_xdp._engine.Engine",
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "switchml_xdp._engine.Engine",
 	.tp_basicsize = sizeof(EngineObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "An AF_XDP socket + UMEM on one interface queue, streaming tensors of one job.",
@@ -804,8 +821,10 @@ static PyMethodDef module_methods[] = {
 	{NULL}};
 
 static struct PyModuleDef engine_module = {
-	PyModuleDef_HEAD_INIT, "switchml_xdp._engine",
-	"The AF_XDP worker engine of switchml-xdp (C): rings, streaming, quantization.", -1,
+	PyModuleDef_HEAD_INIT,
+	"switchml_xdp._engine",
+	"The AF_XDP worker engine of switchml-xdp (C): rings, streaming, quantization.",
+	-1,
 	module_methods,
 };
 

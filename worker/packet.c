@@ -38,29 +38,29 @@ void swml_build_template(uint8_t t[SWML_L2L4_LEN], const struct swml_addrs *a, u
 	memset(t, 0, SWML_L2L4_LEN);
 	memcpy(eth, a->dst_mac, 6);
 	memcpy(eth + 6, a->src_mac, 6);
-	put16(eth + 12, 0x0800);           /* ETH_P_IP */
-	ip[0] = 0x45;                      /* v4, ihl 5 */
-	ip[1] = 0;                         /* tos */
+	put16(eth + 12, 0x0800); /* ETH_P_IP */
+	ip[0] = 0x45;            /* v4, ihl 5 */
+	ip[1] = 0;               /* tos */
 	put16(ip + 2, SWML_IP_LEN + udp_len);
-	put16(ip + 4, 0);                  /* id: DF set, never fragmented */
-	put16(ip + 6, 0x4000);             /* DF */
-	ip[8] = 64;                        /* ttl */
-	ip[9] = 17;                        /* IPPROTO_UDP */
+	put16(ip + 4, 0);      /* id: DF set, never fragmented */
+	put16(ip + 6, 0x4000); /* DF */
+	ip[8] = 64;            /* ttl */
+	ip[9] = 17;            /* IPPROTO_UDP */
 	memcpy(ip + 12, a->src_ip, 4);
 	memcpy(ip + 16, a->dst_ip, 4);
 	put16(ip + 10, ipv4_checksum(ip));
 	put16(udp, a->src_port);
 	put16(udp + 2, a->dst_port);
 	put16(udp + 4, udp_len);
-	put16(udp + 6, 0);                 /* no UDP checksum (allowed over IPv4) */
+	put16(udp + 6, 0); /* no UDP checksum (allowed over IPv4) */
 }
 
 /* Field by field, through struct swml_hdr's offsets (swml_wire.h is the one
  * layout): the header may sit at any alignment in the frame. */
 #define HDR_AT(h, field) ((h) + offsetof(struct swml_hdr, field))
 
-void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags,
-			 uint16_t slot, uint32_t seq, int8_t exp)
+void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags, uint16_t slot,
+			 uint32_t seq, int8_t exp)
 {
 	uint64_t key_be = htobe64(id->key);
 
@@ -90,8 +90,8 @@ static uint32_t get32(const uint8_t *p)
 	return (uint32_t)get16(p) << 16 | get16(p + 2);
 }
 
-int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a,
-		      uint16_t job, uint32_t k, uint8_t fmt, struct swml_result *r)
+int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a, uint16_t job,
+		      uint32_t k, uint8_t fmt, struct swml_result *r)
 {
 	const uint8_t *ip = f + SWML_ETH_LEN, *udp = ip + SWML_IP_LEN, *h = f + SWML_L2L4_LEN;
 	uint8_t got;

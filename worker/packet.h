@@ -20,8 +20,8 @@
 
 struct swml_addrs {
 	uint8_t src_mac[6], dst_mac[6];
-	uint8_t src_ip[4], dst_ip[4];   /* network order */
-	uint16_t src_port, dst_port;    /* host order */
+	uint8_t src_ip[4], dst_ip[4]; /* network order */
+	uint16_t src_port, dst_port;  /* host order */
 };
 
 /* Bytes per payload element of format fmt (SWML_FMT_*). */
@@ -44,8 +44,8 @@ struct swml_data_id {
 };
 
 /* Write the swml header of a DATA packet at h (any alignment). */
-void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags,
-			 uint16_t slot, uint32_t seq, int8_t exp);
+void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags, uint16_t slot,
+			 uint32_t seq, int8_t exp);
 
 /* A RESULT as the engine sees it; payload points into the frame (unaligned),
  * NULL for a DISAGREE result in another format than the call's. */
@@ -63,7 +63,7 @@ struct swml_result {
  * elements of it, or flagged DISAGREE in any format (a round whose ranks
  * disagree answers in one rank's format, maybe not ours; nothing in it is
  * read); -1 otherwise. The caller checks seq, tag and op against the call. */
-int swml_parse_result(const uint8_t *frame, uint32_t len, const struct swml_addrs *a,
-		      uint16_t job, uint32_t k, uint8_t fmt, struct swml_result *r);
+int swml_parse_result(const uint8_t *frame, uint32_t len, const struct swml_addrs *a, uint16_t job,
+		      uint32_t k, uint8_t fmt, struct swml_result *r);
 
 #endif /* SWML_PACKET_H */

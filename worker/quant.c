@@ -54,16 +54,16 @@ int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite)
 		a = u & F32_ABS_MASK;
 		t = a + F32_NONFINITE_CARRY;
 		bad |= t;
-		a &= (t >> 31) - 1u;            /* 0 for Inf/NaN */
-		peak = a > peak ? a : peak;     /* non-negative floats order as their bits */
+		a &= (t >> 31) - 1u;        /* 0 for Inf/NaN */
+		peak = a > peak ? a : peak; /* non-negative floats order as their bits */
 	}
 	*nonfinite = (int)(bad >> 31);
 	if (peak == 0)
 		return SWML_EXP_MIN;
 	if (peak >= F32_MIN_NORMAL_BITS)
-		e = (int)(peak >> 23) - 127;              /* 1.m * 2^(eb - 127) */
+		e = (int)(peak >> 23) - 127; /* 1.m * 2^(eb - 127) */
 	else
-		e = (31 - __builtin_clz(peak)) - 149;     /* denormal: m * 2^-149 */
+		e = (31 - __builtin_clz(peak)) - 149; /* denormal: m * 2^-149 */
 	if (e < SWML_EXP_MIN)
 		e = SWML_EXP_MIN;
 	if (e > SWML_EXP_MAX)
@@ -87,7 +87,7 @@ static inline double quantized(const float *xp, double scale)
 
 	memcpy(&u, xp, sizeof u);
 	t = (u & F32_ABS_MASK) + F32_NONFINITE_CARRY;
-	u &= (t >> 31) - 1u;            /* Inf/NaN -> +0.0 */
+	u &= (t >> 31) - 1u; /* Inf/NaN -> +0.0 */
 	memcpy(&xf, &u, sizeof xf);
 	v = (double)xf * scale;
 	return (v + ROUND_MAGIC) - ROUND_MAGIC;
@@ -118,8 +118,8 @@ static uint32_t quantize_checked(const float *x, size_t n, size_t k, double scal
 /* float32(ints[i] * scale) for n int32 (wide) or int16 at ints, all NaN for a
  * non-finite block: the last step of both formats. `wide` is a constant at
  * each call, so each inlined copy keeps one vectorized loop. */
-static inline void scale_back(const void *ints, int wide, size_t n, double scale,
-			      int nonfinite, float *restrict out)
+static inline void scale_back(const void *ints, int wide, size_t n, double scale, int nonfinite,
+			      float *restrict out)
 {
 	if (nonfinite) {
 		for (size_t i = 0; i < n; i++)
@@ -145,8 +145,8 @@ void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, 
 		out[i] = 0;
 }
 
-uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
-				     int L, int32_t *out)
+uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global, int L,
+				     int32_t *out)
 {
 	return quantize_checked(x, n, k, ldexp(1.0, shift_of(exp_global, L)), 1, out);
 }
@@ -161,8 +161,8 @@ void swml_offset_block(int32_t *x, size_t k, uint32_t offset)
 }
 
 SWML_CLONES
-void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
-			   int nonfinite, float *restrict out)
+void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L, int nonfinite,
+			   float *restrict out)
 {
 	scale_back(sums, 1, n, ldexp(1.0, -shift_of(exp_global, L)), nonfinite, out);
 }

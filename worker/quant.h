@@ -38,8 +38,8 @@ void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, 
 /* The same for any exp_global (scalar): values beyond int32 saturate, and the
  * largest |q| is returned so that callers can check the 2^(30-L) headroom, as
  * quant.quantize() does. Identical output where the precondition holds. */
-uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
-				     int L, int32_t *out);
+uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global, int L,
+				     int32_t *out);
 
 /* SWML_FMT_OFFSET32 (swml_wire.h): add `offset` to each of the k elements at
  * x as uint32 (wrapping): 2^(30-L) before sending, 0 - world * 2^(30-L) on a
@@ -47,8 +47,8 @@ uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t 
 void swml_offset_block(int32_t *x, size_t k, uint32_t offset);
 
 /* Dequantize the first n sums of a block into out; all NaN when nonfinite. */
-void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L,
-			   int nonfinite, float *out);
+void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L, int nonfinite,
+			   float *out);
 
 /* The 16-bit block format, bit-identical to switchml_xdp/quant16.py (the
  * definition; docs/quantization.md, "The 16-bit format"): F16 = 13 - E,
@@ -56,8 +56,7 @@ void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int
  * switch keeps the headroom, returning R = (S + 2^(L-1)) >> L), non-finite and
  * padding -> 0; y = (float)((double)R * 2^(L - F16)). Same precondition and
  * vectorization as swml_quantize_block. */
-void swml_quantize16_block(const float *x, size_t n, size_t k, int8_t exp_global,
-			   int16_t *out);
+void swml_quantize16_block(const float *x, size_t n, size_t k, int8_t exp_global, int16_t *out);
 
 /* The same for any exp_global (scalar): values beyond int16 saturate, and the
  * largest |q| is returned so that callers can check the 2^14 limit, as

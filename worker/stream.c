@@ -18,8 +18,8 @@
 #define RX_BATCH 64
 #define QUEUED_NEW 1
 #define QUEUED_RETRANS 2
-#define SLEEP_MAX_NS 2000000ull     /* the abort flag is read at least this often */
-#define SLEEP_TX_WAIT_NS 50000ull   /* while waiting for tx frames or ring room */
+#define SLEEP_MAX_NS 2000000ull   /* the abort flag is read at least this often */
+#define SLEEP_TX_WAIT_NS 50000ull /* while waiting for tx frames or ring room */
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
 /* A timer's state (retransmit.py): deferred behind the probe, the packet
@@ -34,22 +34,22 @@ enum coding { C_INT32 = 0, C_ORDERED = 1, C_QUANT = 2, C_QUANT16 = 3 };
 
 struct plan {
 	enum coding coding;
-	struct swml_data_id id;     /* the call's header fields */
+	struct swml_data_id id; /* the call's header fields */
 	uint8_t *data;
 	size_t n;
 	uint32_t k, S;
 	uint32_t frame_len; /* headers + k elements of the call's fmt */
 	int L;
 	uint64_t blocks, lag, N, base;
-	uint32_t seq0;     /* the wire seq of packet 0 */
-	uint8_t *state;    /* [N] P_* */
-	uint64_t next_new; /* the first packet never sent: new packets go in order */
+	uint32_t seq0;       /* the wire seq of packet 0 */
+	uint8_t *state;      /* [N] P_* */
+	uint64_t next_new;   /* the first packet never sent: new packets go in order */
 	uint64_t pace_until; /* a ready packet waits for its paced send time until then */
-	uint64_t waiting;  /* the packet last counted as waiting (UINT64_MAX: none) */
-	int8_t *lexp;      /* [blocks] float32: local exponent of block b */
-	uint8_t *lnf;      /* [blocks] float32: block b has a non-finite element */
-	int8_t *gexp;      /* [blocks] float32: global exponent of block b */
-	uint32_t offset;   /* SWML_FMT_OFFSET32: 2^(30-L), added to each quantized
+	uint64_t waiting;    /* the packet last counted as waiting (UINT64_MAX: none) */
+	int8_t *lexp;        /* [blocks] float32: local exponent of block b */
+	uint8_t *lnf;        /* [blocks] float32: block b has a non-finite element */
+	int8_t *gexp;        /* [blocks] float32: global exponent of block b */
+	uint32_t offset;     /* SWML_FMT_OFFSET32: 2^(30-L), added to each quantized
 			      element sent and world times taken off each sum (else 0) */
 	/* loop state */
 	uint64_t remaining, now, last_progress, next_check;
@@ -218,8 +218,9 @@ static void rtt_sample(struct swml_stream *st, uint64_t rtt)
 	}
 	st->stats.rtt_samples++;
 	rto = st->srtt_ns + 4 * st->rttvar_ns;
-	st->rto_ns = rto < st->cfg.rto_min_ns ? st->cfg.rto_min_ns
-		   : rto > st->cfg.rto_max_ns ? st->cfg.rto_max_ns : rto;
+	st->rto_ns = rto < st->cfg.rto_min_ns   ? st->cfg.rto_min_ns
+		     : rto > st->cfg.rto_max_ns ? st->cfg.rto_max_ns
+						: rto;
 }
 
 /* Put packet p on the tx ring, or queue its slot until a frame is free. */
@@ -293,8 +294,7 @@ static void drain_queue(struct swml_stream *st, struct plan *pl)
  * round or the answer is a SHADOW reply; then the deferred packets go at once.
  * Else the original was in the round all along: the timeout was spurious, and
  * the deferred wait a fresh timeout. */
-static void probe_answered(struct swml_stream *st, struct plan *pl,
-			   const struct swml_result *r)
+static void probe_answered(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
 {
 	const int lost = r->rank == st->cfg.rank || (r->flags & SWML_FLAG_SHADOW);
 
@@ -522,7 +522,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 {
 	uint64_t t = SLEEP_MAX_NS;
-	struct pollfd pfd = { .fd = st->xsk->fd, .events = POLLIN };
+	struct pollfd pfd = {.fd = st->xsk->fd, .events = POLLIN};
 	struct timespec ts;
 
 	if (pl->next_check > pl->now)
@@ -581,11 +581,17 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	st->n_pending = 0;
 	if (n == 0)
 		return SWML_OK;
-	pl.coding = dtype == SWML_INT32 ? C_INT32 : call->op != SWML_OP_SUM ? C_ORDERED
-		    : call->fmt == SWML_FMT_INT16 ? C_QUANT16 : C_QUANT;
-	pl.id = (struct swml_data_id){ .job = st->cfg.job, .rank = st->cfg.rank, .count = (uint16_t)k,
-				       .op = call->op, .fmt = call->fmt, .tag = call->tag,
-				       .key = st->cfg.key };
+	pl.coding = dtype == SWML_INT32           ? C_INT32
+		    : call->op != SWML_OP_SUM     ? C_ORDERED
+		    : call->fmt == SWML_FMT_INT16 ? C_QUANT16
+						  : C_QUANT;
+	pl.id = (struct swml_data_id){.job = st->cfg.job,
+				      .rank = st->cfg.rank,
+				      .count = (uint16_t)k,
+				      .op = call->op,
+				      .fmt = call->fmt,
+				      .tag = call->tag,
+				      .key = st->cfg.key};
 	pl.frame_len = SWML_HEADERS_LEN + swml_fmt_size(call->fmt) * k;
 	pl.data = data;
 	pl.n = n;

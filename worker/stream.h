@@ -38,28 +38,28 @@
 
 enum swml_status {
 	SWML_OK = 0,
-	SWML_ABORTED = 1,   /* the abort flag was raised */
-	SWML_STALLED = 2,   /* no result for stall_ns */
+	SWML_ABORTED = 1, /* the abort flag was raised */
+	SWML_STALLED = 2, /* no result for stall_ns */
 	SWML_ENOMEM = 3,
-	SWML_EIO = 4,       /* the socket failed (sendto: a hard error) */
-	SWML_E2BIG = 5,     /* more packets than SWML_SEQ_RESYNC_STRIDE: nothing sent */
-	SWML_DISAGREE = 6,  /* a RESULT of this call says the ranks' calls differ */
+	SWML_EIO = 4,      /* the socket failed (sendto: a hard error) */
+	SWML_E2BIG = 5,    /* more packets than SWML_SEQ_RESYNC_STRIDE: nothing sent */
+	SWML_DISAGREE = 6, /* a RESULT of this call says the ranks' calls differ */
 };
 
 enum swml_dtype { SWML_INT32 = 0, SWML_FLOAT32 = 1 };
 
 /* The call, as every rank describes it alike (switchml_xdp/client/calls.py). */
 struct swml_call {
-	uint8_t op;                /* SWML_OP_* */
-	uint8_t fmt;               /* SWML_FMT_*: SWML_FMT_INT16 only for a float32 SUM */
-	uint32_t tag;              /* calls.call_tag: covers the precision, so fmt too */
+	uint8_t op;   /* SWML_OP_* */
+	uint8_t fmt;  /* SWML_FMT_*: SWML_FMT_INT16 only for a float32 SUM */
+	uint32_t tag; /* calls.call_tag: covers the precision, so fmt too */
 };
 
 struct swml_stream_cfg {
 	uint16_t job, rank;
 	uint32_t world, k, slots;
-	uint64_t key;              /* the job's data key: every DATA packet carries it */
-	uint32_t seq_base;         /* the wire seq of the job's packet 0 */
+	uint64_t key;      /* the job's data key: every DATA packet carries it */
+	uint32_t seq_base; /* the wire seq of the job's packet 0 */
 	struct swml_addrs addrs;
 	/* Retransmission timeout, the rules of switchml_xdp/client/retransmit.py:
 	 * rto_init_ns until the first RTT sample, then srtt + 4 rttvar (RFC 6298,
@@ -71,19 +71,19 @@ struct swml_stream_cfg {
 	uint64_t rto_init_ns, rto_min_ns, rto_max_ns, stall_ns;
 	uint8_t rto_adaptive;
 	struct swml_window_policy window;
-	uint32_t spin;             /* empty polls of the rx ring before sleeping in ppoll */
+	uint32_t spin;                  /* empty polls of the rx ring before sleeping in ppoll */
 	const volatile uint32_t *abort; /* nonzero: stop (set by another thread) */
 };
 
 struct swml_stream_stats {
 	uint64_t packets_sent, retransmissions, results, duplicates, shadow_replies;
-	uint64_t ignored;          /* frames that were not a RESULT of this call from the switch */
-	uint64_t tx_deferred;      /* sends that waited for a tx frame or ring slot */
-	uint64_t sleeps;           /* ppoll calls */
+	uint64_t ignored;     /* frames that were not a RESULT of this call from the switch */
+	uint64_t tx_deferred; /* sends that waited for a tx frame or ring slot */
+	uint64_t sleeps;      /* ppoll calls */
 	uint64_t rtt_samples;
 	uint64_t tensors;
-	uint64_t window_waits;     /* ready packets that waited for room in the window */
-	uint64_t pace_waits;       /* ready packets that waited for their paced send time */
+	uint64_t window_waits;      /* ready packets that waited for room in the window */
+	uint64_t pace_waits;        /* ready packets that waited for their paced send time */
 	uint64_t spurious_timeouts; /* probes whose original was in the round after all */
 };
 
@@ -93,21 +93,21 @@ struct swml_stream {
 	struct swml_stream_cfg cfg;
 	struct swml_xsk *xsk;
 	uint8_t tmpl[SWML_FMT_NUM][SWML_L2L4_LEN]; /* per payload format: the lengths differ */
-	uint64_t next_index;       /* packets of the job's life so far */
+	uint64_t next_index;                       /* packets of the job's life so far */
 	struct swml_stream_stats stats;
 	/* per slot, for the packet in flight there */
-	int64_t *inflight;         /* packet index p in the current tensor, -1 if none */
-	uint64_t *deadline;        /* when to resend; UINT64_MAX while queued for tx */
-	uint64_t *rto;             /* its current timeout */
-	uint64_t *sent_at;         /* first transmission, for an RTT sample */
-	uint8_t *resent;           /* retransmitted: no RTT sample (Karn) */
-	uint8_t *timer_state;      /* TIMER_*: deferred behind the probe or not */
-	int64_t probe;             /* the slot of the probe (retransmit.py), -1 if none */
+	int64_t *inflight;    /* packet index p in the current tensor, -1 if none */
+	uint64_t *deadline;   /* when to resend; UINT64_MAX while queued for tx */
+	uint64_t *rto;        /* its current timeout */
+	uint64_t *sent_at;    /* first transmission, for an RTT sample */
+	uint8_t *resent;      /* retransmitted: no RTT sample (Karn) */
+	uint8_t *timer_state; /* TIMER_*: deferred behind the probe or not */
+	int64_t probe;        /* the slot of the probe (retransmit.py), -1 if none */
 	/* the RTT estimator and the congestion window, kept across tensors */
 	uint64_t srtt_ns, rttvar_ns, rto_ns;
 	struct swml_window win;
-	uint32_t n_inflight;       /* slots with a packet in flight */
-	uint8_t *queued;           /* 0, or QUEUED_NEW / QUEUED_RETRANS: waits for a tx frame */
+	uint32_t n_inflight; /* slots with a packet in flight */
+	uint8_t *queued;     /* 0, or QUEUED_NEW / QUEUED_RETRANS: waits for a tx frame */
 	uint32_t n_queued, queue_cursor;
 	/* after a failure: slots that were waiting */
 	uint32_t pending[SWML_MAX_PENDING_REPORT];

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 struct swml_window_policy {
-	int enabled;            /* 0: all the slots at once, no pacing (the old rule) */
+	int enabled; /* 0: all the slots at once, no pacing (the old rule) */
 	double initial, ai, beta, max_mdf, target_backlog, pace_burst, random_loss_md;
 	double max_backlog, target_delay_s;
 };

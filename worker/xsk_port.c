@@ -41,12 +41,13 @@ int swml_xsk_open(struct swml_xsk *x, const char *ifname, uint32_t queue, uint32
 	}
 	x->nframes = nframes;
 	x->area_len = (size_t)nframes * SWML_XSK_FRAME_SIZE;
-	x->area = mmap(NULL, x->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		       -1, 0);
+	x->area =
+		mmap(NULL, x->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (x->area == MAP_FAILED) {
 		x->area = NULL;
 		ret = -errno;
-		snprintf(err, errlen, "cannot map %zu bytes of UMEM: %s", x->area_len, strerror(-ret));
+		snprintf(err, errlen, "cannot map %zu bytes of UMEM: %s", x->area_len,
+			 strerror(-ret));
 		return ret;
 	}
 	x->free_tx = calloc(nframes / 2, sizeof *x->free_tx);
@@ -57,7 +58,8 @@ int swml_xsk_open(struct swml_xsk *x, const char *ifname, uint32_t queue, uint32
 	}
 	ret = xsk_umem__create(&x->umem, x->area, x->area_len, &x->fill, &x->comp, &ucfg);
 	if (ret) {
-		snprintf(err, errlen, "cannot register the UMEM (xsk_umem__create): %s", strerror(-ret));
+		snprintf(err, errlen, "cannot register the UMEM (xsk_umem__create): %s",
+			 strerror(-ret));
 		x->umem = NULL;
 		goto fail;
 	}
@@ -172,7 +174,7 @@ int swml_xsk_kick(struct swml_xsk *x)
 		if (sendto(x->fd, NULL, 0, MSG_DONTWAIT, NULL, 0) >= 0)
 			continue;
 		switch (errno) {
-		case EAGAIN:  /* a batch went out, more remain: go on */
+		case EAGAIN: /* a batch went out, more remain: go on */
 		case EINTR:
 			continue;
 		case EBUSY:   /* the device is busy, or a race with another kick */
@@ -196,7 +198,8 @@ void swml_xsk_refill(struct swml_xsk *x, const uint64_t *addrs, uint32_t n)
 	if (!n || xsk_ring_prod__reserve(&x->fill, n, &idx) != n)
 		return;
 	for (uint32_t i = 0; i < n; i++)
-		*xsk_ring_prod__fill_addr(&x->fill, idx + i) = addrs[i] - (addrs[i] % SWML_XSK_FRAME_SIZE);
+		*xsk_ring_prod__fill_addr(&x->fill, idx + i) =
+			addrs[i] - (addrs[i] % SWML_XSK_FRAME_SIZE);
 	xsk_ring_prod__submit(&x->fill, n);
 }
 

@@ -19,10 +19,10 @@
 #include <linux/if_xdp.h>
 #include <xdp/xsk.h>
 
-#define SWML_XSK_FRAME_SIZE 2048u       /* one frame holds the largest packet (1514 B) */
+#define SWML_XSK_FRAME_SIZE 2048u /* one frame holds the largest packet (1514 B) */
 #define SWML_XSK_RX_RING 2048u
 #define SWML_XSK_TX_RING 2048u
-#define SWML_XSK_FILL_RING 4096u        /* > rx frames: a refill always fits */
+#define SWML_XSK_FILL_RING 4096u /* > rx frames: a refill always fits */
 #define SWML_XSK_COMP_RING 4096u
 /* Where a packet starts inside a tx frame: 6 puts the payload (after the 58
  * header bytes) on a 64-byte boundary. */
@@ -35,8 +35,8 @@ struct swml_xsk {
 	struct xsk_ring_cons comp, rx;
 	uint8_t *area;
 	size_t area_len;
-	uint32_t nframes;     /* total; half rx, half tx */
-	uint64_t *free_tx;    /* stack of free tx frame addresses */
+	uint32_t nframes;  /* total; half rx, half tx */
+	uint64_t *free_tx; /* stack of free tx frame addresses */
 	uint32_t n_free_tx;
 	uint32_t tx_unsubmitted; /* reserved in the tx ring, not yet submitted */
 	int fd;

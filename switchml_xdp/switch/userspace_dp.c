@@ -47,36 +47,36 @@ struct us_job {
 	uint32_t world;
 	uint32_t slot_base;
 	uint32_t slot_count;
-	uint64_t key;          /* network order, as the header carries it */
-	uint32_t group_ip;     /* network order */
-	uint16_t result_port;  /* network order */
+	uint64_t key;         /* network order, as the header carries it */
+	uint32_t group_ip;    /* network order */
+	uint16_t result_port; /* network order */
 	uint16_t pad;
 };
 
 struct us_member {
-	uint32_t ip;    /* network order */
-	uint16_t port;  /* network order */
+	uint32_t ip;   /* network order */
+	uint16_t port; /* network order */
 	uint16_t pad;
 };
 
 struct us_state {
 	uint32_t k;
 	uint32_t nslots;
-	struct us_job *jobs;        /* [SWML_MAX_JOBS] */
-	struct us_member *members;  /* [SWML_MAX_JOBS * SWML_MAX_WORLD] */
-	uint64_t *seen;             /* [nslots][2] */
-	uint32_t *seq;              /* [nslots][2] */
-	uint32_t *count;            /* [nslots][2] */
-	uint32_t *tag;              /* [nslots][2] */
-	uint8_t *op;                /* [nslots][2] */
-	int8_t *exp;                /* [nslots][2] */
-	uint8_t *flags;             /* [nslots][2] */
-	int32_t *vals;              /* [nslots][2][k] */
-	uint64_t *counters;         /* [SWML_CNT_NUM] */
+	struct us_job *jobs;              /* [SWML_MAX_JOBS] */
+	struct us_member *members;        /* [SWML_MAX_JOBS * SWML_MAX_WORLD] */
+	uint64_t *seen;                   /* [nslots][2] */
+	uint32_t *seq;                    /* [nslots][2] */
+	uint32_t *count;                  /* [nslots][2] */
+	uint32_t *tag;                    /* [nslots][2] */
+	uint8_t *op;                      /* [nslots][2] */
+	int8_t *exp;                      /* [nslots][2] */
+	uint8_t *flags;                   /* [nslots][2] */
+	int32_t *vals;                    /* [nslots][2][k] */
+	uint64_t *counters;               /* [SWML_CNT_NUM] */
 	struct swml_job_stats *job_stats; /* [SWML_MAX_JOBS] */
-	volatile uint32_t *stop;    /* non-zero: return */
-	uint64_t batches;           /* recvmmsg calls that returned data */
-	uint64_t batched;           /* datagrams they returned */
+	volatile uint32_t *stop;          /* non-zero: return */
+	uint64_t batches;                 /* recvmmsg calls that returned data */
+	uint64_t batched;                 /* datagrams they returned */
 };
 
 /* A slot of the arrays above, for the per-slot step (xdp/swml_slot.h). */
@@ -97,9 +97,18 @@ struct us_slot {
 #define bpf_htonl(x) htonl(x)
 #include "swml_slot.h" /* one thread: no lock */
 
-size_t swml_us_state_size(void) { return sizeof(struct us_state); }
-size_t swml_us_job_size(void) { return sizeof(struct us_job); }
-size_t swml_us_member_size(void) { return sizeof(struct us_member); }
+size_t swml_us_state_size(void)
+{
+	return sizeof(struct us_state);
+}
+size_t swml_us_job_size(void)
+{
+	return sizeof(struct us_job);
+}
+size_t swml_us_member_size(void)
+{
+	return sizeof(struct us_member);
+}
 
 /* One datagram: 0 = drop it, 1 = multicast RESULT to *to, 2 = unicast (shadow)
  * back to the sender. The RESULT is written in place into buf. */
@@ -172,8 +181,12 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 	}
 	uint32_t ver = h->flags & SWML_FLAG_SLOT_VER;
 	struct us_slot slot = {st, job->slot_base + rel};
-	struct swml_contrib c = {.seq = ntohl(h->seq), .tag = ntohl(h->tag), .op = h->op,
-				 .flags = h->flags, .exp = h->exp, .fmt = h->fmt};
+	struct swml_contrib c = {.seq = ntohl(h->seq),
+				 .tag = ntohl(h->tag),
+				 .op = h->op,
+				 .flags = h->flags,
+				 .exp = h->exp,
+				 .fmt = h->fmt};
 	struct swml_slot_result res = {0};
 	int32_t payload[SWML_MAX_K];
 	int disagreed = 0;

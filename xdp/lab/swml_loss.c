@@ -74,8 +74,8 @@ BPF_TABLE_PINNED("hash", u32, u32, links, SWML_LOSS_MAX_LINKS, SWML_LOSS_PIN_DIR
 BPF_TABLE_PINNED("array", u32, struct swml_loss_cfg, cfg, 2 * SWML_LOSS_MAX_LINKS,
 		 SWML_LOSS_PIN_DIR "/cfg");
 BPF_TABLE_PINNED("array", u32, u32, port, 1, SWML_LOSS_PIN_DIR "/port");
-BPF_TABLE_PINNED("percpu_array", u32, struct swml_loss_counters, counters,
-		 2 * SWML_LOSS_MAX_LINKS, SWML_LOSS_PIN_DIR "/counters");
+BPF_TABLE_PINNED("percpu_array", u32, struct swml_loss_counters, counters, 2 * SWML_LOSS_MAX_LINKS,
+		 SWML_LOSS_PIN_DIR "/counters");
 
 static __always_inline int chance(__u32 threshold)
 {
@@ -89,8 +89,8 @@ static __always_inline int chance(__u32 threshold)
 /* Is an IPv4 frame with this header subject to loss? `l4` holds the first
  * 4 bytes after the IP header (UDP source and destination port) when
  * `have_l4`. */
-static __always_inline int subject(__u8 protocol, __be16 frag_off, int have_l4,
-				   __be16 sport, __be16 dport)
+static __always_inline int subject(__u8 protocol, __be16 frag_off, int have_l4, __be16 sport,
+				   __be16 dport)
 {
 	__u32 zero = 0;
 	__u32 *p = port.lookup(&zero);

@@ -7,9 +7,9 @@
 #ifndef SWML_LOSS_H
 #define SWML_LOSS_H
 
-#define SWML_LOSS_MAX_LINKS 256  /* hosts of a lab: switch + up to 244 workers */
-#define SWML_LOSS_UP 0           /* direction: host -> bridge */
-#define SWML_LOSS_DOWN 1         /* direction: bridge -> host */
+#define SWML_LOSS_MAX_LINKS 256     /* hosts of a lab: switch + up to 244 workers */
+#define SWML_LOSS_UP 0              /* direction: host -> bridge */
+#define SWML_LOSS_DOWN 1            /* direction: bridge -> host */
 #define SWML_LOSS_ALWAYS 0xffffffff /* threshold meaning probability 1 */
 #define SWML_LOSS_MARK 0x534d4c44   /* skb->mark of a duplicate ("SMLD") */
 #define SWML_LOSS_IP_OFFSET 0x1fff  /* fragment offset bits of iphdr.frag_off */
@@ -20,7 +20,7 @@ struct swml_loss_cfg {
 };
 
 struct swml_loss_counters {
-	__u64 seen;       /* frames subject to loss (data-port UDP) */
+	__u64 seen; /* frames subject to loss (data-port UDP) */
 	__u64 dropped;
 	__u64 duplicated; /* extra copies sent */
 	__u64 passed;     /* frames not dropped (their copies not included) */

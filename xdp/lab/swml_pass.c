@@ -13,7 +13,7 @@
 
 int swml_pass(struct xdp_md *ctx)
 {
-    return XDP_PASS;
+	return XDP_PASS;
 }
 
 /* Lab(multicast=False): on the switch's bridge-side end, in place of swml_pass,
@@ -22,11 +22,11 @@ int swml_pass(struct xdp_md *ctx)
  * network without multicast (a cloud VPC) does; everything else passes. */
 int swml_pass_no_multicast(struct xdp_md *ctx)
 {
-    unsigned char *dst = (void *)(long)ctx->data;
+	unsigned char *dst = (void *)(long)ctx->data;
 
-    if ((void *)(dst + 6) > (void *)(long)ctx->data_end)
-        return XDP_PASS;
-    if (dst[0] == 0x01 && dst[1] == 0x00 && dst[2] == 0x5e && !(dst[3] & 0x80))
-        return XDP_DROP;
-    return XDP_PASS;
+	if ((void *)(dst + 6) > (void *)(long)ctx->data_end)
+		return XDP_PASS;
+	if (dst[0] == 0x01 && dst[1] == 0x00 && dst[2] == 0x5e && !(dst[3] & 0x80))
+		return XDP_DROP;
+	return XDP_PASS;
 }

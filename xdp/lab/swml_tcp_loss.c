@@ -27,8 +27,8 @@
 #define SWML_TCP_LOSS_UP 0
 #define SWML_TCP_LOSS_DOWN 1
 
-BPF_ARRAY(cfg, u32, 2);                 /* drop threshold per direction */
-BPF_PERCPU_ARRAY(counters, u64, 4);     /* [dir * 2] seen, [dir * 2 + 1] dropped */
+BPF_ARRAY(cfg, u32, 2);             /* drop threshold per direction */
+BPF_PERCPU_ARRAY(counters, u64, 4); /* [dir * 2] seen, [dir * 2 + 1] dropped */
 
 static __always_inline int tcp_loss(struct __sk_buff *skb, u32 dir)
 {
