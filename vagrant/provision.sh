@@ -62,7 +62,8 @@ int_in mtu "$mtu" 576 65535
 if [ "$role" = switch ]; then
   [ "$ip" = "$switch_ip" ] || die "the switch's --ip $ip differs from --switch-ip $switch_ip"
   [ -z "$rank" ] || die "--rank is for workers"
-  int_in elements "$elements" 1 364
+  # the upper bound of k is the switch's to check (`swml-switch up --elements`: wire.MAX_K)
+  int_in elements "$elements" 1 65535
   int_in slots "$slots" 1 65535
   int_in port "$port" 1 65535
   case $mode in native|generic|auto) ;; *) die "--mode must be native, generic or auto, got '$mode'" ;; esac

@@ -17,6 +17,7 @@ import time
 import click
 import numpy as np
 
+from .. import wire
 from ..lab import Lab
 from ..lab.cluster import SwitchProcess
 from ..lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
@@ -57,7 +58,7 @@ def rank_main(rank: int, world: int, n: int, iterations: int, backend: str, swit
               show_default=True, help="float32 tensor size in MiB")
 @click.option("--iterations", type=click.IntRange(1, None), default=7, show_default=True)
 @click.option("--backend", type=click.Choice(["afxdp", "udp"]), default="afxdp", show_default=True)
-@click.option("-k", "--elements", "k", type=click.IntRange(1, 364), default=256, show_default=True,
+@click.option("-k", "--elements", "k", type=click.IntRange(1, wire.MAX_K), default=256, show_default=True,
               help="elements a packet (the switch's -k)")
 def main(workers, rate, queue, mib, iterations, backend, k):
     """Time 32- and 16-bit float32 sums through the XDP switch in a lab."""

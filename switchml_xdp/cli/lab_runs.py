@@ -153,8 +153,8 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
                                  f"{', '.join(lab_bench.SYSTEMS)}", param_hint="--systems")
     if not workers or min(workers) < 1 or max(workers) > 64:
         raise click.BadParameter("worker counts must be in 1..64", param_hint="--workers")
-    if any(not 1 <= k <= 364 for k in ks):
-        raise click.BadParameter("k must be in 1..364", param_hint="--elements")
+    if any(not 1 <= k <= wire.MAX_K for k in ks):
+        raise click.BadParameter(f"k must be in 1..{wire.MAX_K}", param_hint="--elements")
     try:
         size_bytes = parse_size(size)
     except ValueError as e:

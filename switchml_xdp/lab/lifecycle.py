@@ -19,10 +19,12 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
+from ..switch import state_files
 from . import loss, netns
 from .addressing import PREFIX_STEM, is_namespace_of, prefix_of, switch_host
 
-STATE_DIR = Path("/run/swml")
+# beside the switches' own state files: one directory for what `swml-*` leaves in /run
+STATE_DIR = Path(state_files.STATE_DIR)
 
 
 class Closable(Protocol):
