@@ -117,7 +117,7 @@ def set_features(iface: str, features: dict[str, bool], netns: str | None = None
         for name, on in features.items():
             current.features[name].enable = on
         et.set_features(iface, current)
-    except Exception as e:  # pyroute2 raises assorted types for unsupported features
+    except Exception as e:  # noqa: BLE001 - pyroute2 raises assorted types for unsupported features
         raise NetError(f"cannot set {', '.join(features)} on {iface}: {e}") from None
     finally:
         et.close()

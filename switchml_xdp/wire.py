@@ -43,7 +43,7 @@ def group_of_job(job_id: int) -> tuple[str, str]:
     """The multicast group (IPv4, MAC) that RESULTs of a job go to."""
     hi, lo = job_id >> 8, job_id & 0xFF
     ip = f"{MCAST_PREFIX_A}.{MCAST_PREFIX_B}.{hi}.{lo}"  # noqa: F821
-    mac = "01:00:5e:%02x:%02x:%02x" % (MCAST_PREFIX_B & 0x7F, hi, lo)  # noqa: F821
+    mac = f"01:00:5e:{MCAST_PREFIX_B & 0x7F:02x}:{hi:02x}:{lo:02x}"  # noqa: F821
     return ip, mac
 
 

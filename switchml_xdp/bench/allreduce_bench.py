@@ -96,7 +96,8 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
         "goodput_gbps": n * 4 * 8 / med / 1e9, "ate_per_s": n / med,
         "packets_per_s": (after["packets_sent"] - before["packets_sent"]) / sum(times),
         "retransmissions": after["retransmissions"] - before["retransmissions"],
-        "verified": (iterations + warmup - bad) if verify else None, "verify_failures": bad if verify else None,
+        "verified": (iterations + warmup - bad) if verify else None,
+        "verify_failures": bad if verify else None,
     }
 
 

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                           "buffers": config.buffers, "rows": rows}))
         return 0
     print(f"{where}; {link_name}; chunk {config.chunk_elements} words, {config.buffers} buffers")
-    print(f"{'elements':>10} {'plain ms':>9} {'staged ms':>9} {'plain GB/s':>10} {'staged GB/s':>11} {'speedup':>7}")
+    print(f"{'elements':>10} {'plain ms':>9} {'staged ms':>9} "
+          f"{'plain GB/s':>10} {'staged GB/s':>11} {'speedup':>7}")
     for r in rows:
         print(f"{r['elements']:>10} {r['plain_s'] * 1e3:>9.2f} {r['staged_s'] * 1e3:>9.2f} "
               f"{r['plain_GBps']:>10.3g} {r['staged_GBps']:>11.3g} {r['speedup']:>7.2f}")

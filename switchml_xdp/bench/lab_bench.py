@@ -372,7 +372,8 @@ class Bench:
     def _meta(self, started: float, quiet: dict) -> dict:
         cfg = self.cfg
         return {
-            "command": cfg.command, "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+            "command": cfg.command,
+            "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
             "duration_s": round(time.time() - started, 1),
             "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets, "fanout": cfg.fanout,
             "size_bytes": cfg.size, "iterations": cfg.iterations,

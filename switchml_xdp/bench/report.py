@@ -180,10 +180,12 @@ def markdown(doc: dict) -> str:
     for k, s in summary(doc).items():
         lines.append(f"k = {k}:")
         if s["ratio_swml_gloo"]:
-            lines.append("- TAT swml/gloo: " + ", ".join(f"N={n}: {v:.2f}" for n, v in s["ratio_swml_gloo"].items()))
+            lines.append("- TAT swml/gloo: " + ", ".join(
+                f"N={n}: {v:.2f}" for n, v in s["ratio_swml_gloo"].items()))
         if s["swml_bound_fraction"]:
             lines.append("- swml goodput / bound: " + ", ".join(
-                f"N={n}: {v * 100:.1f}% ({s['swml_system'][n]})" for n, v in s["swml_bound_fraction"].items()))
+                f"N={n}: {v * 100:.1f}% ({s['swml_system'][n]})"
+                for n, v in s["swml_bound_fraction"].items()))
         for name in ("swml", "gloo"):
             sc = s.get(f"scaling_{name}")
             if sc:

@@ -23,6 +23,7 @@ from .xdp import Attachment, XdpLink, attach, attach_link, attachment, detach
 
 __all__ = ["Attachment", "BpfError", "PIN_ROOT", "PinnedMap", "PinnedMapError", "Program",
            "XdpError", "XdpLink", "attach", "attach_link", "attachment", "c_string",
-           "compile_program", "compiler_missing", "detach", "ensure_bpffs", "pin_dir", "prog_name", "prog_stats",
+           "compile_program", "compiler_missing", "detach", "ensure_bpffs", "pin_dir", "prog_name",
+           "prog_stats",
            "remove_pins", "stats_enabled", "tc_attach", "tc_attachment", "tc_detach", "TcError",
            "TcFilter", "prog_test_run"]

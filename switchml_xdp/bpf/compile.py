@@ -88,7 +88,7 @@ def _bpf_call(what: str, fn, *args):
     try:
         with _BCC_LOCK, _stderr_to(log):
             result = fn(*args)
-    except Exception as e:  # bcc raises bare Exception
+    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception
         text = "".join(log)
         detail = _useful_line(text)
         reason = " ".join(str(e).split())

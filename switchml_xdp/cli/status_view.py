@@ -170,7 +170,8 @@ def format_text(st: dict) -> str:
                 mac = m["mac"]
                 if "learnt_mac" in m:   # --fanout unicast: where its RESULTs go
                     mac = f"{mac} declared, RESULTs to {m['learnt_mac'] or '(none learnt yet)'}"
-                lines.append(f"        rank {r_}: {m['ip']}:{m['port']} {mac}{' (left)' if m['left'] else ''}")
+                left = " (left)" if m["left"] else ""
+                lines.append(f"        rank {r_}: {m['ip']}:{m['port']} {mac}{left}")
     else:
         lines.append("  no jobs")
     c = st.get("counters")

@@ -208,8 +208,9 @@ class ControlServer:
             return
         op = msg.get("op")
         conn.op = op if isinstance(op, str) and len(op) < 32 else None
-        handler = {"join": self._join, "resume": self._resume, "leave": self._leave,
-                   "heartbeat": self._heartbeat, "status": self._status}.get(op if isinstance(op, str) else "")
+        handlers = {"join": self._join, "resume": self._resume, "leave": self._leave,
+                    "heartbeat": self._heartbeat, "status": self._status}
+        handler = handlers.get(op if isinstance(op, str) else "")
         if handler is None:
             conn.error(f"unknown op {op!r}; ops are join, resume, leave, heartbeat, status")
             return
@@ -226,7 +227,8 @@ class ControlServer:
         if conn.job is not None:
             raise ControlError(f"this connection already joined job {conn.job.name!r} as rank {conn.rank}")
         timeout = msg.get("timeout", DEFAULT_JOIN_TIMEOUT_S)
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= MAX_JOIN_TIMEOUT_S:
+        is_number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if not is_number or not 0 < timeout <= MAX_JOIN_TIMEOUT_S:
             raise ControlError(f"'timeout' must be a number of seconds in (0, {MAX_JOIN_TIMEOUT_S:.0f}]")
         ip = conn.peer_ip
         if self._pending_by_ip.get(ip, 0) >= MAX_PENDING_JOINS_PER_IP:

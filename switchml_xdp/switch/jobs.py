@@ -192,7 +192,8 @@ class JobTable:
             raise ControlError("'mac' must be a string")
         k = msg.get("k")
         if k is not None and k != self.k:
-            raise ControlError(f"this switch aggregates k={self.k} elements a packet, the worker asked for k={k}")
+            raise ControlError(f"this switch aggregates k={self.k} elements a packet, "
+                               f"the worker asked for k={k}")
 
         job = self.jobs.get(name)
         if job is None:

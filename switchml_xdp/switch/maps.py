@@ -67,7 +67,7 @@ class DataplaneMaps(abc.ABC):
         """Per active job id: what the data plane did for it since it started,
         cumulative (JOB_STATS_FIELDS: packets, bytes, results, shadow_replies)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: most maps hold nothing open
         """Release what the maps hold open (the data in them stays)."""
 
 

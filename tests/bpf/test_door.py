@@ -107,7 +107,7 @@ def test_maps_only_loads_nothing_and_several_threads_may_compile():
         t.join()
     assert not errors and len(progs) == 2
     with pytest.raises(bpf.BpfError, match="maps_only"):
-        progs[0].fd
+        _ = progs[0].fd
     assert progs[0].load("swml_pass") > 0
     for p in progs:
         p.close()

@@ -155,7 +155,7 @@ def test_a_job_streams_through_the_seq_wrap(fresh_lab):
     def body(rank, w):
         assert w.info.seq_base == WRAP_SEQ
         outs = []
-        for i in range(3):  # 782 packets each: through the wrap in the first
+        for _ in range(3):  # 782 packets each: through the wrap in the first
             a = xs[rank].copy()
             w.allreduce(a)
             outs.append(a)

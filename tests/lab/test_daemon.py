@@ -144,8 +144,9 @@ def test_concurrent_up_leaves_exactly_one_daemon_with_its_program(lab1, delay):
         if delay >= 0.6:
             assert winner is procs[0], "the first one, well ahead, must win"
         out = loser.stdout.read()
-        assert loser.returncode == 1 and out.strip() == (f"Error: swml-switch is already up on {iface} "
-                                                         f"(pid {winner.pid}); `swml-switch down {iface}` first"), out
+        want = (f"Error: swml-switch is already up on {iface} "
+                f"(pid {winner.pid}); `swml-switch down {iface}` first")
+        assert loser.returncode == 1 and out.strip() == want, out
         line = winner.stdout.readline()
         assert " up on " in line, line
         st = read_state(iface)

@@ -144,9 +144,12 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
 
         key_v = oracle.jobs[info_v.job_id][0].key  # V's key, as a leak would give it
         bases = [  # (socket, its address, job, ranks it sends as, slots of the job, key)
-            (sock_x, Endpoint(w[6].mac, w[6].ip, PX), info_v.job_id, lambda n: rng.integers(info_v.world, size=n), info_v.slots, key_v),
-            (sock_f[0], Endpoint(w[4].mac, w[4].ip, PF), info_f.job_id, lambda n: np.zeros(n, int), info_f.slots, info_f.key),
-            (sock_f[1], Endpoint(w[5].mac, w[5].ip, PF), info_f.job_id, lambda n: np.ones(n, int), info_f.slots, info_f.key),
+            (sock_x, Endpoint(w[6].mac, w[6].ip, PX), info_v.job_id,
+             lambda n: rng.integers(info_v.world, size=n), info_v.slots, key_v),
+            (sock_f[0], Endpoint(w[4].mac, w[4].ip, PF), info_f.job_id,
+             lambda n: np.zeros(n, int), info_f.slots, info_f.key),
+            (sock_f[1], Endpoint(w[5].mac, w[5].ip, PF), info_f.job_id,
+             lambda n: np.ones(n, int), info_f.slots, info_f.key),
         ]
         # 1. valid headers with one field corrupted (V's from a stranger, F's from its members)
         for field in FIELDS:
@@ -179,7 +182,7 @@ def test_fuzz_switch_keeps_working_and_accounts_for_every_packet(lab8, switch):
                      (w[4].ip, PF, info_f.job_id, 0, info_f.slots, info_f.key)]
         for src_ip, sport, job, rank, slots, key in raw_bases:
             ip_udp = np.frombuffer(bytes(eth_ip_udp(lab8, w[7], src_ip, sport, PAYLOAD_LEN)), np.uint8)
-            for field, (off, size) in RAW_FIELDS.items():
+            for off, size in RAW_FIELDS.values():
                 rows = np.hstack([np.tile(ip_udp, (N_RAW_FIELD, 1)),
                                   headers(rng, N_RAW_FIELD, job, rank, slots, key)])
                 corrupt(rng, rows, off, size)

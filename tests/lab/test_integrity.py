@@ -157,7 +157,8 @@ def test_replaying_every_packet_a_rank_sent_changes_nothing_and_stalls_nothing(l
     worker ignores (not a packet of its call)."""
     h0 = lab8.workers[0]
     with netns.in_netns(lab8.bridge_ns):
-        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL: a bridge port delivers to ETH_P_IP taps only what it does not bridge
+        # ETH_P_ALL: a bridge port delivers to ETH_P_IP taps only what it does not bridge
+        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
     cap.bind((h0.peer, 0))
     cap.settimeout(0.2)
     frames, t_end = [], time.monotonic() + 2.0

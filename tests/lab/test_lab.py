@@ -213,7 +213,7 @@ def test_exception_in_body_leaves_nothing(prefix):
     with pytest.raises(ZeroDivisionError):
         with Lab(workers=1, prefix=prefix):
             assert lab_namespaces(prefix)
-            1 / 0
+            raise ZeroDivisionError("a failure inside the lab")
     assert_gone(prefix)
 
 
@@ -284,7 +284,8 @@ def test_cli_up_then_down(prefix):
     assert f"{prefix}-w1" in up.output and "10.0.0.12" in up.output and "nsenter --net=" in up.output
     assert len(lab_namespaces(prefix)) == 4 and state_path(prefix).exists()
     kept = Lab.from_state(prefix)            # another process's handle on it
-    assert kept.run(kept.workers[1], ["ip", "-o", "addr", "show", kept.workers[1].iface]).stdout.count("10.0.0.12")
+    w1 = kept.workers[1]
+    assert kept.run(w1, ["ip", "-o", "addr", "show", w1.iface]).stdout.count("10.0.0.12")
     down = runner.invoke(lab_cli, ["down", prefix])
     assert down.exit_code == 0, down.output
     assert_gone(prefix)

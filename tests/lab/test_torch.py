@@ -210,8 +210,10 @@ def _check_ops(swml, rank: int, k: int) -> dict:
     # broadcast: the root's bits (NaN payloads, odd byte counts, a transposed target)
     root = 1
     bits = torch.Generator().manual_seed(7)     # the same on every rank: the expected bits
-    cases = {"float32": torch.randint(-2**31, 2**31 - 1, (7,), generator=bits, dtype=torch.int32).view(torch.float32),
-             "bfloat16": torch.randint(-2**15, 2**15 - 1, (5,), generator=bits, dtype=torch.int16).view(torch.bfloat16),
+    cases = {"float32": torch.randint(-2**31, 2**31 - 1, (7,), generator=bits,
+                                      dtype=torch.int32).view(torch.float32),
+             "bfloat16": torch.randint(-2**15, 2**15 - 1, (5,), generator=bits,
+                                       dtype=torch.int16).view(torch.bfloat16),
              "int64": torch.randint(-2**62, 2**62, (3,), generator=bits, dtype=torch.int64),
              "uint8": torch.randint(0, 256, (5,), generator=bits, dtype=torch.uint8),
              "scalar": torch.tensor(3.25, dtype=torch.float64),
@@ -273,8 +275,10 @@ def _check_hook_dtypes(worker, rank: int, k: int) -> dict:
                                   ("float16", s32, torch.float16, allreduce_hook),
                                   ("p16 float32", s16, torch.float32, allreduce_hook),
                                   ("p16 bfloat16", s16, torch.bfloat16, allreduce_hook),
-                                  ("fp16 wrapper", s32, torch.float32, dh.fp16_compress_wrapper(allreduce_hook)),
-                                  ("bf16 wrapper", s32, torch.float32, dh.bf16_compress_wrapper(allreduce_hook))]:
+                                  ("fp16 wrapper", s32, torch.float32,
+                                   dh.fp16_compress_wrapper(allreduce_hook)),
+                                  ("bf16 wrapper", s32, torch.float32,
+                                   dh.bf16_compress_wrapper(allreduce_hook))]:
         inp = x.to(dt)
         # what the switch reduced: the bucket as the hook (after any wrapper) got it, in float32
         sent = {"fp16 wrapper": inp.half(), "bf16 wrapper": inp.bfloat16()}.get(name, inp).float()
@@ -291,7 +295,8 @@ def _check_hook_dtypes(worker, rank: int, k: int) -> dict:
         # (the wrappers hand back their float16/bfloat16 bucket)
         bound = bound / WORLD + _cast_bound(got) * (1 + 2.0 ** -6)
         out[name] = {"dtype": str(got.dtype),
-                     "vs_exact": _ratio(np.abs(got.float().numpy().astype(np.float64) - exact / WORLD), bound)}
+                     "vs_exact": _ratio(np.abs(got.float().numpy().astype(np.float64) - exact / WORLD),
+                                        bound)}
     out["buckets"] = s32.buckets + s16.buckets
     out["fallback_buckets"] = s32.fallback_buckets + s16.fallback_buckets
     return out

@@ -77,7 +77,9 @@ class Pacer:
 
 def send_all(sends, dest, pace=lambda sent: None) -> dict[str, int]:
     """sends: (socket, [buffers], raw?, counts as rx?) in order; pace(frames
-    sent so far that count as rx at the switch) is called before each send. A send that did not leave is repeated: ENOBUFS (the local veth's ring was full), EAGAIN (a non-blocking
+    sent so far that count as rx at the switch) is called before each send.
+    A send that did not leave is repeated: ENOBUFS (the local veth's ring was
+    full), EAGAIN (a non-blocking
     socket's buffer was full) and ECONNREFUSED (with IP_RECVERR, an ICMP port
     unreachable that came back for an earlier datagram, e.g. one the fuzzer
     forged with this socket's address, is reported by the next send, which

@@ -228,7 +228,7 @@ class StreamingJob:
     def _run(self):
         try:
             self.results = run_ranks(self.lab, self.hosts, self._body, timeout=120)
-        except BaseException as e:  # re-raised by stop()
+        except BaseException as e:  # noqa: BLE001 - re-raised by stop()
             self._barrier.abort()
             self.error = e
             self.joined.set()

@@ -69,6 +69,6 @@ def test_an_int32_result_to_an_int16_call_is_ignored(fake):
 
     sw, be = fake(int32_answer, stall_timeout=0.5)
     x = np.ones(8, np.float32)
-    with pytest.raises(Exception):
+    with pytest.raises(TimeoutError, match="no result from the switch"):
         be.allreduce(x, Call(0, "fake", x.size, "float32", "sum", "16"))
     assert np.all(x == 1)

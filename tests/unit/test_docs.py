@@ -41,8 +41,8 @@ HISTORY = ("bench/results/",)
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`([^`\n]+(?:\n[^`\n]+)?)`")  # may wrap onto a second line
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
-PROSE_PATH = re.compile(
-    r"(?<![\w/.`-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(PROSE_ROOTS))
+_ROOTS = "|".join(PROSE_ROOTS)
+PROSE_PATH = re.compile(rf"(?<![\w/.`-])((?:{_ROOTS})/[\w./*-]*[\w*/])")
 # `docs/page.md, "Section"`, `page.md "Section"`, `(docs/page.md "Section")`
 SECTION_CITE = re.compile(r"([\w-]+\.md)\)?,?\s+\"([^\"\n]+)\"")
 

@@ -91,7 +91,8 @@ def test_plan_network_and_providers():
     assert {"path": ["cpus"], "set": 4} in lv
     qargs = [e["kw"]["value"] for e in lv if e["path"] == ["qemuargs"]]
     assert qargs[0::2] == ["-global"] * (len(qargs) // 2)
-    assert {a.split("=")[0] for a in qargs[1::2]} >= {"virtio-net-pci.guest_tso4", "virtio-net-pci.guest_tso6"}
+    assert {a.split("=")[0] for a in qargs[1::2]} >= {"virtio-net-pci.guest_tso4",
+                                                      "virtio-net-pci.guest_tso6"}
     vb = p["providers"]["virtualbox"]
     assert {"path": ["default_nic_type"], "set": "virtio"} in vb and {"path": ["cpus"], "set": 4} in vb
     assert p["box"] == [CLUSTER["box"]]
@@ -225,7 +226,8 @@ def test_vagrant_scripts_parse():
     for n in ("provision.sh", "tune-nic.sh", "bench.sh"):
         subprocess.run(["bash", "-n", str(VAGRANT / n)], check=True)
     subprocess.run(["sh", "-n", str(VAGRANT / "swml-bench")], check=True)
-    assert all(os.access(VAGRANT / n, os.X_OK) for n in ("provision.sh", "tune-nic.sh", "bench.sh", "swml-bench"))
+    assert all(os.access(VAGRANT / n, os.X_OK)
+               for n in ("provision.sh", "tune-nic.sh", "bench.sh", "swml-bench"))
 
 
 CLUSTER = json.loads((VAGRANT / "cluster.json").read_text())

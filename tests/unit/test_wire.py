@@ -90,7 +90,8 @@ def _copy_tree(dest: Path) -> Path:
 
 
 def _import_default_slots(tree: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "from switchml_xdp import wire; print(wire.DEFAULT_SLOTS)"],
+    code = "from switchml_xdp import wire; print(wire.DEFAULT_SLOTS)"
+    return subprocess.Popen([sys.executable, "-c", code],
                             cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -110,12 +110,17 @@ FAKE_ETHTOOL = r'''#!/bin/sh
 # Stand-in ethtool: channels and features kept in $FAKE_STATE, changes logged.
 . "$FAKE_STATE"
 case "$1" in
-  -l) printf 'Channel parameters for %s:\nPre-set maximums:\nRX:\t\tn/a\nTX:\t\tn/a\nOther:\t\tn/a\nCombined:\t%s\n' "$2" "$max"
+  -l) printf 'Channel parameters for %s:\nPre-set maximums:\n' "$2"
+      printf 'RX:\t\tn/a\nTX:\t\tn/a\nOther:\t\tn/a\nCombined:\t%s\n' "$max"
       printf 'Current hardware settings:\nRX:\t\tn/a\nTX:\t\tn/a\nOther:\t\tn/a\nCombined:\t%s\n' "$now" ;;
   -L) echo "-L $4" >>"$FAKE_STATE.log"; sed -i "s/^now=.*/now=$4/" "$FAKE_STATE" ;;
-  -k) printf 'Features for %s:\nrx-gro-hw: %s\nlarge-receive-offload: off [fixed]\ngeneric-receive-offload: %s\n' "$2" "$grohw" "$gro" ;;
+  -k) printf 'Features for %s:\nrx-gro-hw: %s\n' "$2" "$grohw"
+      printf 'large-receive-offload: off [fixed]\ngeneric-receive-offload: %s\n' "$gro" ;;
   -K) echo "-K $3 $4" >>"$FAKE_STATE.log"
-      case $3 in rx-gro-hw) sed -i "s/^grohw=.*/grohw=$4/" "$FAKE_STATE" ;; gro) sed -i "s/^gro=.*/gro=$4/" "$FAKE_STATE" ;; esac ;;
+      case $3 in
+        rx-gro-hw) sed -i "s/^grohw=.*/grohw=$4/" "$FAKE_STATE" ;;
+        gro) sed -i "s/^gro=.*/gro=$4/" "$FAKE_STATE" ;;
+      esac ;;
 esac
 '''
 
