@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from lab_jobs import rank_results
+
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
 
@@ -141,19 +143,11 @@ def _rank_main(rank: int, master: str, switch: str, device: str) -> dict:
 def _lab_ranks(lab8, device):
     import secrets
 
-    from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_rank_processes
-
     hosts = lab8.workers[0:HOSTS]
     placements = [(hosts[rank // PER_HOST], [sys.executable, __file__, str(rank), hosts[0].ip,
                                               lab8.switch.ip, device]) for rank in range(WORLD)]
     env = {"SWML_TEST_TOKEN": secrets.token_hex(3)}
-    try:
-        results = [rank_result(out) for out, _ in
-                   run_rank_processes(lab8, placements, RANK_DEADLINE_S, env)]
-    except RanksFailed as e:
-        pytest.fail(str(e))
-    assert all(results), "a rank printed no result"
-    return results
+    return rank_results(lab8, placements, RANK_DEADLINE_S, env)
 
 
 def _check_lab(results):

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_rank_processes
+from lab_jobs import rank_results
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
@@ -144,13 +144,7 @@ def ranks(lab8, switch):
     hosts = lab8.workers[2:2 + HOSTS]
     placements = [(hosts[rank // PER_HOST], [sys.executable, __file__, str(rank), hosts[0].ip,
                                               lab8.switch.ip]) for rank in range(WORLD)]
-    try:
-        outs = run_rank_processes(lab8, placements, RANK_DEADLINE_S)
-    except RanksFailed as e:
-        pytest.fail(str(e))
-    results = [rank_result(out) for out, _ in outs]
-    assert all(results), "a rank printed no result"
-    return results
+    return rank_results(lab8, placements, RANK_DEADLINE_S)
 
 
 def test_one_leader_a_host_joins_the_switch(ranks):

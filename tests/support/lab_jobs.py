@@ -4,8 +4,10 @@ and an idle rank that holds a job open."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,21 @@ def start_idle_rank(lab, host, job: str, rank: int, world: int) -> subprocess.Po
     return lab.popen(host, [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
+
+
+def rank_results(lab, placements, deadline_s: float, env: dict | None = None) -> list[dict]:
+    """Rank processes (a test file run as a script, one per (host, argv)) in the
+    lab, all at once; each prints one RESULT line: those, in rank order. The
+    ranks import tests/support/ as pytest does; a rank that fails or prints no
+    result fails the test with every failing rank's stderr."""
+    from switchml_xdp.lab.cluster import RanksFailed, rank_result, run_rank_processes
+
+    support = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (support, os.environ.get("PYTHONPATH")) if p)
+    try:
+        outs = run_rank_processes(lab, placements, deadline_s, {**(env or {}), "PYTHONPATH": path})
+    except RanksFailed as e:
+        pytest.fail(str(e))
+    results = [rank_result(out) for out, _ in outs]
+    assert all(results), "a rank printed no result"
+    return results

@@ -345,3 +345,10 @@ class RedirectTester(XdpTester):
         """Frames by decision since the last reset()."""
         now = self._read_counters()
         return {name: now[name] - self._baseline[name] for name in self.COUNTERS}
+
+
+def vec(*values: int) -> np.ndarray:
+    """PROG_K int32 values: those given, then zeros."""
+    out = np.zeros(PROG_K, np.int32)
+    out[:len(values)] = values
+    return out
