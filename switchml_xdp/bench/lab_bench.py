@@ -63,6 +63,7 @@ from .constants import (
     bound_mbps,
 )
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
+from .lab_switch import switch_counters, userspace_switch
 from .rank_group import RankError, RankGroup
 from .report import SKIPPED, markdown, row_line
 
@@ -70,38 +71,6 @@ __all__ = ["SYSTEMS", "DEFAULT_RATE_MBIT", "BenchConfig", "Bench", "run_bench"]
 
 WINDOW_MS = 8.0              # the job's slots cover this long of sending (Bench.job_slots)
 MIN_JOB_SLOTS, MAX_JOB_SLOTS = 16, 512
-USERSPACE_NICE = -10         # the user-space switch's scheduling priority (see userspace_switch)
-
-
-def switch_counters(lab) -> dict:
-    """The switch's counters (XDP or user-space) through the control protocol's `status`."""
-    from ..client.control import ControlClient
-
-    with lab.enter(lab.switch):
-        client = ControlClient(lab.switch.ip, connect_timeout=10)
-    try:
-        return client.status().get("counters", {})
-    finally:
-        client.close()
-
-
-def renice(pid: int, niceness: int) -> None:
-    """Set the niceness of every thread of a process (Linux's is per thread)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
-
-
-def userspace_switch(lab, args: Sequence[str]):
-    """`swml-switch up --dataplane userspace` in the lab's switch namespace,
-    at niceness USERSPACE_NICE: a switch is a box of its own; here it shares
-    two cores with the workers, and the XDP switch's softirq work preempts
-    them anyway."""
-    from ..lab.cluster import SwitchProcess
-
-    sw = SwitchProcess(lab, [*args, "--dataplane", "userspace"])
-    renice(sw.proc.pid, USERSPACE_NICE)
-    return sw
 
 
 @dataclasses.dataclass

@@ -138,7 +138,7 @@ def test_userspace_switch_reduces_exactly_and_answers_retransmissions(shaped_lab
     protocol: int32 sums exact, a retransmission to a completed slot gets a
     unicast shadow reply."""
     from switchml_xdp import Worker
-    from switchml_xdp.bench.lab_bench import USERSPACE_NICE, userspace_switch
+    from switchml_xdp.bench.lab_switch import USERSPACE_NICE, userspace_switch
 
     lab = shaped_lab
     rng = np.random.default_rng(5)

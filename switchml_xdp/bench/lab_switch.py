@@ -1,0 +1,40 @@
+"""The switch as `swml-lab bench` runs it in the lab: its counters through the
+control protocol, and the user-space data plane at a raised priority."""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+USERSPACE_NICE = -10         # the user-space switch's scheduling priority (see userspace_switch)
+
+
+def switch_counters(lab) -> dict:
+    """The switch's counters (XDP or user-space) through the control protocol's `status`."""
+    from ..client.control import ControlClient
+
+    with lab.enter(lab.switch):
+        client = ControlClient(lab.switch.ip, connect_timeout=10)
+    try:
+        return client.status().get("counters", {})
+    finally:
+        client.close()
+
+
+def renice(pid: int, niceness: int) -> None:
+    """Set the niceness of every thread of a process (Linux's is per thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+
+
+def userspace_switch(lab, args: Sequence[str]):
+    """`swml-switch up --dataplane userspace` in the lab's switch namespace,
+    at niceness USERSPACE_NICE: a switch is a box of its own; here it shares
+    two cores with the workers, and the XDP switch's softirq work preempts
+    them anyway."""
+    from ..lab.cluster import SwitchProcess
+
+    sw = SwitchProcess(lab, [*args, "--dataplane", "userspace"])
+    renice(sw.proc.pid, USERSPACE_NICE)
+    return sw
