@@ -26,24 +26,24 @@ COUNTER_NAMES: list[str] = [
 #: Counters that are reasons to drop a malformed, foreign or stale packet.
 DROP_REASONS = COUNTER_NAMES[COUNTER_NAMES.index("truncated"):]
 #: The ops the switch combines with, by the name the API takes.
-OPS = {"sum": OP_SUM, "min": OP_MIN, "max": OP_MAX}  # noqa: F821
+OPS = {"sum": OP_SUM, "min": OP_MIN, "max": OP_MAX}  # noqa: F821 - set from the layout above
 
 #: numpy dtype of struct swml_hdr (big-endian fields, as on the wire).
 HDR_DTYPE = layout.dtype("swml_hdr")
-assert HDR_DTYPE.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821
+assert HDR_DTYPE.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821 - set from the layout above
 #: The same header as a `struct` format, for code that packs it field by field.
 HDR_STRUCT = struct.Struct(layout.struct_format("swml_hdr"))
 
 
 def ver_type(kind: int) -> int:
-    return (VERSION << 4) | kind  # noqa: F821
+    return (VERSION << 4) | kind  # noqa: F821 - set from the layout above
 
 
 def group_of_job(job_id: int) -> tuple[str, str]:
     """The multicast group (IPv4, MAC) that RESULTs of a job go to."""
     hi, lo = job_id >> 8, job_id & 0xFF
-    ip = f"{MCAST_PREFIX_A}.{MCAST_PREFIX_B}.{hi}.{lo}"  # noqa: F821
-    mac = f"01:00:5e:{MCAST_PREFIX_B & 0x7F:02x}:{hi:02x}:{lo:02x}"  # noqa: F821
+    ip = f"{MCAST_PREFIX_A}.{MCAST_PREFIX_B}.{hi}.{lo}"  # noqa: F821 - set from the layout above
+    mac = f"01:00:5e:{MCAST_PREFIX_B & 0x7F:02x}:{hi:02x}:{lo:02x}"  # noqa: F821 - set from the layout above
     return ip, mac
 
 

@@ -104,7 +104,7 @@ def compiler_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root (loading BPF programs)"
     try:
-        import bcc  # noqa: F401  Debian's python3-bpfcc, seen through the venv
+        import bcc  # noqa: F401 - Debian's python3-bpfcc, seen through the venv
     except ImportError:
         return "needs bcc (Debian package python3-bpfcc; `make setup` makes a venv that sees it)"
     if not os.path.exists("/sys/kernel/btf/vmlinux"):

@@ -77,10 +77,10 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_
     saves a PNG of the loss and accuracy curves (needs the torch extra,
     scikit-learn and matplotlib)."""
     try:
-        import matplotlib  # noqa: F401  (imported to fail here, with the hint below)
-        import sklearn  # noqa: F401  (the same)
+        import matplotlib  # noqa: F401 - (imported to fail here, with the hint below)
+        import sklearn  # noqa: F401 - (the same)
 
-        import switchml_xdp.torch  # noqa: F401  (says how to install torch if it is missing)
+        import switchml_xdp.torch  # noqa: F401 - (says how to install torch if it is missing)
         from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
     except ImportError as e:
         raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None

@@ -97,7 +97,7 @@ def test_maps_only_loads_nothing_and_several_threads_may_compile():
     def build():
         try:
             progs.append(bpf.compile_program(PASS, "swml_pass", maps_only=True))
-        except BaseException as e:  # noqa: BLE001  reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=build) for _ in range(2)]

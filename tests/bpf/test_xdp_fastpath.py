@@ -128,7 +128,7 @@ def test_two_cpus_on_the_same_slots_never_tear_a_result():
         def guarded(rank: int) -> None:
             try:
                 stream(rank)
-            except Exception as e:  # noqa: BLE001  a thread's failure fails the test
+            except Exception as e:  # noqa: BLE001 - a thread's failure fails the test
                 bad.append(repr(e))
                 step.abort()
 

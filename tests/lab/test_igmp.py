@@ -21,7 +21,7 @@ from requires import NO_LAB
 pytestmark = pytest.mark.skipif(NO_LAB is not None, reason=NO_LAB or "")
 
 try:
-    from switchml_xdp import _engine  # noqa: F401
+    from switchml_xdp import _engine  # noqa: F401 - imported only to learn whether it is there
 except ImportError as e:  # pragma: no cover - the build failed or was skipped
     pytest.skip(f"the AF_XDP engine is not built: {e}", allow_module_level=True)
 

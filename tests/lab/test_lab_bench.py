@@ -20,19 +20,19 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(NO_LAB, allow_module_level=True)
 
+from crafted_packets import qdisc_bypass_socket
 from switchml_xdp import wire
 from switchml_xdp.bench import lab_bench
 from switchml_xdp.lab import Lab
 from switchml_xdp.lab.cluster import run_ranks
 
-SOL_PACKET, PACKET_QDISC_BYPASS = 263, 20
 SO_RCVBUFFORCE = 33
 RATE = 40.0                      # Mbit/s: slow enough to measure from Python
 
 
 def _torch_missing() -> str | None:
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - imported only to learn whether it is there
     except ImportError as e:
         return (f"torch is not installed ({e}); `pip install -e '.[torch]'` "
                 "(or scripts/setup.sh --torch) adds the Gloo peer")
@@ -69,11 +69,7 @@ def _receive(lab, host, port: int, out: dict) -> None:
 def _bypass_flood(lab, src, dst, dport: int, frames: int) -> None:
     """What an AF_XDP socket in copy mode does: frames handed to the driver past
     the qdisc (AF_PACKET with PACKET_QDISC_BYPASS takes the same path)."""
-    with lab.enter(src):
-        raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    with raw:
-        raw.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
-        raw.bind((src.iface, 0))
+    with qdisc_bypass_socket(lab, src) as raw:
         frame = udp_frame(endpoint(src, 40000), endpoint(dst, dport), b"x" * 1000)
         for _ in range(frames):
             try:

@@ -23,6 +23,7 @@ if NO_LAB:
 
 from click.testing import CliRunner
 
+from crafted_packets import qdisc_bypass_socket
 from switchml_xdp import wire
 from switchml_xdp.cli.lab import main as lab_cli
 from switchml_xdp.lab import Lab, LabError, cleanup_leftovers
@@ -35,7 +36,6 @@ PORT = wire.DEFAULT_PORT
 OTHER_PORT = 5000
 N = 2000
 SO_RCVBUFFORCE = 33
-SOL_PACKET, PACKET_QDISC_BYPASS = 263, 20
 
 
 @pytest.fixture(scope="module")
@@ -150,11 +150,7 @@ def test_frames_that_bypass_the_qdisc_are_subject_too(lab):
     lab.set_loss(0.5, hosts=[w0], direction="up")
     before = counters(lab)
     with Flow(lab, w0, w1) as flow:
-        with lab.enter(w0):
-            raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-        with raw:
-            raw.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
-            raw.bind((w0.iface, 0))
+        with qdisc_bypass_socket(lab, w0) as raw:
             frame = udp_frame(endpoint(w0, 40000), endpoint(w1, PORT), b"q" * 64)
             for i in range(N):
                 raw.send(frame)

@@ -105,7 +105,7 @@ def _rank_main(rank: int, world: int, master: str, switch: str) -> dict:
 
     # the example's rank code, briefly, both ways (train_rank makes its own groups)
     try:
-        import sklearn  # noqa: F401
+        import sklearn  # noqa: F401 - imported only to learn whether it is there
     except ImportError:
         res["train"] = None
         return res

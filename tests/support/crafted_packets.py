@@ -36,6 +36,17 @@ def raw_socket(lab, host) -> socket.socket:
     return s
 
 
+SOL_PACKET, PACKET_QDISC_BYPASS = 263, 20
+
+
+def qdisc_bypass_socket(lab, host) -> socket.socket:
+    """A raw socket on `host`'s lab interface whose frames go to the driver past
+    the qdisc and tc egress, as an AF_XDP socket in copy mode sends them."""
+    s = raw_socket(lab, host)
+    s.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+    return s
+
+
 class Pacer:
     """Keeps at most `window` frames to the switch's data port in flight
     between our senders and the switch program. Under load the kernel defers

@@ -63,7 +63,7 @@ def run_ranks(world: int, body: Callable[[int], object]) -> list:
     def run(r: int) -> None:
         try:
             out[r] = body(r)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises it
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
 
-from switchml_xdp import quant  # noqa: E402
-from switchml_xdp.torch import device_quant as dq  # noqa: E402
+from switchml_xdp import quant  # noqa: E402 - after the importorskip
+from switchml_xdp.torch import device_quant as dq  # noqa: E402 - after the importorskip
 
 # The inputs include signalling NaNs: numpy's float32 -> float64 cast in
 # quant.py (the reference) warns about them, as it should; not our concern here.

@@ -25,11 +25,11 @@ import pytest
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
 
-from staging_helpers import DeferredCopies, LockstepSwitch, random_floats, run_ranks  # noqa: E402
-from switchml_xdp import quant, quant16  # noqa: E402
-from switchml_xdp.torch.staging import CpuOps, CudaOps, Pipeline, StagingConfig, ops_for  # noqa: E402
-from two_level import PARAM_ATOL, STEPS  # noqa: E402
-from two_level import model as _cpu_model  # noqa: E402
+from staging_helpers import DeferredCopies, LockstepSwitch, random_floats, run_ranks  # noqa: E402 - after the importorskip
+from switchml_xdp import quant, quant16  # noqa: E402 - after the importorskip
+from switchml_xdp.torch.staging import CpuOps, CudaOps, Pipeline, StagingConfig, ops_for  # noqa: E402 - after the importorskip
+from two_level import PARAM_ATOL, STEPS  # noqa: E402 - after the importorskip
+from two_level import model as _cpu_model  # noqa: E402 - after the importorskip
 
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is false here (CI never has a GPU)"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)

@@ -9,7 +9,7 @@ import pytest
 def test_backend_registered_as_swml():
     import torch.distributed as dist
 
-    import switchml_xdp.torch  # noqa: F401
+    import switchml_xdp.torch  # noqa: F401 - imported only to learn whether it is there
 
     assert "swml" in dist.Backend.backend_list
     assert dist.Backend.SWML == "swml"

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip(
     "torch", reason="PyTorch is an optional extra: pip install -e '.[torch]' (torch==2.13.0)")
 
-from switchml_xdp.bench.local_procs import run_on_host  # noqa: E402
-from switchml_xdp.torch.shm_segment import NAME_PREFIX, SHM_DIR  # noqa: E402
+from switchml_xdp.bench.local_procs import run_on_host  # noqa: E402 - after the importorskip
+from switchml_xdp.torch.shm_segment import NAME_PREFIX, SHM_DIR  # noqa: E402 - after the importorskip
 
 SMALL_REGION = 4096            # two slots of 2 KiB: 512 float32 elements a chunk
 SIZES = (0, 1, 511, 512, 513, 5000)
