@@ -3,13 +3,15 @@
 Every request gets exactly one reply line, {"ok": true, ...} or
 {"ok": false, "error": "<one-line reason>"}. A member's connection also carries
 events the switch pushes: {"event": "abort", ...} and {"event": "left", ...}.
+Every field of a request is checked at the door, once, by
+request_fields.py; the handlers here and the job table take checked values.
 A worker keeps its connection open for the life of its job: closing it without
 `leave` means it died, and the job is aborted at once (a lease catches the
 workers that hang without closing).
 
 No client can hold more than its share: connections and joins waiting at a
 barrier are counted per source address (MAX_CONNECTIONS_PER_IP,
-MAX_PENDING_JOINS_PER_IP), a join waits at most MAX_JOIN_TIMEOUT_S, and a
+MAX_PENDING_JOINS_PER_IP), a join waits at most MAX_JOIN_TIMEOUT_S (request_fields.py), and a
 client that does not read what the switch sends is dropped after the idle
 timeout (its replies would otherwise pile up in the daemon).
 """
@@ -22,6 +24,7 @@ import os
 from collections.abc import Callable
 
 from .jobs import ControlError, Job, JobStartFailed, JobTable
+from .request_fields import FieldError, validate
 
 log = logging.getLogger("swml.control")
 
@@ -29,8 +32,6 @@ MAX_LINE = 64 * 1024
 IDLE_TIMEOUT_S = 30.0
 IDLE_TIMEOUT_ENV = "SWML_CONTROL_IDLE_S"  # overrides IDLE_TIMEOUT_S at server start (tests)
 LINGER_S = 2.0   # how long a connection the switch closes may still drain the client's input
-DEFAULT_JOIN_TIMEOUT_S = 60.0
-MAX_JOIN_TIMEOUT_S = 600.0       # the longest a join may wait at its barrier
 MAX_CONNECTIONS_PER_IP = 128     # open control connections from one source address
 MAX_PENDING_JOINS_PER_IP = 16    # joins from one source address waiting at barriers at once
 MAX_BUFFERED_OUTPUT = 1 << 20    # bytes of replies/events queued for a client that does not read
@@ -215,8 +216,9 @@ class ControlServer:
             conn.error(f"unknown op {op!r}; ops are join, resume, leave, heartbeat, status")
             return
         try:
-            await handler(conn, msg)
-        except ControlError as e:
+            # The door: every field checked once, before any handler sees it.
+            await handler(conn, validate(op, msg))
+        except (FieldError, ControlError) as e:
             conn.error(str(e))
         except OSError as e:  # e.g. EMFILE: the request changed nothing (jobs.py undoes it)
             log.warning("control request %s from %s failed: %s", op, conn.peer, e)
@@ -226,10 +228,7 @@ class ControlServer:
     async def _join(self, conn: Connection, msg: dict) -> None:
         if conn.job is not None:
             raise ControlError(f"this connection already joined job {conn.job.name!r} as rank {conn.rank}")
-        timeout = msg.get("timeout", DEFAULT_JOIN_TIMEOUT_S)
-        is_number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-        if not is_number or not 0 < timeout <= MAX_JOIN_TIMEOUT_S:
-            raise ControlError(f"'timeout' must be a number of seconds in (0, {MAX_JOIN_TIMEOUT_S:.0f}]")
+        timeout = msg["timeout"]
         ip = conn.peer_ip
         if self._pending_by_ip.get(ip, 0) >= MAX_PENDING_JOINS_PER_IP:
             raise ControlError(f"too many joins from {ip} waiting at barriers "
@@ -318,7 +317,7 @@ class ControlServer:
             raise ControlError(f"{msg['op']} needs a joined job on this connection")
         if conn.job.state != "running":
             raise ControlError(f"job {conn.job.name!r} is no longer running")
-        conn.job.check_token(msg.get("token"))
+        conn.job.check_token(msg["token"])
         return conn.job
 
     async def _heartbeat(self, conn: Connection, msg: dict) -> None:
