@@ -26,6 +26,7 @@ from .. import net, wire
 from .backend import Backend, LocalEnd
 from .calls import Call, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
+from .plans import streamed
 from .retransmit import STALL_TIMEOUT_S
 from .window import WindowPolicy, window_policy
 
@@ -132,7 +133,9 @@ class Worker:
         a float32 sum is quantized (docs/quantization.md), to 32 bits or, with
         precision="16", to the 16-bit block format (half the bytes, bound
         (B16)). Raises CallMismatch if the ranks did not make the same call
-        (length, dtype, op or precision)."""
+        (length, dtype, op or precision). An empty array comes back as it
+        was, after one round that keeps the ranks' calls in step
+        (docs/protocol.md, "Empty calls")."""
         return self.allreduce_async(array, op, precision).result()
 
     def allreduce_async(self, array: np.ndarray, op: str = "sum",
@@ -169,11 +172,7 @@ class Worker:
         with self._lock:
             self._control.abort.raise_if_set(self.info.name)
             t0 = time.perf_counter()
-            # An empty call still sends one packet with its tag: a rank whose
-            # call is empty while another's is not must raise CallMismatch,
-            # not wait for a stall.
-            flat = array.reshape(-1) if array.size else np.zeros(1, np.int32)
-            self._backend.allreduce(flat, call)
+            self._backend.allreduce(streamed(array), call)
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0

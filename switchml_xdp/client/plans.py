@@ -160,6 +160,17 @@ class Float16Plan(Float32Plan):
                                          self.world, self.flat.size)
 
 
+def streamed(array: np.ndarray) -> np.ndarray:
+    """The 1-D array the backends stream for a call on `array` (any shape,
+    C-contiguous): the array itself, flat; for an empty one a single zero of
+    its dtype. An empty call so streams as a one-element call of its dtype,
+    op and format, the same packets on both datapaths, and is numbered like
+    any call: its tag (count 0) tells it from a call that is not empty, which
+    then raises CallMismatch rather than waiting for a stall
+    (docs/protocol.md, "The worker's side of the data plane")."""
+    return array.reshape(-1) if array.size else np.zeros(1, array.dtype)
+
+
 def make_plan(flat: np.ndarray, k: int, slots: int, world: int, op: int = wire.OP_SUM,
               fmt: int = wire.FMT_INT32):
     """The plan for reducing `flat` with `op` (SWML_OP_*) in payload format
