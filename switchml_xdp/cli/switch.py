@@ -91,6 +91,7 @@ def down(iface):
 
 
 @main.command()
+@click.argument("iface", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output (with rates)")
 @click.option("--watch", "-w", is_flag=True,
               help="a live view, redrawn every INTERVAL: per job packets/s, Gbit/s, completions/s, "
@@ -101,8 +102,11 @@ def down(iface):
                    "(0: no rates, counters only)")
 @click.option("--count", type=click.IntRange(1, None), default=None, metavar="N",
               help="with --watch: stop after N redraws [default: until Ctrl-C]")
-def status(as_json, watch, interval, count):
-    """Jobs, workers, counters and rates of every switch on this machine.
+@click.option("--all", "-a", "show_all", is_flag=True,
+              help="also the counters and drop reasons that are zero (left out by default)")
+def status(iface, as_json, watch, interval, count, show_all):
+    """Jobs, workers, counters and rates of the switch on IFACE, or of every
+    switch on this machine.
 
     Any user may run it: the counters come through the daemon's control port
     (run it in the switch's network namespace), or, for root, from the XDP
@@ -112,16 +116,18 @@ def status(as_json, watch, interval, count):
             raise click.UsageError("--watch and --json do not go together")
         if interval <= 0:
             raise click.BadParameter("--watch needs an interval > 0", param_hint="--interval")
-        status_view.watch(interval, count)
+        status_view.watch(interval, count, iface=iface, show_all=show_all)
         return
-    sts = status_view.sample_with_rates(interval)
+    sts = status_view.sample_with_rates(interval, iface=iface)
+    if iface is not None and not sts:
+        raise click.ClickException(f"no switch is up on {status_view.escaped(iface)}")
     if as_json:
         click.echo(json.dumps({"switches": sts}, indent=1))
         return
     if not sts:
         click.echo("no switch is up on this machine")
         return
-    click.echo("\n".join(status_view.format_text(s) for s in sts))
+    click.echo("\n".join(status_view.format_text(s, show_all) for s in sts))
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def test_watch_loop_redraws_with_rates(monkeypatch):
     from rich.console import Console
 
     samples = iter([[_sample(0.0, 0, 0, 0)], [_sample(0.5, 500, 1, 800)]])
-    monkeypatch.setattr(status_view, "collect_status", lambda: next(samples))
+    monkeypatch.setattr(status_view, "collect_status", lambda iface=None: next(samples))
     console = Console(record=True, width=160, color_system=None, force_terminal=False)
     status_view.watch(0.01, count=1, console=console)
     text = console.export_text()

@@ -1,0 +1,140 @@
+"""`swml-switch status` as plain text: 80 columns at most, counters that are
+zero left out unless asked for (`--all`), and nothing a client sent (job
+names, MACs, addresses, in a daemon's reply or an older state file) printed
+without its non-printable characters escaped (docs/operations.md, "Looking
+at it")."""
+from __future__ import annotations
+
+import textwrap
+import time
+
+from .. import wire
+
+WIDTH = 80
+LONGEST_SHOWN = 120   # characters of one string from a state file or a reply
+
+#: The counters that are not drops: what happened to the packets the switch took.
+OUTCOMES = [n for n in wire.COUNTER_NAMES if n not in wire.DROP_REASONS]
+
+
+def _escape(s: str) -> str:
+    """repr-style escapes for what a terminal would act on (control and
+    format characters, unpaired surrogates) and for the backslash itself."""
+    text = "".join(c if c.isprintable() and c != "\\" else ascii(c)[1:-1] for c in s)
+    return text if len(text) <= LONGEST_SHOWN else text[:LONGEST_SHOWN - 3] + "..."
+
+
+def escaped(v):
+    """`v` (a sample of collect_status or a part of one) with every string in
+    it, keys too, safe to print."""
+    if isinstance(v, str):
+        return _escape(v)
+    if isinstance(v, dict):
+        return {escaped(k): escaped(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [escaped(x) for x in v]
+    return v
+
+
+def wrap(text: str, indent: str = "", more: str = "    ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + more,
+                         break_on_hyphens=False) or [indent.rstrip()]
+
+
+def outcomes(st: dict) -> list[str]:
+    """OUTCOMES that this switch can count: the unicast fan-out's only with it."""
+    if st.get("fanout") == "unicast":
+        return OUTCOMES
+    return [n for n in OUTCOMES if not n.startswith("unicast_")]
+
+
+def rate(v: float | None, fmt: str = ".0f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def slots_in_use(st: dict) -> int:
+    return sum(j["slots"] for j in st["jobs"] if j["state"] == "running")
+
+
+def headline(st: dict) -> list[str]:
+    p = st["params"]
+    first = (f"switch {st['iface']}: {st['label']}, k={p['k']}, fanout "
+             f"{st.get('fanout', 'multicast')}, slots {slots_in_use(st)}/{p['slots']} in use")
+    second = (f"data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
+              f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
+              f"up {time.time() - st['started']:.0f} s")
+    return wrap(first) + wrap(second, "  ")
+
+
+def group_of(job: dict) -> str:
+    """The job's multicast group, where RESULTs go ("-" while it joins)."""
+    return str((job.get("group") or {}).get("ip") or "-")
+
+
+def no_job_rates_reason(st: dict) -> str | None:
+    """Why the jobs have no rates, or None if they have them."""
+    rates = st.get("rates")
+    if rates is None:
+        return None
+    if not rates["per_job"]:
+        return "this switch does not count packets per job (no per-job rates)"
+    return None
+
+
+def counts(label: str, values: dict[str, float], names, show_all: bool, fmt: str) -> list[str]:
+    """`label: name value, ...`, wrapped; zeros only with show_all."""
+    shown = [f"{n} {rate(values.get(n), fmt)}" for n in names if show_all or values.get(n)]
+    return wrap(f"{label}: " + (", ".join(shown) or "none"), "  ")
+
+
+JOB_HEAD = f"  {'id':>3} {'job':<16} {'ranks':>5} {'state':<7} {'slots':<11} group"
+
+
+def job_lines(st: dict, j: dict, job_rate: dict | None) -> list[str]:
+    rng = f"{j['slot_base']}-{j['slot_base'] + j['slots'] - 1}" if j["slot_base"] is not None else "-"
+    name, ranks = str(j["name"]), f"{len(j['members'])}/{j['world']}"
+    rest = f"{ranks:>5} {str(j['state']):<7} {rng:<11} {group_of(j)}"
+    if len(name) <= 16:
+        lines = [f"  {j['id'] or '-':>3} {name:<16} {rest}"]
+    else:   # a long name on its own line, the columns under it
+        lines = [f"  {j['id'] or '-':>3} {name}", f"  {'':>3} {'':<16} {rest}"]
+    if not j.get("protected", True):
+        lines.append("        (unprotected: no token)")
+    if job_rate:
+        lines += wrap(f"{rate(job_rate['packets_per_s'])} pkt/s, "
+                      f"{rate(job_rate['gbit_per_s'], '.3f')} Gbit/s, "
+                      f"{rate(job_rate['completions_per_s'])} compl/s, "
+                      f"{rate(job_rate['retransmissions_answered_per_s'])} retx ans/s", " " * 8)
+    for r, m in j["members"].items():
+        mac = m["mac"] or "(no MAC)"
+        if "learnt_mac" in m:   # --fanout unicast: where its RESULTs go
+            mac = f"{mac} declared, RESULTs to {m['learnt_mac'] or '(none learnt yet)'}"
+        left = " (left)" if m["left"] else ""
+        lines += wrap(f"rank {r}: {m['ip']}:{m['port']} {mac}{left}", " " * 8)
+    return lines
+
+
+def format_text(st: dict, show_all: bool = False) -> str:
+    """One switch, in lines of at most 80 columns."""
+    st = escaped(st)
+    rates = st.get("rates") or {}
+    lines = headline(st)
+    if st["jobs"]:
+        lines.append(JOB_HEAD)
+        for j in st["jobs"]:
+            lines += job_lines(st, j, rates.get("jobs", {}).get(str(j["id"])))
+    else:
+        lines.append("  no jobs")
+    c = st.get("counters")
+    if c:
+        lines += counts("packets", c, outcomes(st), show_all, "")
+        lines += counts("dropped", c, wire.DROP_REASONS, show_all, "")
+    if rates:
+        per_s = f"per second over {rates['interval_s']:.1f} s"
+        lines += counts(per_s, rates["counters"], outcomes(st), show_all, ".0f")
+        lines += counts("dropped per second", rates["drops"], wire.DROP_REASONS, show_all, ".1f")
+    if (why := no_job_rates_reason(st)) and st["jobs"]:
+        lines += wrap(why, "  ")
+    if st.get("note"):
+        lines += wrap(st["note"], "  ")
+    return "\n".join(lines)
