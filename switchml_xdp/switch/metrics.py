@@ -84,6 +84,12 @@ class SwitchCollector:
             world.add_metric(labels, j["world"])
         yield members
         yield world
+        group = GaugeMetricFamily("swml_job_group_info", "the multicast group of the job's RESULTs "
+                                  "(1; running jobs)", labels=["iface", "job", "job_id", "group"])
+        for j in jobs:
+            if (j.get("group") or {}).get("ip"):
+                group.add_metric([self.iface, j["name"], str(j["id"]), j["group"]["ip"]], 1)
+        yield group
         total = snap.get("slots_total", 0)
         yield _gauge("swml_slots_in_use", "aggregation slots held by jobs", self.iface,
                      total - snap.get("slots_free", total))

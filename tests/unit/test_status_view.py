@@ -127,3 +127,17 @@ def test_status_iface_shows_that_switch_only(monkeypatch):
     assert r.exit_code == 0 and "switch sw1:" in r.output and "sw0" not in r.output, r.output
     r = CliRunner().invoke(switch_cli.main, ["status", "eth9\x1b[2J", "--interval", "0"])
     assert r.exit_code == 1 and r.output.strip() == "Error: no switch is up on eth9\\x1b[2J"
+
+
+def test_the_metrics_name_the_jobs_group():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from switchml_xdp.switch.metrics import SwitchCollector
+
+    st = _state()
+    snap = {k: st[k] for k in ("counters", "job_stats", "jobs")}
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SwitchCollector(lambda: snap, "sw0"))
+    text = generate_latest(reg).decode()
+    assert 'swml_job_group_info{group="239.77.0.3",iface="sw0",job="train",job_id="3"} 1.0' in text
+    assert text.count("swml_job_group_info{") == 1   # a joining job has no group yet
