@@ -11,7 +11,9 @@
 #    --torch: the VMs run the switch and `swml-worker bench`, they do not train.
 # 2. /etc/switchml-xdp/vm.env: this VM's role, rank, addresses (the only place the
 #    VM keeps them), and swml-nic.service, which readies the lab NIC at every boot
-#    (vagrant/tune-nic.sh: MTU, queue pairs, offloads, multicast).
+#    (MTU, queue pairs, offloads, multicast): packaging/swml-nic.service and
+#    packaging/tune-nic.sh, installed as on a real machine (docs/real-network.md),
+#    with /etc/swml/nic.env naming the NIC.
 # 3. switch: swml-switch.service, `swml-switch up IFACE ...` in the foreground under
 #    systemd. worker: /usr/local/bin/swml-bench, `swml-worker bench` with this VM's
 #    --switch/--job/--rank/--world filled in from vm.env. Both: the venv's swml-*
@@ -140,20 +142,14 @@ env_text=$(
 )
 put /etc/switchml-xdp/vm.env 0644 <<<"$env_text"
 
-put /etc/systemd/system/swml-nic.service 0644 <<EOF
-[Unit]
-Description=switchml-xdp: ready the lab NIC $iface (MTU, queue pairs, offloads, multicast)
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-Environment=SWML_ENV_FILE=/etc/switchml-xdp/vm.env
-ExecStart=/bin/bash $repo/vagrant/tune-nic.sh
-
-[Install]
-WantedBy=multi-user.target
+# The NIC unit and its script, from packaging/ (the unit names where they go).
+put /etc/systemd/system/swml-nic.service 0644 <"$repo/packaging/swml-nic.service"
+put /usr/local/sbin/swml-tune-nic 0755 <"$repo/packaging/tune-nic.sh"
+put /etc/swml/nic.env 0644 <<EOF
+# Written by $repo/vagrant/provision.sh: the NIC swml-nic.service readies.
+SWML_IFACE=$iface
+SWML_MTU=$mtu
+SWML_ROLE=$role
 EOF
 
 # link NAME TARGET: NAME (under $root) a symlink to TARGET.

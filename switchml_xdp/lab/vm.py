@@ -45,7 +45,7 @@ GUEST_SCRIPT = Path(__file__).with_name("vm_guest.sh")
 GUEST_TMPFS = (Path("/tmp"), Path("/run"), Path("/var/tmp"))
 # The Vagrant lab's NIC set-up (MTU, queue pairs, offloads, allmulticast), run in
 # every guest: one description of what a virtio NIC needs for native XDP.
-TUNE_NIC = Path(__file__).resolve().parents[2] / "vagrant" / "tune-nic.sh"
+TUNE_NIC = Path(__file__).resolve().parents[2] / "packaging" / "tune-nic.sh"
 GUEST_IFACE = "eth0"
 MTU = 1500                     # vagrant/cluster.json network.mtu; native XDP needs <= 3506
 # virtio_net wants a spare TX queue per vCPU for XDP_TX: 2 x vCPUs queue pairs.

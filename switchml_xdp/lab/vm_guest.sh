@@ -8,7 +8,7 @@
 #        switch: sw.ready (the daemon's ready line), sw.xdp (ip -d link of its NIC),
 #                sw.status.json; worker: <vm>.json (swml-worker bench --json);
 #        <vm>.rc (exit status, written last, then the VM powers off)
-# The NIC is set up by vagrant/tune-nic.sh, the same script the Vagrant lab runs.
+# The NIC is set up by packaging/tune-nic.sh, the same script the Vagrant lab runs.
 set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp PYTHONDONTWRITEBYTECODE=1 TERM=dumb

@@ -172,7 +172,7 @@ def test_the_systemd_units_command_line_works(tmp_path, captured_up):
     if not unit.exists():
         pytest.skip("no packaging/swml-switch.service in this tree")
     argv = re.search(r"^ExecStart=(.*)$", unit.read_text(), re.M).group(1).split()
-    assert argv[:2] == ["swml-switch", "up"] and "--config" in argv
+    assert argv[:2] == ["/usr/local/bin/swml-switch", "up"] and "--config" in argv
     cfg = tmp_path / "switch.toml"
     cfg.write_text('iface = "eth1"\nrequire-token = true\n')
     args = [str(cfg) if a == "/etc/swml/switch.toml" else a for a in argv[2:]]

@@ -151,8 +151,13 @@ def test_provisioned_commands_agree_with_the_plan(workers, tmp_path):
             assert env["SWML_IFACE"] == iface and env["SWML_IP"] == m["net"]["ip"]
             for b in ("swml-switch", "swml-worker", "swml-lab"):
                 assert os.readlink(root / "usr/local/bin" / b) == f"{REPO}/.venv/bin/{b}"
-            nic_unit = (root / "etc/systemd/system/swml-nic.service").read_text()
-            assert f"ExecStart=/bin/bash {VAGRANT}/tune-nic.sh" in nic_unit
+            # The NIC unit and its script are packaging/'s, as a real install has them.
+            for installed, packaged in (("etc/systemd/system/swml-nic.service", "swml-nic.service"),
+                                        ("usr/local/sbin/swml-tune-nic", "tune-nic.sh")):
+                assert (root / installed).read_bytes() == (REPO / "packaging" / packaged).read_bytes()
+            assert os.access(root / "usr/local/sbin/swml-tune-nic", os.X_OK)
+            nic_env = (root / "etc/swml/nic.env").read_text()
+            assert f"SWML_IFACE={iface}\n" in nic_env and f"SWML_ROLE={m['flags']['--role']}\n" in nic_env
 
             if m["flags"]["--role"] == "switch":
                 unit = (root / "etc/systemd/system/swml-switch.service").read_text()
@@ -217,17 +222,18 @@ def test_provision_rejects_bad_arguments(change, message, tmp_path):
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_vagrant_scripts_pass_shellcheck():
-    scripts = [VAGRANT / n for n in ("provision.sh", "tune-nic.sh", "bench.sh", "swml-bench")]
+    scripts = [VAGRANT / n for n in ("provision.sh", "bench.sh", "swml-bench")]
+    scripts.append(REPO / "packaging/tune-nic.sh")
     r = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
 
 
 def test_vagrant_scripts_parse():
-    for n in ("provision.sh", "tune-nic.sh", "bench.sh"):
-        subprocess.run(["bash", "-n", str(VAGRANT / n)], check=True)
+    bash_scripts = [VAGRANT / "provision.sh", VAGRANT / "bench.sh", REPO / "packaging/tune-nic.sh"]
+    for path in bash_scripts:
+        subprocess.run(["bash", "-n", str(path)], check=True)
     subprocess.run(["sh", "-n", str(VAGRANT / "swml-bench")], check=True)
-    assert all(os.access(VAGRANT / n, os.X_OK)
-               for n in ("provision.sh", "tune-nic.sh", "bench.sh", "swml-bench"))
+    assert all(os.access(path, os.X_OK) for path in (*bash_scripts, VAGRANT / "swml-bench"))
 
 
 CLUSTER = json.loads((VAGRANT / "cluster.json").read_text())

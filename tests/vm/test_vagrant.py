@@ -11,7 +11,7 @@ What this machine can check without booting VMs:
   vagrant/cluster.json, and, once vagrant/provision.sh has turned them into files,
   with what reaches `swml-switch up` (its systemd unit) and `swml-worker bench` (the
   swml-bench wrapper), parsed by the real click commands;
-- vagrant/tune-nic.sh: the queue-pair arithmetic (with a stand-in ethtool) and its
+- packaging/tune-nic.sh: the queue-pair arithmetic (with a stand-in ethtool) and its
   idempotence on a veth.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_vagrant_validate(provider, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# vagrant/tune-nic.sh
+# packaging/tune-nic.sh
 # --------------------------------------------------------------------------
 FAKE_ETHTOOL = r'''#!/bin/sh
 # Stand-in ethtool: channels and features kept in $FAKE_STATE, changes logged.
@@ -150,7 +150,7 @@ def test_tune_nic_queue_pairs_and_idempotence(role, cpus, qmax, qnow, want, tmp_
            "SWML_ENV_FILE": str(envf), "OMP_NUM_THREADS": str(cpus)}  # nproc honours OMP_NUM_THREADS
     make_netns(ns, "10.77.0.100", 24, iface)
     try:
-        runs = [subprocess.run(["ip", "netns", "exec", ns, "bash", str(VAGRANT / "tune-nic.sh")],
+        runs = [subprocess.run(["ip", "netns", "exec", ns, "bash", str(REPO / "packaging/tune-nic.sh")],
                                env=env, capture_output=True, text=True, timeout=30) for _ in range(2)]
         link = json.loads(subprocess.run(["ip", "-n", ns, "-j", "-d", "link", "show", iface],
                                          capture_output=True, text=True, check=True).stdout)[0]

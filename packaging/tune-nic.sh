@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Ready this VM's lab NIC for switchml-xdp; run by swml-nic.service at every boot
-# (ethtool settings do not survive one) and by provision.sh. Reads vm.env (see
-# provision.sh). Idempotent: it only touches what differs. Best effort: a setting
-# the NIC does not support is reported, not fatal (the switch then falls back to
-# generic XDP, which works anywhere).
+# Ready a NIC for switchml-xdp, on the switch or on a worker; run by
+# packaging/swml-nic.service at every boot (ethtool settings do not survive one),
+# installed as /usr/local/sbin/swml-tune-nic (docs/real-network.md; the vagrant lab
+# and `swml-lab vm` run it too). Reads SWML_IFACE, SWML_MTU and SWML_ROLE (switch or
+# worker) from $SWML_ENV_FILE, /etc/swml/nic.env by default. Idempotent: it only
+# touches what differs. Best effort: a setting the NIC does not support is reported,
+# not fatal (the switch then falls back to generic XDP, which works anywhere).
 #
 # - MTU: SWML_MTU. Native XDP on virtio_net needs MTU <= 3506 (one page a frame).
 # - Queue pairs (virtio_net): native XDP_TX/REDIRECT want one spare TX queue per CPU
@@ -18,7 +20,7 @@
 set -euo pipefail
 
 # shellcheck source=/dev/null
-. "${SWML_ENV_FILE:-/etc/switchml-xdp/vm.env}"
+. "${SWML_ENV_FILE:-/etc/swml/nic.env}"
 iface=$SWML_IFACE
 say() { printf 'swml-nic: %s: %s\n' "$iface" "$*"; }
 
