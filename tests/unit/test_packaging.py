@@ -69,3 +69,21 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path):
     r = subprocess.run(["systemd-analyze", "verify", *(str(tmp_path / u.name) for u in UNITS)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_k_limit_is_wire_max_k_everywhere():
+    """k's bound is the MTU arithmetic of docs/operations.md, the CLI's and the
+    docs' alike."""
+    from switchml_xdp import wire
+    from switchml_xdp.cli import switch as switch_cli
+
+    assert (1500 - 20 - 8 - wire.HDR_LEN) // 4 == wire.MAX_K
+    [elements] = [p for p in switch_cli.up.params if p.name == "elements"]
+    assert elements.type.max == wire.MAX_K
+    ops = (REPO / "docs/operations.md").read_text()
+    assert f"32 (the swml header of\n  wire v2) = 1440 bytes = {wire.MAX_K} int32" in ops
+    assert wire.HDR_LEN == 32
+    for doc in ("README.md", "docs/operations.md", "docs/design.md", "docs/quantization.md"):
+        text = (REPO / doc).read_text()
+        limits = re.findall(r"(?:k=|1\.\.|at most |range 1<=x<=)(3[0-9]{2})\b", text)
+        assert set(limits) <= {str(wire.MAX_K)}, (doc, limits)
