@@ -204,26 +204,21 @@ class Switch:
             await self.server.start(self.ip, self.control_port)
         except OSError as e:
             raise SwitchError(f"cannot listen on {self.ip}:{self.control_port}: {e.strerror}") from None
-        exporter = self._start_metrics(metrics) if metrics else None
+        exporter = await self._start_metrics(metrics) if metrics else None
         try:
             await self._serve_until_stopped(ready_cb)
         finally:
             if exporter is not None:
-                exporter.close()
+                await exporter.close()
 
-    def _start_metrics(self, listen: tuple[str, int]) -> MetricsServer:
-        loop = asyncio.get_running_loop()
-
-        async def on_loop() -> dict:
-            return self.server.status_reply()
-
-        def snapshot() -> dict:   # in the HTTP server's thread
-            return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=10)
-
+    async def _start_metrics(self, listen: tuple[str, int]) -> MetricsServer:
+        """The Prometheus endpoint, on this event loop (snapshots are taken on it)."""
         try:
-            return MetricsServer(SwitchCollector(snapshot, self.iface), *listen)
+            exporter = MetricsServer(SwitchCollector(self.server.status_reply, self.iface))
+            await exporter.start(*listen)
         except MetricsError as e:
             raise SwitchError(str(e)) from None
+        return exporter
 
     async def _serve_until_stopped(self, ready_cb) -> None:
         stop = asyncio.Event()

@@ -3,17 +3,17 @@
 Every scrape reads the data plane afresh (nothing is cached): packets by
 outcome, drops by reason, per-job packets, bytes, results and shadow replies
 (where the data plane counts per job), jobs by state, members per job, slots
-in use. The HTTP server is prometheus-client's, in a thread of the daemon; the
-numbers are taken on the daemon's event loop (`snapshot`), where the job
-table lives, so a scrape never sees a half-changed table. Documented, with an
-example scrape, in docs/operations.md.
+in use. The HTTP server (metrics_http.py) runs on the daemon's event loop,
+where the job table lives, under the control port's limits; a scrape never
+sees a half-changed table, and prometheus-client only renders the text.
+Documented, with an example scrape, in docs/operations.md.
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from .. import wire
+from .metrics_http import HttpEndpoint
 
 #: Per-job cumulative counters (DataplaneMaps.read_job_stats) -> metric name and help.
 JOB_COUNTERS = {
@@ -105,25 +105,25 @@ def _gauge(name: str, text: str, iface: str, value: float):
 
 
 class MetricsServer:
-    """prometheus-client's HTTP server on (addr, port), over one collector."""
+    """The endpoint (metrics_http.py, on the daemon's event loop) over one
+    collector, rendered by prometheus-client in its text format."""
 
-    def __init__(self, collector: SwitchCollector, addr: str, port: int):
+    def __init__(self, collector: SwitchCollector):
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
+            from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
         except ImportError:
             raise MetricsError("--metrics needs prometheus-client (pip install prometheus-client; "
                                "scripts/setup.sh installs it)") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
+        self.endpoint = HttpEndpoint(lambda: generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    async def start(self, addr: str, port: int) -> None:
         try:
-            self._server, self._thread = start_http_server(port, addr, registry=registry)
+            await self.endpoint.start(addr, port)
         except OSError as e:
             raise MetricsError(f"cannot serve metrics on {addr}:{port}: {e.strerror or e}") from None
         self.addr, self.port = addr, port
 
-    def close(self) -> None:
-        # shutdown() waits for serve_forever to return: from another thread only.
-        t = threading.Thread(target=self._server.shutdown, daemon=True)
-        t.start()
-        t.join(5)
-        self._server.server_close()
+    async def close(self) -> None:
+        await self.endpoint.close()
