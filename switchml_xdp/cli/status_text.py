@@ -17,23 +17,32 @@ LONGEST_SHOWN = 120   # characters of one string from a state file or a reply
 OUTCOMES = [n for n in wire.COUNTER_NAMES if n not in wire.DROP_REASONS]
 
 
-def _escape(s: str) -> str:
+def _escape(s: str, longest: int | None) -> str:
     """repr-style escapes for what a terminal would act on (control and
     format characters, unpaired surrogates) and for the backslash itself."""
     text = "".join(c if c.isprintable() and c != "\\" else ascii(c)[1:-1] for c in s)
-    return text if len(text) <= LONGEST_SHOWN else text[:LONGEST_SHOWN - 3] + "..."
+    return text if longest is None or len(text) <= longest else text[:longest - 3] + "..."
 
 
-def escaped(v):
+def escaped(v, longest: int | None = LONGEST_SHOWN):
     """`v` (a sample of collect_status or a part of one) with every string in
-    it, keys too, safe to print."""
+    it, keys too, safe to print, and cut to `longest` characters."""
     if isinstance(v, str):
-        return _escape(v)
+        return _escape(v, longest)
     if isinstance(v, dict):
-        return {escaped(k): escaped(x) for k, x in v.items()}
+        return {escaped(k, longest): escaped(x, longest) for k, x in v.items()}
     if isinstance(v, list):
-        return [escaped(x) for x in v]
+        return [escaped(x, longest) for x in v]
     return v
+
+
+def escaped_sample(st: dict) -> dict:
+    """One switch's sample, escaped; its note (the status command's own words,
+    with an error's text) whole."""
+    out = escaped(st)
+    if st.get("note"):
+        out["note"] = escaped(st["note"], None)
+    return out
 
 
 def wrap(text: str, indent: str = "", more: str = "    ") -> list[str]:
@@ -106,17 +115,18 @@ def job_lines(st: dict, j: dict, job_rate: dict | None) -> list[str]:
                       f"{rate(job_rate['completions_per_s'])} compl/s, "
                       f"{rate(job_rate['retransmissions_answered_per_s'])} retx ans/s", " " * 8)
     for r, m in j["members"].items():
-        mac = m["mac"] or "(no MAC)"
-        if "learnt_mac" in m:   # --fanout unicast: where its RESULTs go
-            mac = f"{mac} declared, RESULTs to {m['learnt_mac'] or '(none learnt yet)'}"
+        declared = " declared" if "learnt_mac" in m else ""
         left = " (left)" if m["left"] else ""
-        lines += wrap(f"rank {r}: {m['ip']}:{m['port']} {mac}{left}", " " * 8)
+        lines += wrap(f"rank {r}: {m['ip']}:{m['port']} {m['mac'] or '(no MAC)'}{declared}{left}",
+                      " " * 8)
+        if declared:   # --fanout unicast: where its RESULTs go, learnt from its packets
+            lines += wrap(f"RESULTs to {m['learnt_mac'] or '(none learnt yet)'}", " " * 10)
     return lines
 
 
 def format_text(st: dict, show_all: bool = False) -> str:
     """One switch, in lines of at most 80 columns."""
-    st = escaped(st)
+    st = escaped_sample(st)
     rates = st.get("rates") or {}
     lines = headline(st)
     if st["jobs"]:

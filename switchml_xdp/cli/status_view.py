@@ -19,6 +19,7 @@ from ..switch.maps import SwitchMaps
 from ..switch.rates import add_rates
 from .status_text import (
     escaped,
+    escaped_sample,
     format_text,
     group_of,
     headline,
@@ -27,7 +28,7 @@ from .status_text import (
     rate,
 )
 
-__all__ = ["collect_status", "format_text", "render_frame", "sample_with_rates", "watch"]
+__all__ = ["collect_status", "escaped", "format_text", "render_frame", "sample_with_rates", "watch"]
 
 
 def _daemon_status(st: dict) -> dict | None:
@@ -138,7 +139,7 @@ def render_frame(switches: list[dict], show_all: bool = False):
     if not switches:
         return Text("no switch is up on this machine")
     parts = []
-    for st in escaped(switches):
+    for st in map(escaped_sample, switches):
         rates = st.get("rates") or {}
         parts.append(Text("\n".join(headline(st)), style="bold"))
         jobs = Table(box=None, pad_edge=False, header_style="bold")

@@ -35,7 +35,7 @@ def _state(iface: str = "sw0", t: float = 10.0, rx: int = 1000, mac: str = "02:5
                       "members": {}}],
             "job_stats": {"3": {"packets": rx, "bytes": rx * 1000, "results": rx // 2,
                                 "shadow_replies": 0}},
-            "note": "counters: " + "a long note " * 12}
+            "note": "counters: " + "a long note " * 12 + "the end"}
 
 
 def _sampled(**kw) -> dict:
@@ -60,7 +60,8 @@ def test_text_fits_80_columns_with_long_names_addresses_and_every_counter():
     for show_all in (False, True):
         text = status_view.format_text(_sampled(), show_all)
         assert max(len(line) for line in text.splitlines()) <= 80, text
-        assert "j" * 64 in text and "RESULTs to 02:5d:00:00:01:3f" in " ".join(text.split())
+        assert "j" * 64 in text and "\n          RESULTs to 02:5d:00:00:01:3f\n" in text
+        assert text.endswith("the end")   # the command's own note is never cut
 
 
 def test_zero_counters_only_with_all():
