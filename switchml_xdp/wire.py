@@ -7,6 +7,7 @@ the swml header, and helpers to build and parse whole datagrams.
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import struct
 
@@ -33,6 +34,36 @@ HDR_DTYPE = layout.dtype("swml_hdr")
 assert HDR_DTYPE.itemsize == HDR_LEN, "swml_hdr size disagrees with SWML_HDR_LEN"  # noqa: F821 - set from the layout above
 #: The same header as a `struct` format, for code that packs it field by field.
 HDR_STRUCT = struct.Struct(layout.struct_format("swml_hdr"))
+
+
+#: `swml-switch up --auth`: what a RESULT's authenticator covers, by name.
+AUTH_MODES = {"header": AUTH_HEADER, "full": AUTH_FULL}  # noqa: F821 - set from the layout above
+#: Where the authenticator sits in a RESULT's swml header (the `key` field).
+AUTH_AT = HDR_DTYPE.fields["key"][1]
+
+
+def result_tag(result_key: bytes, hdr, auth: int, payload_len: int) -> bytes:
+    """The authenticator (8 bytes, as a RESULT carries it) for the swml header
+    at the start of `hdr`, and under AUTH_FULL the payload_len bytes after it:
+    xdp/swml_auth.h, through the worker engine (the same C the switch runs)."""
+    from . import _engine  # the C engine: imported when a RESULT is first checked
+    return _engine.result_tag(result_key, hdr, auth, payload_len).to_bytes(8, "little")
+
+
+def sign_result(buf: bytearray, result_key: bytes, auth: int, payload_len: int) -> None:
+    """Write a RESULT's authenticator into its header (what the switch does)."""
+    buf[AUTH_AT:AUTH_AT + 8] = result_tag(result_key, buf, auth, payload_len)
+
+
+def result_authentic(buf, nbytes: int, result_key: bytes, auth: int, payload_len: int) -> bool:
+    """Whether the RESULT in buf[:nbytes] carries the authenticator of its job's
+    result key (payload_len: its payload's bytes, covered under AUTH_FULL)."""
+    covered = HDR_LEN + (payload_len if auth == AUTH_FULL else 0)  # noqa: F821 - set from the layout above
+    if nbytes < covered:
+        return False
+    view = memoryview(buf)[:covered]
+    return hmac.compare_digest(bytes(view[AUTH_AT:AUTH_AT + 8]),
+                               result_tag(result_key, view, auth, payload_len))
 
 
 def ver_type(kind: int) -> int:

@@ -396,6 +396,34 @@ static PyObject *py_packets(PyObject *self, PyObject *args)
 		swml_stream_packets(n, k, slots, is_float ? SWML_FLOAT32 : SWML_INT32, op));
 }
 
+/* result_tag(result_key, hdr, auth, payload_len): the authenticator a RESULT
+ * whose swml header (and payload after it) is in hdr must carry. The udp
+ * backend checks RESULTs with it, fake switches in tests sign with it. */
+static PyObject *py_result_tag(PyObject *self, PyObject *args)
+{
+	const char *key;
+	Py_ssize_t key_len;
+	Py_buffer hdr;
+	unsigned int auth, payload_len;
+	uint64_t k[2], tag;
+
+	if (!PyArg_ParseTuple(args, "y#y*II", &key, &key_len, &hdr, &auth, &payload_len))
+		return NULL;
+	if (key_len != SWML_RESULT_KEY_LEN || auth > SWML_AUTH_FULL ||
+	    hdr.len < SWML_HDR_LEN + (Py_ssize_t)(auth == SWML_AUTH_FULL ? payload_len : 0)) {
+		PyBuffer_Release(&hdr);
+		return PyErr_Format(
+			PyExc_ValueError,
+			"result_tag: a %d-byte key, auth 0 or 1, and a header followed by "
+			"payload_len bytes under full auth",
+			SWML_RESULT_KEY_LEN);
+	}
+	memcpy(k, key, sizeof(k)); /* little-endian words, as the data planes keep them */
+	tag = swml_result_tag(hdr.buf, k, auth, payload_len);
+	PyBuffer_Release(&hdr);
+	return PyLong_FromUnsignedLongLong(tag);
+}
+
 /* ------------------------------------------------------------------- Engine */
 
 static int bytes_arg(PyObject *o, uint8_t *dst, Py_ssize_t len, const char *what)
@@ -497,12 +525,13 @@ fail:
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {
-		"ifname",      "xskmap_fd", "abort",   "job",           "rank",   "world",
-		"k",           "slots",     "src_mac", "dst_mac",       "src_ip", "dst_ip",
-		"src_port",    "dst_port",  "key",     "seq_base",      "queue",  "frames",
-		"rto_initial", "rto_min",   "rto_max", "stall_timeout", "spin",   "rto_adaptive",
-		"window",      NULL};
+	static char *kwlist[] = {"ifname",   "xskmap_fd",     "abort",       "job",
+				 "rank",     "world",         "k",           "slots",
+				 "src_mac",  "dst_mac",       "src_ip",      "dst_ip",
+				 "src_port", "dst_port",      "key",         "seq_base",
+				 "queue",    "frames",        "rto_initial", "rto_min",
+				 "rto_max",  "stall_timeout", "spin",        "rto_adaptive",
+				 "window",   "result_key",    "auth",        NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -514,7 +543,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	PyObject *key_obj = NULL, *seq_base_obj = NULL;
 	unsigned int spin = SWML_ENGINE_SPIN;
 	int rto_adaptive = 1;
-	PyObject *window_obj = NULL;
+	PyObject *window_obj = NULL, *result_key = NULL;
+	unsigned int auth = SWML_AUTH_HEADER;
 	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
 	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
 	struct swml_stream_cfg cfg = {0};
@@ -525,22 +555,23 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpO", kwlist, &ifname,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSI", kwlist, &ifname,
 					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
 					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
 					 &key_obj, &seq_base_obj, &queue, &frames, &rto_initial,
 					 &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
-					 &window_obj))
+					 &window_obj, &result_key, &auth))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
 	if (job == unset || rank == unset || world == unset || k == unset || slots == unset ||
 	    src_port == unset || dst_port == unset || !src_mac || !dst_mac || !src_ip || !dst_ip ||
-	    !key_obj || !seq_base_obj) {
-		PyErr_SetString(PyExc_TypeError,
-				"Engine: job, rank, world, k, slots, src_mac, dst_mac, "
-				"src_ip, dst_ip, src_port, dst_port, key and seq_base are required "
-				"keywords");
+	    !key_obj || !seq_base_obj || !result_key) {
+		PyErr_SetString(
+			PyExc_TypeError,
+			"Engine: job, rank, world, k, slots, src_mac, dst_mac, "
+			"src_ip, dst_ip, src_port, dst_port, key, seq_base and result_key are "
+			"required keywords");
 		return -1;
 	}
 	/* Full 64- and 32-bit ranges, checked (the "K"/"I" formats would wrap). */
@@ -561,7 +592,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	if (job < 1 || job > 65535 || rank >= world || world < 1 || world > SWML_MAX_WORLD ||
 	    k < 1 || k > SWML_MAX_K || slots < 1 || slots > 65535 || src_port > 65535 ||
 	    dst_port > 65535 || !(rto_min > 0) || !(rto_initial >= rto_min) ||
-	    !(rto_max >= rto_initial) || !(stall_timeout > 0)) {
+	    !(rto_max >= rto_initial) || !(stall_timeout > 0) || auth > SWML_AUTH_FULL) {
 		PyErr_SetString(PyExc_ValueError, "Engine: parameter out of range");
 		return -1;
 	}
@@ -574,7 +605,9 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.seq_base = seq_base;
 	cfg.addrs.src_port = (uint16_t)src_port;
 	cfg.addrs.dst_port = (uint16_t)dst_port;
-	if (bytes_arg(src_mac, cfg.addrs.src_mac, 6, "src_mac") ||
+	cfg.auth = auth;
+	if (bytes_arg(result_key, (uint8_t *)cfg.result_key, SWML_RESULT_KEY_LEN, "result_key") ||
+	    bytes_arg(src_mac, cfg.addrs.src_mac, 6, "src_mac") ||
 	    bytes_arg(dst_mac, cfg.addrs.dst_mac, 6, "dst_mac") ||
 	    bytes_arg(src_ip, cfg.addrs.src_ip, 4, "src_ip") ||
 	    bytes_arg(dst_ip, cfg.addrs.dst_ip, 4, "dst_ip"))
@@ -729,8 +762,8 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "spurious_timeouts", s->spurious_timeouts) ||
 	    put_u64(d, "results", s->results) || put_u64(d, "duplicates", s->duplicates) ||
 	    put_u64(d, "shadow_replies", s->shadow_replies) || put_u64(d, "ignored", s->ignored) ||
-	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
-	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
+	    put_u64(d, "forged", s->forged) || put_u64(d, "tx_deferred", s->tx_deferred) ||
+	    put_u64(d, "sleeps", s->sleeps) || put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
 	    put_u64(d, "window_waits", s->window_waits) ||
 	    put_u64(d, "pace_waits", s->pace_waits) ||
@@ -807,6 +840,9 @@ static PyMethodDef module_methods[] = {
 	{"ordered", py_ordered, METH_VARARGS,
 	 "ordered(x: float32, op, out: int32): the float32 MIN/MAX map (switchml_xdp/ordered.py)"},
 	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},
+	{"result_tag", py_result_tag, METH_VARARGS,
+	 "result_tag(result_key: 16 bytes, hdr: swml header [+ payload], auth, payload_len) -> the "
+	 "RESULT authenticator (u64; the header's key field holds it little-endian)"},
 	{"packets", py_packets, METH_VARARGS,
 	 "packets(n, k, slots, is_float, op) -> packets one call of n elements sends"},
 	{"window_trace", py_window_trace, METH_VARARGS,

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include "packet.h"
+#include "swml_auth.h"
 
 #include <arpa/inet.h>
 #include <endian.h>
@@ -129,4 +130,36 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 	r->exp = (int8_t)*HDR_AT(h, exp);
 	r->count = (uint16_t)k;
 	return 0;
+}
+
+uint64_t swml_result_tag(const uint8_t *h, const uint64_t key[2], uint32_t auth,
+			 uint32_t payload_len)
+{
+	struct swml_sip sip;
+	uint32_t covered = SWML_AUTH_HDR_LEN;
+	uint64_t tail = 0;
+
+	swml_sip_init(&sip, key[0], key[1]);
+	swml_sip_header(&sip, h);
+	if (auth == SWML_AUTH_FULL) {
+		tail = swml_sip_bytes(&sip, h + SWML_HDR_LEN, payload_len);
+		covered += payload_len;
+	}
+	return swml_sip_final(&sip, covered, tail);
+}
+
+int swml_result_authentic(const uint8_t *frame, uint32_t len, const struct swml_result *r,
+			  uint32_t k, const uint64_t key[2], uint32_t auth)
+{
+	const uint8_t *h = frame + SWML_L2L4_LEN;
+	uint32_t payload_len = auth == SWML_AUTH_FULL ? swml_fmt_size(r->fmt) * k : 0;
+	uint64_t want;
+	uint8_t diff = 0;
+
+	if (len < SWML_HEADERS_LEN + payload_len)
+		return 0; /* a DISAGREE result cut short: its payload cannot be checked */
+	want = swml_result_tag(h, key, auth, payload_len);
+	for (int i = 0; i < 8; i++) /* the tag's bytes, little-endian (swml_wire.h) */
+		diff |= h[offsetof(struct swml_hdr, key) + i] ^ (uint8_t)(want >> (8 * i));
+	return diff == 0;
 }

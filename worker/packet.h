@@ -66,4 +66,16 @@ struct swml_result {
 int swml_parse_result(const uint8_t *frame, uint32_t len, const struct swml_addrs *a, uint16_t job,
 		      uint32_t k, uint8_t fmt, struct swml_result *r);
 
+/* The authenticator a RESULT with swml header h must carry (xdp/swml_auth.h),
+ * keyed by the job's result key (SipHash's k0, k1), over the header and, with
+ * auth SWML_AUTH_FULL, the payload_len bytes after it. */
+uint64_t swml_result_tag(const uint8_t *h, const uint64_t key[2], uint32_t auth,
+			 uint32_t payload_len);
+
+/* Whether the RESULT frame (len bytes, parsed into r) carries the right
+ * authenticator: its payload, as long as k elements of its own format, is
+ * covered under SWML_AUTH_FULL. Compared in constant time. */
+int swml_result_authentic(const uint8_t *frame, uint32_t len, const struct swml_result *r,
+			  uint32_t k, const uint64_t key[2], uint32_t auth);
+
 #endif /* SWML_PACKET_H */

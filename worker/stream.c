@@ -448,7 +448,10 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 			continue; /* the call is over: only hand the frames back */
 		if (swml_parse_result(frame, d->len, &st->cfg.addrs, st->cfg.job, pl->k, pl->id.fmt,
 				      &r) == 0) {
-			if (on_result(st, pl, &r))
+			if (!swml_result_authentic(frame, d->len, &r, pl->k, st->cfg.result_key,
+						   st->cfg.auth))
+				st->stats.forged++;
+			else if (on_result(st, pl, &r))
 				*disagree = 1;
 		} else {
 			st->stats.ignored++;

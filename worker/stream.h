@@ -14,7 +14,8 @@
  *   k int32 (quant.h, SWML_FMT_INT32) or, at fmt SWML_FMT_INT16, k int16 (the
  *   16-bit format, quant16.py: the same exponent round, half the bytes).
  * Every DATA packet carries the job's key and the call's op and tag. A RESULT
- * counts only from the switch's address and port, for this job, with the seq
+ * counts only from the switch's address and port, for this job, with the
+ * authenticator of the job's result key (before anything in it is read), the seq
  * of a packet in flight on its slot and the call's tag, op and fmt; one flagged
  * DISAGREE ends the call (SWML_DISAGREE), whatever its fmt. After any failed call next_index
  * moves to align_up(call start + SWML_SEQ_RESYNC_STRIDE, 2 S), as on every
@@ -58,7 +59,11 @@ struct swml_call {
 struct swml_stream_cfg {
 	uint16_t job, rank;
 	uint32_t world, k, slots;
-	uint64_t key;      /* the job's data key: every DATA packet carries it */
+	uint64_t key; /* the job's data key: every DATA packet carries it */
+	/* RESULTs count only with the authenticator this key gives (packet.h,
+	 * swml_result_authentic): SipHash's k0, k1 and SWML_AUTH_*. */
+	uint64_t result_key[2];
+	uint32_t auth;
 	uint32_t seq_base; /* the wire seq of the job's packet 0 */
 	struct swml_addrs addrs;
 	/* Retransmission timeout, the rules of switchml_xdp/client/retransmit.py:
@@ -78,6 +83,7 @@ struct swml_stream_cfg {
 struct swml_stream_stats {
 	uint64_t packets_sent, retransmissions, results, duplicates, shadow_replies;
 	uint64_t ignored;     /* frames that were not a RESULT of this call from the switch */
+	uint64_t forged;      /* RESULTs whose authenticator was wrong: not the switch's */
 	uint64_t tx_deferred; /* sends that waited for a tx frame or ring slot */
 	uint64_t sleeps;      /* ppoll calls */
 	uint64_t rtt_samples;

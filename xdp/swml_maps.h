@@ -20,6 +20,11 @@ struct swml_job {
 	__be32 group_ip;    /* multicast group of RESULTs */
 	__be16 result_port; /* UDP port the workers listen on */
 	__u8 group_mac[6];
+	/* The RESULT authenticator's key (swml_wire.h, swml_auth.h): SipHash's
+	 * k0, k1, the result key's bytes 0-7 and 8-15 read little-endian. */
+	__u64 result_key[2];
+	__u32 auth; /* SWML_AUTH_HEADER or SWML_AUTH_FULL */
+	__u32 pad;
 };
 
 /* members[job_id * SWML_MAX_WORLD + rank]: the address a rank must send from,

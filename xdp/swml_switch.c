@@ -74,6 +74,8 @@ static __always_inline int swml_slot_trylock(struct swml_slot *s)
 #define SWML_SLOT_UNLOCK(s) __sync_lock_test_and_set(&(s)->busy, 0)
 #define SWML_PAIR_ALIGN 8 /* u64 loads at any address: see swml_slot.h */
 #include "swml_slot.h"
+#define SWML_AUTH_ALIGN 8 /* as SWML_PAIR_ALIGN */
+#include "swml_auth.h"
 
 #ifndef SWML_PORT
 #define SWML_PORT SWML_DEFAULT_PORT
@@ -144,6 +146,28 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	udp->check = 0; /* optional for UDP over IPv4; the payload was rewritten */
 
 	swml_result_hdr(h, res, unicast);
+}
+
+/* Sign a RESULT (its header and payload final) with the job's result key:
+ * the authenticator goes in its `key` field (swml_wire.h). Under
+ * SWML_AUTH_FULL the payload too, `len` bytes, a constant at each call site
+ * so that the verifier sees every load inside the checked packet. */
+static __always_inline void swml_sign(struct swml_hdr *h, const struct swml_job *job,
+				      const void *data_end, const __u32 len)
+{
+	const __u8 *payload = (const void *)(h + 1);
+	struct swml_sip sip;
+	__u32 covered = SWML_AUTH_HDR_LEN;
+	__u64 tail = 0;
+
+	swml_sip_init(&sip, job->result_key[0], job->result_key[1]);
+	swml_sip_header(&sip, h);
+	if (job->auth == SWML_AUTH_FULL && (const void *)(payload + len) <= data_end) {
+		tail = swml_sip_bytes(&sip, payload, len);
+		covered += len;
+	}
+	*(__u64 *)((void *)h + __builtin_offsetof(struct swml_hdr, key)) =
+		swml_sip_final(&sip, covered, tail);
 }
 
 /* The datagram's lengths for a payload of `len` bytes: SWML_CNT_RX when they
@@ -329,6 +353,10 @@ int swml_switch(struct xdp_md *ctx)
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
 	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);
+	if (fmt16)
+		swml_sign(h, job, data_end, SWML_PAYLOAD_LEN16);
+	else
+		swml_sign(h, job, data_end, SWML_PAYLOAD_LEN);
 #ifdef SWML_FANOUT_UNICAST
 	if (outcome == SWML_CNT_COMPLETED)
 		return swml_to_fanout(ctx, job_id);

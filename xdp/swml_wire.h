@@ -123,6 +123,19 @@
 #define SWML_CNT_BUSY 24        /* the slot stayed locked by another CPU (a stalled holder) */
 #define SWML_CNT_NUM 25
 
+/* RESULT authenticator (the `key` field of a RESULT): SipHash-c-d keyed by
+ * the job's 128-bit result key, which only the switch and the job's members
+ * hold (told in the join reply; never on the wire), over the RESULT's header
+ * bytes before `key` and, where the job authenticates payloads, the payload
+ * as sent. Stored as SipHash's 8 output bytes (the u64, little-endian).
+ * xdp/swml_auth.h computes it; docs/security.md says what each mode defends. */
+#define SWML_AUTH_HDR_LEN 24 /* header bytes covered: all before `key` */
+#define SWML_AUTH_HEADER 0   /* the header only */
+#define SWML_AUTH_FULL 1     /* the header and the payload */
+#define SWML_SIP_C_ROUNDS 2  /* compression rounds a word */
+#define SWML_SIP_D_ROUNDS 4  /* finalisation rounds */
+#define SWML_RESULT_KEY_LEN 16
+
 #ifndef SWML_NO_STRUCTS
 /* All multi-byte fields in network byte order. */
 struct swml_hdr {
@@ -139,7 +152,7 @@ struct swml_hdr {
 	__s8 exp;         /* block exponent; the switch returns the max */
 	__u8 reserved0;   /* zero */
 	__be16 reserved1; /* zero */
-	__be64 key;       /* DATA: the job's data key from the join; RESULT: zero */
+	__be64 key;       /* DATA: the job's data key from the join; RESULT: its authenticator */
 } __attribute__((packed));
 #endif
 

@@ -56,8 +56,8 @@ class LoadedSwitch:
 
     MAC, IP = "02:5e:00:00:00:01", "10.255.0.1"
 
-    def __init__(self, k: int, slots: int):
-        self.k, self.slots = k, slots
+    def __init__(self, k: int, slots: int, auth: int = wire.AUTH_HEADER):
+        self.k, self.slots, self.auth = k, slots, auth
         # SwitchMaps finds a switch's maps by its interface's name: a made-up one.
         self.pins_name = f"swml-micro-{secrets.token_hex(4)}"
         pins = bpf.pin_dir(self.pins_name)
@@ -85,7 +85,8 @@ class LoadedSwitch:
         """A job over every slot, each rank registered; (its id, its data key)."""
         job_id, key = len(self.jobs) + 1, secrets.randbits(64)
         group_ip, group_mac = wire.group_of_job(job_id)
-        self.maps.write_job(job_id, JobEntry(world, 0, self.slots, group_ip, group_mac, 40000, key))
+        self.maps.write_job(job_id, JobEntry(world, 0, self.slots, group_ip, group_mac, 40000, key,
+                                             secrets.token_bytes(wire.RESULT_KEY_LEN), self.auth))
         for rank in range(world):
             self.maps.write_member(job_id, rank, *self.member(rank)[1:])
         self.jobs.append((job_id, world))
@@ -178,15 +179,19 @@ def stream(sw: LoadedSwitch, world: int, passes: int, check: bool = True,
 @click.option("--cpus", type=click.Choice(["one", "split"]), default="one", show_default=True,
               help="run every packet on one CPU, or each rank's on its own CPU (a slot's "
                    "accumulators then move between the CPUs' caches every round)")
+@click.option("--auth", type=click.Choice(["header", "full"]), default="header",
+              show_default=True,
+              help="what the RESULT's authenticator covers (swml-switch up --auth)")
 @click.option("--json", "as_json", is_flag=True)
-def main(ks, passes, src, fmt, cpus, as_json):
+def main(ks, passes, src, fmt, cpus, auth, as_json):
     """ns per packet of each path of the switch program (BPF_PROG_TEST_RUN; root)."""
     if src:
         from ..bpf import compile as bpf_compile
         bpf_compile.xdp_dir = lambda: Path(src).resolve()
     rows = []
     for k in (int(x) for x in ks.split(",")):
-        sw = LoadedSwitch(k=k, slots=SLOTS)
+        sw = LoadedSwitch(k=k, slots=SLOTS,
+                          auth=wire.AUTH_FULL if auth == "full" else wire.AUTH_HEADER)
         try:
             code = wire.FMT_OFFSET32 if fmt == "offset32" else wire.FMT_INT32
             split = cpus == "split"

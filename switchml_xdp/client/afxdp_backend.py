@@ -118,7 +118,7 @@ class AfxdpBackend(Backend):
                 src_mac=wire.mac_to_bytes(local.mac), dst_mac=wire.mac_to_bytes(info.switch_mac),
                 src_ip=socket.inet_aton(local.ip), dst_ip=socket.inet_aton(info.switch_ip),
                 src_port=info.port, dst_port=info.switch_port, key=info.key,
-                seq_base=info.seq_base, queue=QUEUE,
+                result_key=info.result_key, auth=info.auth, seq_base=info.seq_base, queue=QUEUE,
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
                 rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
                 stall_timeout=self.stall_timeout, spin=spin, window=self.window_policy.as_tuple())

@@ -42,6 +42,22 @@ class JobInfo:
     # this worker's own address, like shadow replies). Both are accepted either
     # way; this says which to expect. A switch older than the choice: multicast.
     fanout: str = "multicast"
+    # RESULTs count only with the authenticator of this key (wire.result_authentic),
+    # covering what `auth` says (wire.AUTH_HEADER or AUTH_FULL).
+    result_key: bytes = bytes(wire.RESULT_KEY_LEN)
+    auth: int = wire.AUTH_HEADER
+
+
+def _result_auth(reply: dict) -> tuple[bytes, int]:
+    """The join reply's RESULT authentication: (result key, wire.AUTH_*)."""
+    try:
+        key, auth = bytes.fromhex(reply["result_key"]), wire.AUTH_MODES[reply["auth"]]
+    except (KeyError, TypeError, ValueError):
+        raise ControlError("the switch did not give a valid result key: it does not "
+                           "authenticate its RESULTs (an older switch?); upgrade it") from None
+    if len(key) != wire.RESULT_KEY_LEN:
+        raise ControlError(f"the switch's result key is {len(key)} bytes, not {wire.RESULT_KEY_LEN}")
+    return key, auth
 
 
 class ControlClient:
@@ -185,7 +201,7 @@ class ControlClient:
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
                        grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"],
-                       sw.get("fanout", "multicast"))
+                       sw.get("fanout", "multicast"), *_result_auth(reply))
         self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
                             **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)

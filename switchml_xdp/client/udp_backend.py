@@ -36,7 +36,9 @@ POLL_MAX_S = 0.05  # the longest wait between two reads of the abort signal
 RX_BATCH = 256     # datagrams read between two looks at the timers
 
 # What `accept` makes of a datagram.
-FOREIGN, DUPLICATE, RESULT, DISAGREED = range(4)
+FOREIGN, DUPLICATE, RESULT, DISAGREED, FORGED = range(5)
+#: Payload bytes an element, by format (a RESULT's payload as its authenticator covers it).
+FMT_BYTES = {wire.FMT_INT32: 4, wire.FMT_OFFSET32: 4, wire.FMT_INT16: 2}
 
 
 class UdpBackend(Backend):
@@ -58,7 +60,7 @@ class UdpBackend(Backend):
         self.dest = (info.switch_ip, info.switch_port)
         self.next_index = 0  # p_job: packets of the job's life; slot and version follow from it
         self._counters = {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
-                          "shadow_replies": 0, "ignored": 0}
+                          "shadow_replies": 0, "ignored": 0, "forged": 0}
         k = info.k
         # One transmit buffer and one view of the received values per payload
         # format (SWML_FMT_*: int32, int32 in offset binary, int16), chosen per
@@ -127,6 +129,7 @@ class UdpBackend(Backend):
         """What the datagram in the receive buffer is to the call:
         (verdict, packet, flags, exp, rank), rank being whose packet completed
         the round. FOREIGN: not a RESULT of this call from the switch;
+        FORGED: not with the authenticator of the job's result key;
         DUPLICATE: a RESULT of a packet not in flight; RESULT or DISAGREED:
         the answer to packet `packet`. in_flight(p): packet p is sent and
         unanswered."""
@@ -137,6 +140,11 @@ class UdpBackend(Backend):
         info = self.info
         if vt != self._result_vt or job != info.job_id or count != info.k:
             return FOREIGN, -1, 0, 0, -1
+        # Nothing in it is believed before its authenticator is checked: over its
+        # payload too under AUTH_FULL, as long as k elements of its own format.
+        if not wire.result_authentic(self._rx, nbytes, info.result_key, info.auth,
+                                     FMT_BYTES.get(fmt, 4) * count):
+            return FORGED, -1, 0, 0, -1
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
             return FOREIGN, -1, 0, 0, -1
@@ -210,6 +218,9 @@ class UdpBackend(Backend):
                         break
                     verdict, p, flags, exp, rank = self.accept(nbytes, source, call, span,
                                                                in_flight)
+                    if verdict == FORGED:
+                        self._counters["forged"] += 1
+                        continue
                     if verdict == FOREIGN:
                         self._counters["ignored"] += 1
                         continue

@@ -89,8 +89,11 @@ class Switch:
 
     def __init__(self, dataplane: Dataplane, control_port: int,
                  job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S,
-                 require_token: bool = False, initial_seq: int = 0):
+                 require_token: bool = False, initial_seq: int = 0, auth: str = "header"):
         self.dp, self.iface, self.params = dataplane, dataplane.iface, dataplane.params
+        if auth not in wire.AUTH_MODES:
+            raise SwitchError(f"--auth must be one of {', '.join(wire.AUTH_MODES)}, got {auth!r}")
+        self.auth = auth  # what RESULT authenticators cover (docs/security.md)
         self.control_port, self.job_slots, self.lease_s = control_port, job_slots, lease_s
         self.require_token, self.initial_seq = require_token, initial_seq
         self._lock_fd: int | None = None
@@ -123,7 +126,7 @@ class Switch:
         maps = self.dp.open(self.ip, adopt)
         self.table = JobTable(maps, self.params.k, self.params.slots, self.job_slots,
                               on_change=self.write_state, require_token=self.require_token,
-                              initial_seq=self.initial_seq)
+                              initial_seq=self.initial_seq, auth=self.auth)
         if adopt is not None:
             self._adopt(adopt)
         self.dp.start(adopt)
@@ -177,14 +180,15 @@ class Switch:
     def switch_info(self) -> dict:
         """What joiners are told of the switch (and `status` shows)."""
         return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port,
-                "fanout": self.dp.fanout}
+                "fanout": self.dp.fanout, "auth": self.auth}
 
     def write_state(self) -> None:
         st = {"iface": self.iface, "pid": os.getpid(), "params": asdict(self.params),
               **self.dp.state(), "ip": self.ip, "mac": self.mac,
               "control_port": self.control_port, "started": self.started,
               "lease_s": self.lease_s, "job_slots": self.job_slots,
-              "require_token": self.require_token, "netns_inode": netns_inode(),
+              "require_token": self.require_token, "auth": self.auth,
+              "netns_inode": netns_inode(),
               "jobs": self.table.describe() if self.table else []}
         self._wrote_state = True
         write_state(self.iface, st, self.table.token_hashes() if self.table else {})
@@ -234,11 +238,12 @@ class Switch:
 
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
         lease_s: float = DEFAULT_LEASE_S, require_token: bool = False,
-        initial_seq: int = 0, metrics: tuple[str, int] | None = None) -> dict[str, int]:
+        initial_seq: int = 0, metrics: tuple[str, int] | None = None,
+        auth: str = "header") -> dict[str, int]:
     """Serve until SIGINT/SIGTERM; returns the data plane's final counters.
     metrics: (address, port) of a Prometheus endpoint to serve as well."""
     t0 = time.monotonic()
-    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq)
+    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq, auth)
     iface, params = sw.iface, sw.params
     try:
         sw.load()
@@ -251,7 +256,8 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
 
     def ready():
         print(f"swml-switch: up on {iface} ({dataplane.label}, k={params.k}, {params.slots} slots, "
-              f"fanout {dataplane.fanout}, "
+              f"fanout {dataplane.fanout}, RESULTs authenticated over the {auth}"
+              f"{'' if auth == 'header' else ' and payload'}, "
               f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}"
               + (f", metrics http://{metrics[0]}:{metrics[1]}/metrics" if metrics else "")
               + f") in {time.monotonic() - t0:.2f} s", flush=True)

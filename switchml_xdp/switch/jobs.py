@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import wire
+from ..wire import AUTH_MODES
 from .maps import DataplaneMaps, JobEntry
 from .slots import SlotPool, SlotPoolExhausted
 
@@ -69,6 +70,9 @@ class Job:
     # The data key every DATA packet carries (drawn at the barrier, told to the
     # members in the join reply, kept only in the data plane's jobs map after).
     key: int | None = None
+    # The key of its RESULTs' authenticator (drawn at the barrier too, told
+    # only in the join reply: unlike the data key, it never goes on the wire).
+    result_key: bytes | None = None
     seq_base: int = 0             # the seq of the job's first packet
     members: dict[int, Member] = field(default_factory=dict)
     state: str = "joining"        # joining -> running -> ended
@@ -114,7 +118,7 @@ class JobTable:
 
     def __init__(self, maps: DataplaneMaps, k: int, total_slots: int, job_slots: int,
                  on_change: Callable[[], None] = lambda: None, require_token: bool = False,
-                 initial_seq: int = 0):
+                 initial_seq: int = 0, auth: str = "header"):
         self.maps = maps
         self.k = k
         self.job_slots = job_slots
@@ -125,6 +129,8 @@ class JobTable:
         # Where every job's packet counter starts (`up --initial-seq`: tests run
         # a job through the wrap of the 32-bit seq by starting it near 2^32).
         self.initial_seq = initial_seq
+        # What RESULT authenticators cover (`up --auth`): AUTH_MODES' keys.
+        self.auth = auth
 
     # --- joining ---------------------------------------------------------
     def join(self, msg: dict, conn, peer_ip: str) -> Job:
@@ -199,6 +205,7 @@ class JobTable:
             raise JobStartFailed(job, job.failure) from None
         job.id, job.slot_base, job.slot_count = free_ids[0], base, count
         job.key, job.seq_base = secrets.randbits(64), self.initial_seq
+        job.result_key = secrets.token_bytes(wire.RESULT_KEY_LEN)
         try:
             # Fresh bitmaps and counts: the slots may have served an earlier job.
             self.maps.reset_slots(base, count)
@@ -206,7 +213,7 @@ class JobTable:
                 self.maps.write_member(job.id, m.rank, m.ip, m.port)
             gip, gmac = job.group
             self.maps.write_job(job.id, JobEntry(job.world, base, count, gip, gmac, job.port,
-                                                 job.key))
+                                                 job.key, job.result_key, AUTH_MODES[self.auth]))
         except BaseException:
             self.maps.clear_job(job.id, job.world)
             self.pool.release(base)
@@ -223,6 +230,7 @@ class JobTable:
         return {"ok": True, "job": job.name, "job_id": job.id, "world": job.world, "rank": rank,
                 "k": self.k, "slots": job.slot_count, "slot_base": job.slot_base,
                 "key": f"{job.key:016x}", "seq_base": job.seq_base,
+                "result_key": job.result_key.hex(), "auth": self.auth,
                 "group": {"ip": gip, "mac": gmac, "port": job.port}}
 
     def withdraw(self, job: Job, rank: int) -> None:

@@ -31,6 +31,20 @@ class JobEntry:
     group_mac: str
     result_port: int
     key: int             # the job's data key (64 bits), which every DATA packet carries
+    # The key of its RESULTs' authenticator (wire.RESULT_KEY_LEN bytes; only the
+    # switch and the members hold it) and what the authenticator covers.
+    result_key: bytes = bytes(wire.RESULT_KEY_LEN)
+    auth: int = wire.AUTH_HEADER
+
+    @property
+    def sip_key(self) -> tuple[int, int]:
+        """The result key as SipHash's k0, k1 (swml_maps.h, result_key)."""
+        return sip_key(self.result_key)
+
+
+def sip_key(result_key: bytes) -> tuple[int, int]:
+    """A result key's two little-endian words, as the data planes store it."""
+    return (int.from_bytes(result_key[:8], "little"), int.from_bytes(result_key[8:16], "little"))
 
 
 class DataplaneMaps(abc.ABC):
@@ -98,7 +112,8 @@ class SwitchMaps(DataplaneMaps):
     def write_job(self, job_id: int, e: JobEntry) -> None:
         v = self.Job(active=1, world=e.world, slot_base=e.slot_base, slot_count=e.slot_count,
                      key=wire.key_to_be64(e.key), group_ip=wire.ip_to_be32(e.group_ip),
-                     result_port=wire.port_to_be16(e.result_port))
+                     result_port=wire.port_to_be16(e.result_port), auth=e.auth)
+        v.result_key[0], v.result_key[1] = e.sip_key
         ct.memmove(v.group_mac, wire.mac_to_bytes(e.group_mac), 6)
         self.job_stats.zero(job_id)
         self.jobs.update(job_id, v)

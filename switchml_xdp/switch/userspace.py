@@ -58,7 +58,8 @@ def _cache_dir() -> Path:
 
 def build_datapath() -> Path:
     """Compile userspace_dp.c (once per source version) and return the .so path."""
-    headers = [xdp_dir() / h for h in ("swml_wire.h", "swml_maps.h", "swml_slot.h")]  # what it includes
+    included = ("swml_wire.h", "swml_maps.h", "swml_slot.h", "swml_auth.h")
+    headers = [xdp_dir() / h for h in included]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers])).hexdigest()[:16]
     out = _cache_dir() / f"swml_userspace_dp-{digest}.so"
     if out.exists():
@@ -135,6 +136,7 @@ class MemoryMaps(DataplaneMaps):
         row["key"] = wire.key_to_be64(e.key)
         row["group_ip"] = wire.ip_to_be32(e.group_ip)
         row["result_port"] = wire.port_to_be16(e.result_port)
+        row["result_key"], row["auth"] = e.sip_key, e.auth
         self.job_stats[job_id] = np.zeros((), JOB_STATS_DTYPE)
         row["active"] = 1          # last: the data plane matches the job from now on
 

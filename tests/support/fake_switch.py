@@ -9,16 +9,40 @@ import numpy as np
 
 from switchml_xdp import wire
 
+#: The fake job's result key (conftest's JobInfo): what honest RESULTs are signed with.
+RESULT_KEY = bytes(range(16))
 
-def result_of(h, values: np.ndarray, **changes) -> bytes:
+
+def result_of(h, values: np.ndarray, key: bytes | None = RESULT_KEY, auth: int = wire.AUTH_HEADER,
+              **changes) -> bytes:
     """The RESULT an honest switch sends for DATA header h (world 1: the
-    values themselves); `changes` alter header fields."""
+    values themselves), signed with `key` (None: unsigned, as a forger without
+    the key sends it); `changes` alter header fields."""
     f = {"job": int(h["job"]), "rank": int(h["rank"]), "slot": int(h["slot"]),
          "seq": int(h["seq"]), "flags": int(h["flags"]) & wire.FLAG_SLOT_VER, "exp": int(h["exp"]),
          "tag": int(h["tag"]), "op": int(h["op"]), "fmt": int(h["fmt"]), "kind": wire.TYPE_RESULT}
     f.update(changes)
     kind, job, rank, slot, seq = f.pop("kind"), f.pop("job"), f.pop("rank"), f.pop("slot"), f.pop("seq")
-    return wire.datagram(kind, job, rank, slot, seq, values, **f)
+    payload = wire.datagram(kind, job, rank, slot, seq, values, **f)
+    return payload if key is None else signed(payload, key, auth)
+
+
+def signed(payload: bytes, key: bytes = RESULT_KEY, auth: int = wire.AUTH_HEADER) -> bytes:
+    """A RESULT's UDP payload with its authenticator written in, as a switch
+    holding the job's result key writes it."""
+    buf = bytearray(payload)
+    wire.sign_result(buf, key, auth, len(buf) - wire.HDR_LEN)
+    return bytes(buf)
+
+
+def echo(h, values: np.ndarray) -> list:
+    """World 1: the switch returns the payload as it came, in its format
+    (`values`: the payload's bytes as FakeSwitch reads them), signed."""
+    header = wire.pack_header(wire.TYPE_RESULT, int(h["job"]), int(h["rank"]), int(h["slot"]),
+                              int(h["seq"]), int(h["count"]),
+                              int(h["flags"]) & wire.FLAG_SLOT_VER, int(h["exp"]),
+                              tag=int(h["tag"]), op=int(h["op"]), fmt=int(h["fmt"]))
+    return [(False, signed(header + values.tobytes()))]
 
 
 class FakeSwitch:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_switch import GROUP, FakeSwitch, free_port
+from fake_switch import GROUP, RESULT_KEY, FakeSwitch, free_port
 from switchml_xdp.client.abort import AbortSignal
 from switchml_xdp.client.backend import LocalEnd
 from switchml_xdp.client.control import JobInfo
@@ -19,7 +19,8 @@ def fake():
         info = JobInfo(name="fake", job_id=3, world=1, rank=0, k=k, slots=slots,
                        switch_ip="127.0.0.1", switch_mac="00:00:00:00:00:00", switch_port=sw.port,
                        group_ip=GROUP, group_mac="01:00:5e:4d:00:09", port=free_port(),
-                       heartbeat_s=1.0, key=0x0123456789ABCDEF, seq_base=seq_base)
+                       heartbeat_s=1.0, key=0x0123456789ABCDEF, seq_base=seq_base,
+                       result_key=RESULT_KEY)
         be = UdpBackend(info, LocalEnd("127.0.0.1", "lo", "00:00:00:00:00:00"), AbortSignal(),
                         stall_timeout=stall_timeout, verbose=False)
         made.append((sw, be))

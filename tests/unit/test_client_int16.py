@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fake_switch import result_of
+from fake_switch import echo, result_of
 from switchml_xdp import quant16, wire
 from switchml_xdp.client.calls import Call, call_tag, check_precision
 from switchml_xdp.client.plans import Float16Plan, make_plan
@@ -41,14 +41,9 @@ def test_make_plan_picks_the_16_bit_plan():
 
 
 def echo16(h, values):
-    """World 1: the switch returns the int16 payload as it came (L = 0).
-    `values` is the payload's bytes as FakeSwitch reads them (int32)."""
+    """World 1: the switch returns the int16 payload as it came (L = 0)."""
     assert int(h["fmt"]) == wire.FMT_INT16
-    header = wire.pack_header(wire.TYPE_RESULT, int(h["job"]), int(h["rank"]), int(h["slot"]),
-                              int(h["seq"]), int(h["count"]),
-                              int(h["flags"]) & wire.FLAG_SLOT_VER, int(h["exp"]),
-                              tag=int(h["tag"]), op=int(h["op"]), fmt=wire.FMT_INT16)
-    return [(False, header + values.tobytes())]
+    return echo(h, values)
 
 
 @pytest.mark.parametrize("n", [1, 8, 200, 1001])

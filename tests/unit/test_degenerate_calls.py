@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fake_switch import echo
 from switchml_xdp import wire
 from switchml_xdp.client.calls import Call, call_tag
 from switchml_xdp.client.plans import make_plan, packets_needed, streamed
@@ -62,16 +63,6 @@ def test_both_datapaths_count_the_same_packets(dtype, op, precision, shape):
     flat = streamed(np.zeros(shape, dtype))
     plan = make_plan(flat, K, SLOTS, 2, call.op_code, call.fmt)
     assert plan.npackets == _engine.packets(flat.size, K, SLOTS, dtype == "float32", call.op_code)
-
-
-def echo(h, values):
-    """World 1: the switch returns the payload as it came, in its format
-    (`values`: the payload's bytes as FakeSwitch reads them)."""
-    header = wire.pack_header(wire.TYPE_RESULT, int(h["job"]), int(h["rank"]), int(h["slot"]),
-                              int(h["seq"]), int(h["count"]),
-                              int(h["flags"]) & wire.FLAG_SLOT_VER, int(h["exp"]),
-                              tag=int(h["tag"]), op=int(h["op"]), fmt=int(h["fmt"]))
-    return [(False, header + values.tobytes())]
 
 
 @pytest.mark.parametrize("dtype, op, precision", KINDS)

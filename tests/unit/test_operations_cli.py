@@ -267,9 +267,11 @@ def captured_up(monkeypatch):
         seen.update(dataplane=name, iface=iface, params=params, mode=mode, fanout=fanout)
         return object()
 
-    def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None):
+    def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None,
+            auth="header"):
         seen.update(control_port=control_port, job_slots=job_slots, lease=lease,
-                    require_token=require_token, initial_seq=initial_seq, metrics=metrics)
+                    require_token=require_token, initial_seq=initial_seq, metrics=metrics,
+                    auth=auth)
         return {}
 
     monkeypatch.setattr(switch_cli.daemon, "make_dataplane", make_dataplane)
