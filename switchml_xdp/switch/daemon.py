@@ -12,12 +12,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import asdict
 
 from .. import net, wire
 from .control import ControlServer
+from .data_port import hold_data_port
 from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .metrics import MetricsError, MetricsServer, SwitchCollector
@@ -97,6 +99,7 @@ class Switch:
         self.control_port, self.job_slots, self.lease_s = control_port, job_slots, lease_s
         self.require_token, self.initial_seq = require_token, initial_seq
         self._lock_fd: int | None = None
+        self._data_port: socket.socket | None = None   # where the data plane does not hold it
         self.table: JobTable | None = None
         self.server: ControlServer | None = None
         self.started = time.time()
@@ -119,6 +122,8 @@ class Switch:
         st = read_state(self.iface)
         self.dp.check_free(st)
         adopt = self._adoptable(st)
+        if not self.dp.holds_data_port:
+            self._data_port = hold_data_port(self.ip, self.params.port)
         if adopt and adopt.get("mode") == "generic" and getattr(self.dp, "requested_mode", "") is None:
             print(f"swml-switch: {self.iface}: taking over the previous switch, in its generic XDP "
                   f"mode, so that its jobs go on; for native XDP, `swml-switch down {self.iface}` "
@@ -171,6 +176,8 @@ class Switch:
             return {}
         counters = self.dp.maps.read_counters() if self.dp.maps is not None else {}
         self.dp.close()
+        if self._data_port is not None:
+            self._data_port.close()
         if self._wrote_state:
             remove_state(self.iface)
         os.close(self._lock_fd)   # the next `up` may start

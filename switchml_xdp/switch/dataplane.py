@@ -66,6 +66,9 @@ class Dataplane(abc.ABC):
 
     name: ClassVar[str]           # what --dataplane calls it, and the state file records
     needs_root: ClassVar[bool]    # whether `up` must run as root
+    # Whether the data plane's own socket holds the switch's data address and
+    # port; where not, the daemon holds them (data_port.py).
+    holds_data_port: ClassVar[bool] = False
 
     def __init__(self, iface: str, params: SwitchParams):
         params.validate()

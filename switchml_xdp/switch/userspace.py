@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import bpf, net, wire
 from ..layout import ctype, dtype, xdp_dir
+from .data_port import hold_data_port
 from .dataplane import Dataplane, DataplaneError, SwitchParams
 from .maps import DataplaneMaps, JobEntry
 
@@ -179,9 +180,10 @@ class MemoryMaps(DataplaneMaps):
 # ------------------------------------------------------------------ the data plane
 
 def data_socket(ip: str, port: int, ifindex: int) -> socket.socket:
-    """The UDP socket of the data plane: bound to (ip, port), RESULTs to the
-    jobs' multicast groups leave by `ifindex`, never looped back."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    """The UDP socket of the data plane: it holds (ip, port) as data_port.py
+    says, RESULTs to the jobs' multicast groups leave by `ifindex`, never
+    looped back."""
+    s = hold_data_port(ip, port, rcvbuf=None)
     try:
         for opt in (33, socket.SO_RCVBUF):          # SO_RCVBUFFORCE (root), else capped
             try:
@@ -190,7 +192,6 @@ def data_socket(ip: str, port: int, ifindex: int) -> socket.socket:
             except PermissionError:
                 continue
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        s.bind((ip, port))
         # struct ip_mreqn: multiaddr (unused), address, ifindex.
         s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
                      struct.pack("=4s4si", bytes(4), socket.inet_aton(ip), ifindex))
@@ -207,6 +208,7 @@ class UserspaceDataplane(Dataplane):
 
     name = "userspace"
     needs_root = False
+    holds_data_port = True
     label = "user-space process"
     mode = "user-space"
 
