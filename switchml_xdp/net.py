@@ -96,6 +96,13 @@ def link_mac(iface: str, netns: str | None = None) -> str:
         return ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
 
 
+def link_has_carrier(iface: str, netns: str | None = None) -> bool:
+    """Whether `iface` is up with a carrier: frames it sends reach the wire."""
+    with _link(iface, netns) as (ipr, index):
+        link = ipr.get_links(index)[0]
+    return link.get_attr("IFLA_CARRIER") == 1 and link.get_attr("IFLA_OPERSTATE") in ("UP", "UNKNOWN")
+
+
 def link_ipv4(iface: str, netns: str | None = None) -> str:
     """The (first) IPv4 address of `iface`; NetError if it has none."""
     with _link(iface, netns) as (ipr, index):

@@ -2,7 +2,8 @@
 
 Set-up, per worker: hold the job's UDP port with a kernel socket (port.py: no
 other socket on the host may bind it; it joins the job's multicast group so
-IGMP snooping forwards the group here), compile xdp/swml_redirect.c for this
+IGMP snooping forwards the group here, last, once the datapath below is
+attached and the link is up), compile xdp/swml_redirect.c for this
 job (port, the worker's IP, the job's multicast group, the switch's address
 and port as -D defines), attach it to the worker's interface (native XDP,
 generic if the driver has none), and open the engine: a UMEM plus an AF_XDP
@@ -31,7 +32,7 @@ from ..layout import DEFINES
 from .backend import STAT_KEYS, Backend
 from .calls import Call, check_length
 from .control import JobInfo
-from .port import reserve_port
+from .port import join_when_up, reserve_port
 from .retransmit import ENGINE_POLICY
 
 PROG_NAME = "swml_redirect"
@@ -108,7 +109,8 @@ class AfxdpBackend(Backend):
         self._abort = np.zeros(1, dtype=np.uint32)
         spin = spin if spin is not None else _tunable("SPIN", SPIN)
         try:
-            self._port_sock = reserve_port(info.port, info.group_ip, local.ip, PORT_RCVBUF)
+            # Bound now, a member last: see port.py for why the join waits.
+            self._port_sock = reserve_port(info.port, None, local.ip, PORT_RCVBUF)
             self._prog = compile_redirect(info, local.ip)
             self.mode = self._attach(self._prog.fd, mode, self.verbose)
             engine = _engine_module()
@@ -122,6 +124,7 @@ class AfxdpBackend(Backend):
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
                 rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
                 stall_timeout=self.stall_timeout, spin=spin, window=self.window_policy.as_tuple())
+            join_when_up(self._port_sock, info.group_ip, local.ip, local.iface)
         except BaseException:
             self.close()
             raise
