@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 
 from switchml_xdp import wire
-from switchml_xdp.lab import Host, Lab, LabError, cleanup_leftovers, lifecycle
+from switchml_xdp.lab import Host, Lab, LabError, cleanup_leftovers, igmp, lifecycle
 from switchml_xdp.lab.addressing import is_namespace_of, prefix_of
 from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.netns import ns_path, nsenter_argv
@@ -98,6 +98,14 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @click.option("--no-multicast", is_flag=True,
               help="The bridge carries no IPv4 multicast from the switch, like a cloud VPC "
                    "(start the switch with --fanout unicast there); not with loss.")
+@click.option("--snooping", is_flag=True,
+              help="The bridge snoops IGMP and runs a querier, as managed switches and "
+                   "routers do: it sends the job's group only to ports whose host joined it "
+                   "(and floods no unknown group).")
+@click.option("--query-interval", type=click.FloatRange(1, igmp.MAX_QUERY_INTERVAL_S),
+              default=None, metavar="SECONDS",
+              help="The querier's interval (needs --snooping) "
+                   f"[default: {igmp.REAL_QUERY_INTERVAL_S} s, as on real networks].")
 @click.option("--switch", "start_switch", is_flag=True,
               help="Also start `swml-switch up` in the lab's switch namespace, in the background "
                    "(it stops when the lab is removed), and print how to run a worker in each "
@@ -107,13 +115,21 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
                    "(e.g. '-k 64 --dataplane userspace').")
 def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
        dup: float | None, loss_port: int | None, queue: int | None, no_multicast: bool,
-       start_switch: bool, switch_args: str) -> None:
+       snooping: bool, query_interval: float | None, start_switch: bool,
+       switch_args: str) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.cluster import start_background_switch
 
     args = tuple(shlex.split(switch_args))
     if args and not start_switch:
         raise click.BadParameter("only with --switch", param_hint="--switch-args")
+    if query_interval is not None and not snooping:
+        raise click.BadParameter("only with --snooping", param_hint="--query-interval")
+    if snooping and no_multicast:
+        raise click.BadParameter("a bridge without multicast has nothing to snoop",
+                                 param_hint="--snooping")
+    if snooping and query_interval is None:
+        query_interval = igmp.REAL_QUERY_INTERVAL_S
     if start_switch:
         _check_switch_args(args)
         if workers > wire.MAX_WORLD:
@@ -121,7 +137,8 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
     with lab_errors():
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
                   loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue,
-                  multicast=not no_multicast).start()
+                  multicast=not no_multicast, igmp=snooping,
+                  query_interval_s=query_interval).start()
         ready = None
         if start_switch:
             try:
@@ -134,6 +151,8 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
         shaping += f", {queue}-packet queues"
     if no_multicast:
         shaping += "; no multicast from the switch"
+    if snooping:
+        shaping += f"; IGMP snooping, a query every {query_interval:g} s"
     if loss is not None or dup is not None or loss_port is not None:
         port = wire.DEFAULT_PORT if loss_port is None else loss_port
         shaping += (f"; loss {pct(loss or 0)}, dup {pct(dup or 0)} on worker links both ways "

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pyroute2 import IPRoute
 
 from .. import bpf
+from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import lifecycle, netns, wiring
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, bridge_iface, bridge_ns, check_names, new_prefix, switch_host, worker_host
@@ -54,14 +55,17 @@ class Lab:
                  rate_mbit: float | None = None, keep: bool = False,
                  loss: float | str | None = None, dup: float | str | None = None,
                  loss_port: int | None = None, igmp: bool = False,
-                 queue_packets: int | None = None, multicast: bool = True):
+                 queue_packets: int | None = None, multicast: bool = True,
+                 query_interval_s: float | None = None):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of
         duplicating, data-port UDP frames on every worker link in both
         directions; giving either (or loss_port) attaches the loss injector at
         build time, set_loss() does it later otherwise. loss_port: the UDP
         port subject to loss (default the switch's data port; 0 = all UDP).
         igmp: the bridge snoops IGMP, runs a querier and floods no group
-        nobody joined, like a strict switch (lab/igmp.py). queue_packets:
+        nobody joined, like a strict switch (lab/igmp.py); its querier asks
+        every query_interval_s (default the tests' 5 s; real networks' is
+        125 s, igmp.REAL_QUERY_INTERVAL_S). queue_packets:
         every shaped queue's depth in packets, a switch port's buffer
         (needs rate_mbit; lab/shaping.py). multicast=False: the bridge
         carries no IPv4 multicast from the switch, as a cloud VPC (for
@@ -87,6 +91,13 @@ class Lab:
         self.rate_mbit = rate_mbit
         self.keep = keep
         self.igmp = igmp
+        if query_interval_s is not None and not igmp:
+            raise LabError("a query interval needs the snooping bridge (igmp)")
+        try:
+            self.query_interval_s = igmp_mod.check_query_interval(
+                igmp_mod.QUERY_INTERVAL_S if query_interval_s is None else query_interval_s)
+        except ValueError as e:
+            raise LabError(str(e)) from None
         self.bridge_ns = bridge_ns(self.prefix)
         self.bridge = bridge_iface(self.prefix)
         self.switch = switch_host(self.prefix)
@@ -147,7 +158,7 @@ class Lab:
             "bridge": {"ns": self.bridge_ns, "iface": self.bridge},
             "rate_mbit": self.rate_mbit, "queue_packets": self.queue_packets,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
-            "igmp": self.igmp,
+            "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
             "multicast": self.multicast,
             "switch": dataclasses.asdict(self.switch),
             "workers": [dataclasses.asdict(w) for w in self.workers],
@@ -168,7 +179,8 @@ class Lab:
                   rate_mbit=state.get("rate_mbit"), keep=True, loss=state.get("loss"),
                   dup=state.get("dup"), loss_port=state.get("loss_port"),
                   igmp=state.get("igmp", False), queue_packets=state.get("queue_packets"),
-                  multicast=state.get("multicast", True))
+                  multicast=state.get("multicast", True),
+                  query_interval_s=state.get("query_interval_s"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -319,7 +331,8 @@ class Lab:
 
     def _make_bridge(self) -> None:
         wiring.make_bridge(self._ipr(self.bridge_ns), self.bridge_ns, self.bridge,
-                           querier_ip=self.switch.ip if self.igmp else None)
+                           querier_ip=self.switch.ip if self.igmp else None,
+                           query_interval_s=self.query_interval_s)
 
     def _make_link(self, host: Host) -> None:
         wiring.make_link(self._ipr(self.bridge_ns), self._ipr(host.ns), self.bridge_ns,

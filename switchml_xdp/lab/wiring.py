@@ -35,13 +35,15 @@ def quiet_namespace(ns: str, ipr: IPRoute) -> None:
     ipr.link("set", index=net.link_index("lo", ns), state="up")
 
 
-def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None) -> None:
+def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None,
+                query_interval_s: float = igmp.QUERY_INTERVAL_S) -> None:
     """The bridge `bridge` in namespace `ns`, multicast snooping off: no IGMP
     querier here, and with snooping on the bridge would stop flooding the
     switch's result group once its timers expire. Off, multicast floods to
     every port like broadcast. With a querier_ip (Lab(igmp=True)): snooping,
-    a querier and strict ports (lab/igmp.py)."""
-    mcast = igmp.snooping_bridge_attrs() if querier_ip else {"br_mcast_snooping": 0}
+    a querier asking every query_interval_s and strict ports (lab/igmp.py)."""
+    mcast = (igmp.snooping_bridge_attrs(query_interval_s) if querier_ip
+             else {"br_mcast_snooping": 0})
     ipr.link("add", ifname=bridge, kind="bridge", **mcast)
     # A real switch port does not run the IP stack's checks or iptables on
     # what it forwards; br_netfilter (built into kernels like this one) would
