@@ -182,7 +182,10 @@ def test_join_reply_fields(lab8, switch):
             assert gip == f"239.77.{rep['job_id'] >> 8}.{rep['job_id'] & 255}"
             assert rep["switch"] == {"iface": switch.iface, "ip": lab8.switch.ip,
                                      "mac": lab8.switch.mac, "port": wire.DEFAULT_PORT,
-                                     "fanout": "multicast"}
+                                     "fanout": "multicast", "auth": "header"}
+            # The result key: the same for every rank, never the data key's.
+            assert rep["auth"] == "header" and len(bytes.fromhex(rep["result_key"])) == 16
+            assert rep["result_key"] == replies[0]["result_key"] != rep["key"]
             assert rep["lease_s"] == LEASE_S and rep["heartbeat_s"] == LEASE_S / 4
         assert replies[0]["job_id"] == replies[1]["job_id"]
         assert replies[0]["slot_base"] == replies[1]["slot_base"]

@@ -35,14 +35,14 @@ def signed(payload: bytes, key: bytes = RESULT_KEY, auth: int = wire.AUTH_HEADER
     return bytes(buf)
 
 
-def echo(h, values: np.ndarray) -> list:
+def echo(h, values: np.ndarray, auth: int = wire.AUTH_HEADER) -> list:
     """World 1: the switch returns the payload as it came, in its format
     (`values`: the payload's bytes as FakeSwitch reads them), signed."""
     header = wire.pack_header(wire.TYPE_RESULT, int(h["job"]), int(h["rank"]), int(h["slot"]),
                               int(h["seq"]), int(h["count"]),
                               int(h["flags"]) & wire.FLAG_SLOT_VER, int(h["exp"]),
                               tag=int(h["tag"]), op=int(h["op"]), fmt=int(h["fmt"]))
-    return [(False, signed(header + values.tobytes()))]
+    return [(False, signed(header + values.tobytes(), auth=auth))]
 
 
 class FakeSwitch:

@@ -111,6 +111,8 @@ class Job:
     slot_count: int
     group: Endpoint  # where its RESULTs go: multicast group MAC/IP, result port
     key: int         # its data key
+    result_key: bytes = bytes(wire.RESULT_KEY_LEN)  # what its RESULTs are signed with
+    auth: int = wire.AUTH_HEADER                    # and over what
 
 
 @dataclass(frozen=True)
@@ -170,15 +172,17 @@ class SwitchTester(XdpTester):
 
     # --- the control plane's side -----------------------------------------------
     def add_job(self, job_id: int = 1, world: int = 2, slot_base: int = 0,
-                slot_count: int = 4, result_port: int = 40000, key: int | None = None) -> Job:
+                slot_count: int = 4, result_port: int = 40000, key: int | None = None,
+                auth: int = wire.AUTH_HEADER) -> Job:
         """A job with every rank registered at member(job, rank), written as
-        the daemon writes it (SwitchMaps); `key` its data key (default: random)."""
+        the daemon writes it (SwitchMaps); `key` its data key (default: random),
+        a random result key, RESULTs signed over what `auth` says."""
         group_ip, group_mac = wire.group_of_job(job_id)
         key = secrets.randbits(64) if key is None else key
         job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port),
-                  key)
+                  key, secrets.token_bytes(wire.RESULT_KEY_LEN), auth)
         self.maps.write_job(job_id, JobEntry(world, slot_base, slot_count, group_ip, group_mac,
-                                             result_port, key))
+                                             result_port, key, job.result_key, auth))
         for rank in range(world):
             m = self.member(job, rank)
             self.maps.write_member(job_id, rank, m.ip, m.port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fake_switch import GROUP, RESULT_KEY, FakeSwitch, free_port
+from switchml_xdp import wire
 from switchml_xdp.client.abort import AbortSignal
 from switchml_xdp.client.backend import LocalEnd
 from switchml_xdp.client.control import JobInfo
@@ -14,13 +15,13 @@ from switchml_xdp.client.udp_backend import UdpBackend
 def fake():
     made = []
 
-    def make(answer, seq_base=0, k=8, slots=4, stall_timeout=5.0):
+    def make(answer, seq_base=0, k=8, slots=4, stall_timeout=5.0, auth=wire.AUTH_HEADER):
         sw = FakeSwitch(answer)
         info = JobInfo(name="fake", job_id=3, world=1, rank=0, k=k, slots=slots,
                        switch_ip="127.0.0.1", switch_mac="00:00:00:00:00:00", switch_port=sw.port,
                        group_ip=GROUP, group_mac="01:00:5e:4d:00:09", port=free_port(),
                        heartbeat_s=1.0, key=0x0123456789ABCDEF, seq_base=seq_base,
-                       result_key=RESULT_KEY)
+                       result_key=RESULT_KEY, auth=auth)
         be = UdpBackend(info, LocalEnd("127.0.0.1", "lo", "00:00:00:00:00:00"), AbortSignal(),
                         stall_timeout=stall_timeout, verbose=False)
         made.append((sw, be))
