@@ -11,7 +11,8 @@ workers that hang without closing).
 
 No client can hold more than its share: connections and joins waiting at a
 barrier are counted per source address (MAX_CONNECTIONS_PER_IP,
-MAX_PENDING_JOINS_PER_IP), a join waits at most MAX_JOIN_TIMEOUT_S (request_fields.py), and a
+MAX_PENDING_JOINS_PER_IP), connections in all within the daemon's
+descriptors (descriptors.py), a join waits at most MAX_JOIN_TIMEOUT_S (request_fields.py), and a
 client that does not read what the switch sends is dropped after the idle
 timeout (its replies would otherwise pile up in the daemon).
 """
@@ -23,7 +24,10 @@ import logging
 import os
 from collections.abc import Callable
 
+from .descriptors import control_connection_cap
 from .jobs import ControlError, Job, JobStartFailed, JobTable
+from .listener import Listener
+from .quiet_log import QuietLog
 from .request_fields import FieldError, validate
 
 log = logging.getLogger("swml.control")
@@ -89,43 +93,50 @@ class ControlServer:
         self.switch_info = switch_info   # ip, mac, port: told to joiners
         self.lease_s = lease_s
         self.status_extra = status_extra
-        self._server: asyncio.base_events.Server | None = None
+        self._listener: Listener | None = None
         self._conns: set[Connection] = set()
         self._lease_task: asyncio.Task | None = None
         self._ready: dict[int, asyncio.Event] = {}  # joining job -> set when all ranks are in
         self.idle_timeout_s = IDLE_TIMEOUT_S
-        self._conns_by_ip: dict[str, int] = {}
         self._pending_by_ip: dict[str, int] = {}
 
     async def start(self, host: str, port: int) -> None:
         self.idle_timeout_s = idle_timeout_from_env()
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
+        self._listener = Listener("control port", self._serve_socket, self._refuse,
+                                  MAX_CONNECTIONS_PER_IP, control_connection_cap, QuietLog(log))
+        self._listener.start(host, port)
         self._lease_task = asyncio.create_task(self._watch_leases())
 
     async def stop(self, reason: str) -> None:
         """Close the server; tell every member its job is over."""
         if self._lease_task:
             self._lease_task.cancel()
-        if self._server:
-            self._server.close()
+        if self._listener:
+            await self._listener.stop_accepting()
         for job in list(self.table.jobs.values()):
             self.abort(job, reason)
         for c in list(self._conns):
             c.writer.close()
 
     # --- the connection loop ---------------------------------------------
+    @staticmethod
+    def _refuse(sock, ip: str) -> None:
+        """A connection over the per-address cap: why, if the socket takes it at once."""
+        reason = f"too many control connections from {ip} (limit {MAX_CONNECTIONS_PER_IP}); closing"
+        sock.send((json.dumps({"ok": False, "error": reason}) + "\n").encode())
+
+    async def _serve_socket(self, sock, ip: str) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_LINE)
+        except OSError:
+            sock.close()
+            return
+        await self._serve(reader, writer)
+
     async def _serve(self, reader, writer) -> None:
         conn = Connection(reader, writer)
         self._conns.add(conn)
-        ip = conn.peer_ip
-        self._conns_by_ip[ip] = self._conns_by_ip.get(ip, 0) + 1
         try:
-            if self._conns_by_ip[ip] > MAX_CONNECTIONS_PER_IP:
-                conn.error(f"too many control connections from {ip} "
-                           f"(limit {MAX_CONNECTIONS_PER_IP}); closing")
-                conn.closing = True
-                await self._drain(conn)
-                return
             while True:
                 line = await self._read_line(conn)
                 if line is None:
@@ -141,9 +152,6 @@ class ControlServer:
             log.exception("control connection %s failed", conn.peer)
         finally:
             self._conns.discard(conn)
-            self._conns_by_ip[ip] -= 1
-            if not self._conns_by_ip[ip]:
-                del self._conns_by_ip[ip]
             self._lost(conn)
             await self._close(conn)
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict
 
 from .. import net, wire
+from . import descriptors
 from .control import ControlServer
 from .data_port import hold_data_port
 from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
@@ -114,6 +115,7 @@ class Switch:
         if not 1 <= self.control_port <= 65535:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.iface)
+        descriptors.raise_limit()
         # Before anything is loaded: a second `up`, however close behind, stops here.
         try:
             self._lock_fd = take_lock(self.iface)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import resource
 import socket
 from collections.abc import Callable
 from http import HTTPStatus
 
 from .control import LINGER_S
+from .descriptors import share_of_free_descriptors
+from .listener import Listener
 from .metrics_request import (
     MAX_HEAD,
     HttpError,
@@ -45,37 +45,6 @@ log = logging.getLogger("swml.metrics")
 REQUEST_TIMEOUT_S = 5.0        # to send a request's head, and to take its response
 MAX_CONNECTIONS_PER_IP = 4     # a Prometheus server scrapes over one
 MAX_CONNECTIONS = 32           # the endpoint's descriptor budget
-ACCEPT_RETRY_S = 0.5           # after accept() fails (EMFILE, ENFILE, ENOBUFS, ENOMEM)
-BACKLOG = 64
-
-
-def connection_budget(want: int = MAX_CONNECTIONS) -> int:
-    """`want`, or less where the descriptor limit leaves little room: at most
-    a quarter of the descriptors still free, so most stay the control port's."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return want
-    try:
-        used = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return want
-    return max(1, min(want, (soft - used) // 4))
-
-
-def listening_socket(addr: str, port: int) -> socket.socket:
-    """A non-blocking TCP socket listening on (addr, port); OSError if it cannot."""
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(
-        addr.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(BACKLOG)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 class HttpEndpoint:
@@ -88,77 +57,29 @@ class HttpEndpoint:
         self.render, self.content_type, self.path = render, content_type, path
         self.request_timeout_s, self.per_ip, self.total = request_timeout_s, per_ip, total
         self.quiet = QuietLog(log)
-        self._sock: socket.socket | None = None
-        self._accepting: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._by_ip: dict[str, int] = {}
-        self._room = asyncio.Event()   # set while fewer than `total` connections are open
+        self._listener = Listener("metrics endpoint", self._serve, self._refuse, per_ip,
+                                  lambda: self.total, self.quiet)
 
     @property
     def connections(self) -> int:
-        return len(self._tasks)
+        return self._listener.connections
+
+    @property
+    def port(self) -> int:
+        """The TCP port it listens on (the one given, or the kernel's pick for 0)."""
+        return self._listener.sock.getsockname()[1]
 
     async def start(self, addr: str, port: int) -> None:
-        self.total = connection_budget(self.total)
-        self._sock = listening_socket(addr, port)
-        self._room.set()
-        self._accepting = asyncio.create_task(self._accept_loop())
+        self.total = share_of_free_descriptors(self.total)
+        self._listener.start(addr, port)
 
     async def close(self) -> None:
-        tasks = [t for t in (self._accepting, *self._tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        if self._sock is not None:
-            self._sock.close()
-
-    # --- accepting ---------------------------------------------------------------
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._room.wait()
-            try:
-                conn, peer = await loop.sock_accept(self._sock)
-            except OSError as e:   # out of descriptors or memory: the client waits in the backlog
-                self.quiet.warning("accept", "metrics endpoint cannot accept a connection: %s; "
-                                   "trying again in %g s", e.strerror or e, ACCEPT_RETRY_S)
-                await asyncio.sleep(ACCEPT_RETRY_S)
-                continue
-            ip = peer[0]
-            if self._by_ip.get(ip, 0) >= self.per_ip:
-                self._refuse(conn, ip)
-                continue
-            self._by_ip[ip] = self._by_ip.get(ip, 0) + 1
-            task = asyncio.create_task(self._serve(conn, ip))
-            self._tasks.add(task)
-            task.add_done_callback(lambda t, ip=ip: self._release(t, ip))
-            if len(self._tasks) >= self.total:
-                self._room.clear()
-                self.quiet.warning("full", "metrics endpoint: %d connections open (its limit); "
-                                   "new ones wait", self.total)
-
-    def _release(self, task: asyncio.Task, ip: str) -> None:
-        self._tasks.discard(task)
-        self._by_ip[ip] -= 1
-        if not self._by_ip[ip]:
-            del self._by_ip[ip]
-        self._room.set()
+        await self._listener.close()
 
     def _refuse(self, conn: socket.socket, ip: str) -> None:
-        """503 if the socket takes it at once, and close: nothing waits on it."""
-        self.quiet.warning(f"refused {ip}", "metrics endpoint: too many connections from %s "
-                           "(limit %d); refusing", ip, self.per_ip)
-        try:
-            conn.setblocking(False)
-            conn.send(error_response(HttpError(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"too many connections from {ip} (limit {self.per_ip})")))
-        except OSError:
-            pass
-        finally:
-            conn.close()
+        """503, if the socket takes it at once (the listener closes it)."""
+        conn.send(error_response(HttpError(HTTPStatus.SERVICE_UNAVAILABLE,
+                                           f"too many connections from {ip} (limit {self.per_ip})")))
 
     # --- one connection ----------------------------------------------------------
     async def _serve(self, conn: socket.socket, ip: str) -> None:

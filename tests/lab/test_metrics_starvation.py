@@ -7,64 +7,20 @@ address is answered, and the daemon's log has no traceback.
 """
 from __future__ import annotations
 
-import os
 import resource
-import select
-import socket
 import time
 import urllib.request
 
 import numpy as np
 import pytest
 
+from half_open import half_open, settled_descriptors
 from lab_jobs import run_job
 
 HALF_OPEN = 1000
 DAEMON_NOFILE = 200      # the daemon's descriptor limit during the attack
 JOB_DEADLINE_S = 2.0
 METRICS_PORT = 9100
-
-
-def _half_open(lab, host, port: int, count: int, settle_s: float = 3.0) -> list[socket.socket]:
-    """`count` TCP connections from `host` to the switch's metrics port that
-    never finish a request: every other one sends half a request line."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < count + 256:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
-    socks = []
-    with lab.enter(host):
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setblocking(False)
-            s.connect_ex((lab.switch.ip, port))
-            socks.append(s)
-    pending, deadline = set(socks), time.monotonic() + settle_s
-    while pending and time.monotonic() < deadline:
-        _, writable, _ = select.select([], list(pending)[:512], [], 0.2)
-        for s in writable:
-            pending.discard(s)
-            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and s.fileno() % 2:
-                try:
-                    s.send(b"GET /metr")
-                except OSError:
-                    pass
-    return socks
-
-
-def _settled_descriptors(pid: int, quiet_s: float = 3.0, limit_s: float = 30.0) -> int:
-    """The daemon's open descriptors once the attack has taken all it can:
-    the limit reached, or no change for `quiet_s`."""
-    count, since, deadline = -1, time.monotonic(), time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        now = len(os.listdir(f"/proc/{pid}/fd"))
-        if now >= DAEMON_NOFILE - 1:
-            return now
-        if now != count:
-            count, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            break
-        time.sleep(0.2)
-    return count
 
 
 def _scrape(lab, host, port: int) -> str:
@@ -81,8 +37,8 @@ def test_half_open_metrics_connections_never_delay_a_job(fresh_lab):
     attacker, scraper = lab.workers[2], lab.workers[3]
     with SwitchProcess(lab, ["--metrics", str(METRICS_PORT)]) as sw:
         resource.prlimit(sw.proc.pid, resource.RLIMIT_NOFILE, (DAEMON_NOFILE, DAEMON_NOFILE))
-        socks = _half_open(lab, attacker, METRICS_PORT, HALF_OPEN)
-        held = _settled_descriptors(sw.proc.pid)
+        socks = half_open(lab, attacker, METRICS_PORT, HALF_OPEN)
+        held = settled_descriptors(sw.proc.pid, DAEMON_NOFILE)
         try:
             n = 4096
 

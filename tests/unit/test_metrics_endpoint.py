@@ -10,7 +10,7 @@ from http import HTTPStatus
 
 import pytest
 
-from switchml_xdp.switch import metrics_http
+from switchml_xdp.switch import descriptors
 from switchml_xdp.switch.metrics_http import HttpEndpoint
 from switchml_xdp.switch.metrics_request import MAX_HEAD, HttpError, Request, check_request, parse_head
 from switchml_xdp.switch.quiet_log import QuietLog
@@ -75,7 +75,7 @@ def run(scenario, **kw):
         ep = HttpEndpoint(lambda: BODY, "text/plain; version=0.0.4", **kw)
         await ep.start("127.0.0.1", 0)
         try:
-            return await scenario(ep, ep._sock.getsockname()[1])
+            return await scenario(ep, ep.port)
         finally:
             await ep.close()
     return asyncio.run(main())
@@ -186,9 +186,9 @@ def test_the_budget_shrinks_where_few_descriptors_are_left(monkeypatch):
 
     used = len(os.listdir("/proc/self/fd"))
     monkeypatch.setattr(resource, "getrlimit", lambda which: (used + 40, used + 40))
-    assert metrics_http.connection_budget(32) == 10
+    assert descriptors.share_of_free_descriptors(32) == 10
     monkeypatch.setattr(resource, "getrlimit", lambda which: (used + 1, used + 1))
-    assert metrics_http.connection_budget(32) == 1
+    assert descriptors.share_of_free_descriptors(32) == 1
 
 
 def test_a_client_that_does_not_read_its_response_is_dropped(caplog):
