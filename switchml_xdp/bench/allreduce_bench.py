@@ -96,6 +96,7 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
         "goodput_gbps": n * 4 * 8 / med / 1e9, "ate_per_s": n / med,
         "packets_per_s": (after["packets_sent"] - before["packets_sent"]) / sum(times),
         "retransmissions": after["retransmissions"] - before["retransmissions"],
+        "forged": after["forged"] - before["forged"],
         "verified": (iterations + warmup - bad) if verify else None,
         "verify_failures": bad if verify else None,
     }
@@ -137,6 +138,11 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['rank']:>4} {r['backend']:>7} {r['dtype']:>7} {r['bytes'] / 2**20:>7.2f} "
                      f"{tat:>25} {r['goodput_gbps']:>7.3f} {r['ate_per_s']:>10.3g} "
                      f"{r['retransmissions']:>6} {ver:>8}")
+    for r in sorted(rows, key=lambda r: r["rank"]):
+        if r.get("forged"):
+            lines.append(f"rank {r['rank']} refused {r['forged']} forged RESULT(s): not signed "
+                         "with the job's result key (someone on the network sent them; "
+                         "docs/security.md)")
     return "\n".join(lines)
 
 

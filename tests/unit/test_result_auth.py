@@ -107,3 +107,12 @@ def test_with_full_auth_changed_values_are_refused(fake, precision, dtype):
     be.allreduce(x, Call(0, "fake", x.size, dtype, "sum", precision))
     assert np.allclose(x, want, rtol=1e-2)
     assert be.stats()["forged"] == len(sw.headers) > 0
+
+
+def test_swml_worker_bench_says_when_forged_results_were_refused():
+    from switchml_xdp.bench.allreduce_bench import format_table
+    row = {"rank": 1, "backend": "udp", "dtype": "int32", "bytes": 4096, "tat_min_s": 1e-3,
+           "tat_median_s": 1e-3, "tat_max_s": 1e-3, "goodput_gbps": 1.0, "ate_per_s": 1e6,
+           "retransmissions": 0, "verified": 3, "verify_failures": 0}
+    assert "forged" not in format_table([{**row, "forged": 0}])
+    assert "rank 1 refused 7 forged RESULT(s)" in format_table([{**row, "forged": 7}])
