@@ -99,9 +99,9 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
               help="The bridge carries no IPv4 multicast from the switch, like a cloud VPC "
                    "(start the switch with --fanout unicast there); not with loss.")
 @click.option("--snooping", is_flag=True,
-              help="The bridge snoops IGMP and runs a querier, as managed switches and "
-                   "routers do: it sends the job's group only to ports whose host joined it "
-                   "(and floods no unknown group).")
+              help="The bridge snoops IGMP, with a querier on an uplink as on managed "
+                   "networks: it sends the job's group only to ports whose host joined it "
+                   "(and floods no unknown group), and sends no query when a port comes up.")
 @click.option("--query-interval", type=click.FloatRange(1, igmp.MAX_QUERY_INTERVAL_S),
               default=None, metavar="SECONDS",
               help="The querier's interval (needs --snooping) "

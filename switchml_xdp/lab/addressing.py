@@ -2,7 +2,8 @@
 
     {p}-sw: {p}-s 10.0.0.1 ──veth── {p}-bs ┐
     {p}-w0: {p}-w0 10.0.0.11 ─veth─ {p}-b0 ├─ {p}-br0 (bridge, in ns {p}-br)
-    {p}-w1: {p}-w1 10.0.0.12 ─veth─ {p}-b1 ┘
+    {p}-w1: {p}-w1 10.0.0.12 ─veth─ {p}-b1 ┤
+    {p}-q0 (bridge) 10.0.0.254 ─veth─ {p}-bq ┘ Lab(igmp=True): the IGMP querier, in ns {p}-br
 
 Every name carries the prefix ("swl" + 5 hex digits unless given), so
 concurrent labs never collide and everything a lab made can be found and
@@ -96,6 +97,12 @@ def bridge_ns(prefix: str) -> str:
 
 def bridge_iface(prefix: str) -> str:
     return f"{prefix}-br0"
+
+
+def querier_links(prefix: str) -> tuple[str, str, str]:
+    """The snooping lab's querier (lab/igmp.py), in the bridge namespace: its
+    bridge, the uplink's port on the lab bridge and its own port on the uplink."""
+    return f"{prefix}-q0", f"{prefix}-bq", f"{prefix}-qb"
 
 
 def is_namespace_of(prefix: str, ns: str) -> bool:

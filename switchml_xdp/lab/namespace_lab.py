@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pyroute2 import IPRoute
 
 from .. import bpf
+from . import addressing, lifecycle, netns, wiring
 from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
-from . import lifecycle, netns, wiring
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, bridge_iface, bridge_ns, check_names, new_prefix, switch_host, worker_host
 from .errors import LabError
@@ -62,8 +62,9 @@ class Lab:
         directions; giving either (or loss_port) attaches the loss injector at
         build time, set_loss() does it later otherwise. loss_port: the UDP
         port subject to loss (default the switch's data port; 0 = all UDP).
-        igmp: the bridge snoops IGMP, runs a querier and floods no group
-        nobody joined, like a strict switch (lab/igmp.py); its querier asks
+        igmp: the bridge snoops IGMP and, once the querier on its uplink
+        asked, floods no group nobody joined, like a strict switch
+        (lab/igmp.py); the querier asks
         every query_interval_s (default the tests' 5 s; real networks' is
         125 s, igmp.REAL_QUERY_INTERVAL_S). queue_packets:
         every shaped queue's depth in packets, a switch port's buffer
@@ -311,6 +312,8 @@ class Lab:
         if self.rate_mbit is not None:
             shape_links(self._ipr, self.bridge_ns, self.switch, self.workers, self.rate_mbit,
                         self.queue_packets)
+        if self.igmp:
+            self._wait_for_querier()
 
     def _ipr(self, ns: str) -> IPRoute:
         """One netlink socket per namespace for the duration of the build."""
@@ -332,11 +335,20 @@ class Lab:
     def _make_bridge(self) -> None:
         wiring.make_bridge(self._ipr(self.bridge_ns), self.bridge_ns, self.bridge,
                            querier_ip=self.switch.ip if self.igmp else None,
-                           query_interval_s=self.query_interval_s)
+                           query_interval_s=self.query_interval_s,
+                           querier_links=addressing.querier_links(self.prefix))
+
+    def _wait_for_querier(self) -> None:
+        """Ready once the bridge forwards by its table: strict from a job's first packet."""
+        try:
+            _, uplink, _ = addressing.querier_links(self.prefix)
+            igmp_mod.wait_for_querier(self.bridge_ns, self.bridge, uplink)
+        except RuntimeError as e:
+            raise LabError(str(e)) from None
 
     def _make_link(self, host: Host) -> None:
         wiring.make_link(self._ipr(self.bridge_ns), self._ipr(host.ns), self.bridge_ns,
-                         self.bridge, host, is_switch=host is self.switch, igmp_ports=self.igmp)
+                         self.bridge, host, is_switch=host is self.switch)
 
     def _attach_pass_program(self) -> None:
         try:

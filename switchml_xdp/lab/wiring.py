@@ -36,12 +36,14 @@ def quiet_namespace(ns: str, ipr: IPRoute) -> None:
 
 
 def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None,
-                query_interval_s: float = igmp.QUERY_INTERVAL_S) -> None:
+                query_interval_s: float = igmp.QUERY_INTERVAL_S,
+                querier_links: tuple[str, str, str] | None = None) -> None:
     """The bridge `bridge` in namespace `ns`, multicast snooping off: no IGMP
     querier here, and with snooping on the bridge would stop flooding the
     switch's result group once its timers expire. Off, multicast floods to
     every port like broadcast. With a querier_ip (Lab(igmp=True)): snooping,
-    a querier asking every query_interval_s and strict ports (lab/igmp.py)."""
+    and a querier on an uplink (querier_links: addressing.querier_links)
+    asking every query_interval_s from querier_ip's subnet (lab/igmp.py)."""
     mcast = (igmp.snooping_bridge_attrs(query_interval_s) if querier_ip
              else {"br_mcast_snooping": 0})
     ipr.link("add", ifname=bridge, kind="bridge", **mcast)
@@ -54,11 +56,14 @@ def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None,
             netns.write_sysctl(ns, key, "0")
     ipr.link("set", index=net.link_index(bridge, ns), address=bridge_mac(), state="up")
     if querier_ip:
-        igmp.start_querier(ipr, net.link_index(bridge, ns), querier_ip, SUBNET_PREFIXLEN)
+        if querier_links is None:
+            raise ValueError("a snooping bridge needs querier_links")
+        igmp.add_uplink_querier(ipr, ns, bridge, querier_links, querier_ip, SUBNET_PREFIXLEN,
+                                query_interval_s)
 
 
 def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host, *,
-              is_switch: bool, igmp_ports: bool) -> None:
+              is_switch: bool) -> None:
     """Veth from the bridge namespace straight into the host's (`br` and `ipr`
     their sockets): the pair never shows up in the namespace this process
     runs in. The switch's end gets a qdisc (SWITCH_QDISC_PACKETS)."""
@@ -74,8 +79,6 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
     # veth's tag insertion offloaded it would travel beside the frame, and
     # the receiver's XDP program would see a tagged frame untagged.
     net.set_features(host.peer, {"tx-vlan-hw-insert": False}, bridge_ns)
-    if igmp_ports:
-        igmp.stop_flooding_unknown_groups(br, net.link_index(host.peer, bridge_ns))
     i = net.link_index(host.iface, host.ns)
     ipr.link("set", index=i, address=host.mac)
     ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)

@@ -1,6 +1,6 @@
-"""IGMP: afxdp workers on a bridge that snoops IGMP, runs a querier and floods
-no group nobody joined (Lab(igmp=True), switchml_xdp/lab/igmp.py), as strict
-switches do.
+"""IGMP: afxdp workers on a bridge that snoops IGMP, has a querier on its
+uplink and floods no group nobody joined (Lab(igmp=True),
+switchml_xdp/lab/igmp.py), as strict switches do.
 
 There, the switch's multicast RESULTs reach a worker only if the worker's kernel
 joined the job's group: the afxdp backend must hold a membership on a kernel
@@ -78,16 +78,27 @@ def test_afxdp_results_arrive_by_multicast_through_an_igmp_snooping_bridge():
             f"the bridge has not learnt every worker's membership of {group}: {groups}")
 
 
-def test_the_igmp_bridge_snoops_and_queries():
-    """The lab part alone: snooping on, a querier with an address, strict ports."""
+def test_the_igmp_bridge_snoops_and_its_uplink_queries():
+    """The lab part alone: snooping on, no querier on the bridge itself (it
+    would query a port that comes up), one with an address on its uplink."""
     from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.addressing import querier_links
 
     with Lab(workers=1, igmp=True) as lab:
-        opts = in_bridge_ns(lab, ["ip", "-j", "-d", "link", "show", lab.bridge])
-        info = json.loads(opts)[0]["linkinfo"]["info_data"]
-        assert info["mcast_snooping"] == 1 and info["mcast_querier"] == 1
-        ports = json.loads(in_bridge_ns(lab, ["bridge", "-j", "-d", "link", "show"]))
-        assert {p["ifname"]: p.get("mcast_flood") for p in ports} == {
-            h.peer: False for h in lab.hosts}
-        addrs = json.loads(in_bridge_ns(lab, ["ip", "-j", "addr", "show", lab.bridge]))
+        querier, uplink, _ = querier_links(lab.prefix)
+
+        def bridge_info(bridge: str) -> dict:
+            opts = in_bridge_ns(lab, ["ip", "-j", "-d", "link", "show", bridge])
+            return json.loads(opts)[0]["linkinfo"]["info_data"]
+
+        assert bridge_info(lab.bridge)["mcast_snooping"] == 1
+        assert bridge_info(lab.bridge)["mcast_querier"] == 0
+        assert bridge_info(querier)["mcast_querier"] == 1
+        ports = json.loads(in_bridge_ns(lab, ["ip", "-j", "-d", "link", "show",
+                                              "master", lab.bridge]))
+        assert {p["ifname"] for p in ports} == {uplink} | {h.peer for h in lab.hosts}
+        # The uplink never a router port: no copy of every group to the querier.
+        assert {p["ifname"]: p["linkinfo"]["info_slave_data"]["multicast_router"]
+                for p in ports}[uplink] == 0
+        addrs = json.loads(in_bridge_ns(lab, ["ip", "-j", "addr", "show", querier]))
         assert [a["local"] for a in addrs[0]["addr_info"]] == ["10.0.0.254"]   # the queries' source

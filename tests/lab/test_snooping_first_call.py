@@ -3,27 +3,33 @@
 A snooping switch sends the job's group only to ports whose host reported
 itself a member, and learns of members only from the reports a host sends when
 it joins or when the querier asks (every 125 s on real networks). Many NICs
-reset their queues or their link when an XDP program or an AF_XDP socket is
-attached: a report sent before that is lost, and a switch also forgets a port's
-memberships when its link goes down. The afxdp worker therefore joins last,
-once its datapath is attached and its link is up (switchml_xdp/client/port.py).
+reset their link when an XDP program is attached, and a switch forgets a
+port's memberships when its link goes down: a report sent before that is
+lost until the next query. The afxdp worker therefore joins last, once its
+datapath is attached and its link is up (switchml_xdp/client/port.py).
 
-Here every worker's link goes down as its XDP program is attached and comes
-back 1.5 s later (veth does not reset by itself, so the test does it), on a
-bridge with a querier asking every 125 s (`swml-lab up --snooping`) and on a
-bridge that floods; the first call of each job must take about as long on the
-first as on the second. The Linux bridge also queries a port that comes up,
-which many switches do not, so the order itself (the join after the datapath,
-on a link that is up) is checked on its own.
+The lab emulates that network (docs/testing.md): every worker's link goes
+down as its XDP program is attached and comes back LINK_DOWN_S later (veth
+does not reset by itself, so the test takes the bridge's side of it down:
+the bridge forgets the port's memberships, the worker's side loses its
+carrier), and the snooping lab's querier sits on an uplink, so no query
+follows a port coming up (lab/igmp.py). On it, with 125 s queries, the first
+call of each job must take about as long as on a bridge that floods; a worker
+that joins before its datapath is attached stalls until the next query.
 """
 from __future__ import annotations
 
+import contextlib
+import math
+import socket
+import statistics
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from reliability_helpers import settle
 from requires import NO_LAB
 
 pytestmark = pytest.mark.skipif(NO_LAB is not None, reason=NO_LAB or "")
@@ -34,23 +40,40 @@ except ImportError as e:  # pragma: no cover - the build failed or was skipped
     pytest.skip(f"the AF_XDP engine is not built: {e}", allow_module_level=True)
 
 WORLD = 3
-N = 1 << 20                    # float32 elements: 4 MiB, ~4,200 packets at k=256
-JOBS = 2
+N = 1 << 22                    # float32 elements: 16 MiB, ~16,400 packets at k=256
+JOBS = 3                       # each bridge's first call: the median of JOBS jobs' (noise)
 LINK_DOWN_S = 1.5              # a NIC's renegotiation after an XDP attach
 QUERY_INTERVAL_S = 125         # a real network's
 RATIO = 1.2                    # the target: the first call within 1.2x a flooding bridge's
-SLACK_S = 0.25                 # a 4 MiB call takes ~0.1 s here: scheduling noise on a busy box
+# A first call's spread from job to job on one flooding bridge, measured
+# here: up to 0.07 s of ~0.2 s (a 2-core box shared by 3 ranks, the switch
+# and its daemon), more than the target's 20%. The slack absorbs that noise;
+# a lost membership costs a stall until the next query (~120 s, cut at
+# CALL_BOUND_S, 50 times the slack).
+SLACK_S = 0.1
 SETTLE_S = 1.0                 # after the link is back, before the call, on both bridges
+# A first call past this (25 times a healthy one) has stalled for a query:
+# it is aborted, so that the test fails in seconds rather than minutes.
+CALL_BOUND_S = 5.0
+# The emulation's own check: groups no job uses, one joined before the link
+# reset and one after it (a group joined again on the same interface is not
+# reported again).
+BEFORE_GROUP, AFTER_GROUP = "239.77.255.1", "239.77.255.2"
+
+
+def flap_bridge_port(lab, host, state: str) -> None:
+    """Take the bridge's side of `host`'s link down or up: what a NIC reset
+    does to a switch port."""
+    from switchml_xdp.lab import netns
+
+    netns.run_in(lab.bridge_ns, ["ip", "link", "set", host.peer, state], check=True)
 
 
 def resetting_links(monkeypatch, lab) -> dict[str, threading.Event]:
     """Every afxdp worker's link goes down as it attaches its XDP program and
-    comes back LINK_DOWN_S later, as on a NIC that resets then (the bridge side
-    of the veth taken down: the bridge forgets the port's memberships, the
-    worker's side loses its carrier). Returns {worker's interface: set once
-    its link is back}."""
+    comes back LINK_DOWN_S later, as on a NIC that resets then. Returns
+    {worker's interface: set once its link is back}."""
     from switchml_xdp.client import afxdp_backend
-    from switchml_xdp.lab import netns
 
     attach = afxdp_backend.AfxdpBackend._attach
     back = {h.iface: threading.Event() for h in lab.workers}
@@ -58,27 +81,26 @@ def resetting_links(monkeypatch, lab) -> dict[str, threading.Event]:
     def attach_with_reset(self, *args, **kwargs):
         host = next(h for h in lab.workers if h.iface == self.iface)
 
-        def bridge_port(state: str) -> None:
-            netns.run_in(lab.bridge_ns, ["ip", "link", "set", host.peer, state], check=True)
-            if state == "up":
-                back[host.iface].set()
+        def link_back() -> None:
+            flap_bridge_port(lab, host, "up")
+            back[host.iface].set()
 
         back[host.iface].clear()
-        bridge_port("down")
+        flap_bridge_port(lab, host, "down")
         try:
             return attach(self, *args, **kwargs)
         finally:
-            threading.Timer(LINK_DOWN_S, bridge_port, ("up",)).start()
+            threading.Timer(LINK_DOWN_S, link_back).start()
 
     monkeypatch.setattr(afxdp_backend.AfxdpBackend, "_attach", attach_with_reset)
     return back
 
 
 def first_calls(monkeypatch, snooping: bool) -> list[tuple[float, list[int]]]:
-    """(the slowest rank's first call in seconds, every rank's shadow replies
-    in it) for JOBS jobs of WORLD afxdp workers, all ranks starting the call
-    together."""
-    from switchml_xdp import Worker
+    """(the slowest rank's first call in seconds, inf past CALL_BOUND_S; every
+    rank's shadow replies in it) for JOBS jobs of WORLD afxdp workers, all
+    ranks starting the call together."""
+    from switchml_xdp import JobAborted, Worker
     from switchml_xdp.lab import Lab
     from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 
@@ -97,13 +119,21 @@ def first_calls(monkeypatch, snooping: bool) -> list[tuple[float, list[int]]]:
                     assert link_back[host.iface].wait(30), f"{host.iface}: link not back"
                     time.sleep(SETTLE_S)
                     together.wait()
+                    bound = threading.Timer(CALL_BOUND_S, w._control.abort.set,
+                                            (f"first call past {CALL_BOUND_S:g} s",))
                     start = time.monotonic()
-                    w.allreduce(x)
+                    bound.start()
+                    try:
+                        w.allreduce(x)
+                    except JobAborted:
+                        return math.inf, w.stats()["shadow_replies"]
+                    finally:
+                        bound.cancel()
                     took = time.monotonic() - start
                     assert np.all(x == WORLD), f"rank {rank}: wrong sum"
                     return took, w.stats()["shadow_replies"]
 
-            ranks = run_ranks(lab, lab.workers, body, timeout=300)
+            ranks = run_ranks(lab, lab.workers, body, timeout=120)
             out.append((max(t for t, _ in ranks), [s for _, s in ranks]))
         monkeypatch.undo()
     return out
@@ -112,12 +142,57 @@ def first_calls(monkeypatch, snooping: bool) -> list[tuple[float, list[int]]]:
 def test_the_first_call_on_a_snooping_bridge_is_as_fast_as_on_a_flooding_one(monkeypatch):
     flooding = first_calls(monkeypatch, snooping=False)
     snooping = first_calls(monkeypatch, snooping=True)
-    flood_s = max(t for t, _ in flooding)
-    snoop_s = max(t for t, _ in snooping)
+    flood_s = statistics.median(t for t, _ in flooding)
+    snoop_s = statistics.median(t for t, _ in snooping)
     assert snoop_s <= RATIO * flood_s + SLACK_S, (
         f"first call {snoop_s:.3f} s on a snooping bridge (125 s queries) against "
         f"{flood_s:.3f} s on a flooding one: the workers' membership was not learnt at once "
         f"(shadow replies per job and rank: {[s for _, s in snooping]})")
+
+
+def bridge_members(lab, group: str) -> set[str]:
+    """The bridge ports the lab bridge holds as members of `group`."""
+    import json
+
+    from switchml_xdp.lab import netns
+
+    out = netns.run_in(lab.bridge_ns, ["bridge", "-j", "mdb", "show", "dev", lab.bridge],
+                       capture_output=True, text=True).stdout
+    return {m["port"] for entry in json.loads(out or "[]") for m in entry.get("mdb", [])
+            if m["grp"] == group}
+
+
+def test_the_lab_forgets_a_membership_reported_before_a_link_reset():
+    """What the timing test stands on: a port's link going down loses the
+    memberships reported before, and no query relearns them when it comes
+    back (the querier is not the bridge); a report sent on the link once it
+    is up is learnt at once."""
+    from switchml_xdp.client.port import join_group
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=1, igmp=True, query_interval_s=QUERY_INTERVAL_S) as lab, \
+            contextlib.ExitStack() as socks:
+        host = lab.workers[0]
+
+        def join(group: str) -> None:
+            with lab.enter(host):
+                sock = socks.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+            join_group(sock, group, host.ip)
+
+        join(BEFORE_GROUP)
+        assert settle(lambda: host.peer in bridge_members(lab, BEFORE_GROUP), 2), \
+            "the bridge did not learn a report"
+        flap_bridge_port(lab, host, "down")
+        assert host.peer not in bridge_members(lab, BEFORE_GROUP), "a link down kept the membership"
+        time.sleep(LINK_DOWN_S)
+        flap_bridge_port(lab, host, "up")
+        # The kernel's own repeats of the report (within 1 s of the join) are
+        # long past; a bridge that queried the port would relearn it by now.
+        assert not settle(lambda: host.peer in bridge_members(lab, BEFORE_GROUP), 3), \
+            "the membership came back without a report: a query followed the port coming up"
+        join(AFTER_GROUP)
+        assert settle(lambda: host.peer in bridge_members(lab, AFTER_GROUP), 2), \
+            "a report on a link that is up was not learnt"
 
 
 def test_the_afxdp_worker_joins_its_group_after_its_datapath_is_up(monkeypatch):
