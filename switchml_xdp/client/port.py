@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 import time
 
 from .. import net
@@ -38,25 +39,61 @@ class PortInUse(OSError):
     """Another socket on this host holds the worker's UDP port."""
 
 
+# Ports this process holds, bound, for a Worker about to be made (the torch
+# backend picks a group's port before the group joins: torch/group_setup.py):
+# reserve_port takes the held socket, so that nobody can bind the port between
+# the pick and the Worker's start.
+_held: dict[int, socket.socket] = {}
+_held_lock = threading.Lock()
+
+
+def hold(sock: socket.socket) -> int:
+    """Keep `sock` (a bound UDP socket) for the next reserve_port of its port
+    in this process; its port."""
+    port = sock.getsockname()[1]
+    with _held_lock:
+        _held[port] = sock
+    return port
+
+
+def release_held(port: int | None) -> None:
+    """Close a held socket that no Worker took (a Worker that failed first)."""
+    with _held_lock:
+        sock = _held.pop(port, None)
+    if sock is not None:
+        sock.close()
+
+
+def _bound(port: int) -> socket.socket:
+    with _held_lock:
+        sock = _held.pop(port, None)
+    if sock is not None:
+        return sock
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError as e:
+        sock.close()
+        if e.errno != errno.EADDRINUSE:
+            raise
+        err = PortInUse(f"UDP port {port} is in use on this host (by another rank or "
+                        "program): give each rank on one host its own port "
+                        "(Worker(port=...), --port)")
+        err.errno = errno.EADDRINUSE
+        raise err from None
+    return sock
+
+
 def reserve_port(port: int, group_ip: str | None, local_ip: str,
                  rcvbuf: int | None = None) -> socket.socket:
-    """A UDP socket bound to ("0.0.0.0", port), member of group_ip on the
-    interface of local_ip (no member yet with group_ip None: join_when_up
-    later); raises PortInUse (one line, naming the port) if the port is taken."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    """A UDP socket bound to ("0.0.0.0", port) (the one held for it, if
+    any: hold), member of group_ip on the interface of local_ip (no member
+    yet with group_ip None: join_when_up later); raises PortInUse (one line,
+    naming the port) if the port is taken."""
+    sock = _bound(port)
     try:
         if rcvbuf is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                raise
-            err = PortInUse(f"UDP port {port} is in use on this host (by another rank or "
-                            "program): give each rank on one host its own port "
-                            "(Worker(port=...), --port)")
-            err.errno = errno.EADDRINUSE
-            raise err from None
         if group_ip is not None:
             join_group(sock, group_ip, local_ip)
     except BaseException:

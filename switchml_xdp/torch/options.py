@@ -2,6 +2,7 @@
 pg_options), each read from the environment when left None."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ class SwmlOptions:
     switch: str | None = None
     job: str | None = None
     backend: str | None = None          # the Worker's datapath: auto, udp, afxdp
-    port: int | None = None
+    port: int | None = None             # the port each group tries first (docs/pytorch.md, "Subgroups")
     control_port: int = wire.DEFAULT_CONTROL_PORT
     iface: str | None = None            # the Worker's interface (default: route to the switch)
     gloo_iface: str | None = None       # Gloo's interface (default: see gloo_side.open_gloo)
@@ -40,3 +41,10 @@ class SwmlOptions:
                            gloo_iface=self.gloo_iface,
                            verbose=self.verbose, shm_bytes=self.shm_bytes,
                            staging=self.staging or StagingConfig())
+
+    def for_subgroup(self, group_name: str) -> SwmlOptions:
+        """A subgroup's options: a configured job name (SWML_JOB names the
+        default group's job) gets the group's name appended, so that every
+        group has a job of its own on the switch."""
+        job = self.job or os.environ.get("SWML_JOB")
+        return dataclasses.replace(self, job=f"{job}-{group_name}" if job else None)

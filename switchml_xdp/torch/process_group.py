@@ -71,7 +71,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions
 
 from ..client.api import Worker, local_end
+from ..client.port import release_held
 from .gloo_side import GlooSide
+from .group_setup import SetupPhases, agree_port
 from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
 from .options import BACKEND_NAME, SwmlOptions
 from .routing import SWITCH_OPS, WORK_DTYPE, allreduce_reason, op_name, tensor_reason
@@ -101,17 +103,28 @@ class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
         self.layout: HostLayout = agree_layout(store, rank, size, here.ip)
         self.local: LocalGroup | None = None
         self.worker: Worker | None = None
+        # Each group its own job and port; a failure fails every member alike (group_setup.py).
+        phases = SetupPhases(store, rank, size, max(timeout.total_seconds(), join_timeout + 15),
+                             f"the swml process group {group_id or 'pg'} ({size} ranks)")
+        port = None
         try:
-            if len(self.layout.local_ranks) > 1:
-                self.local = open_local_group(store, self.layout, timeout, opts.shm_bytes)
-            if self.layout.is_leader:
-                self.worker = Worker(opts.switch, job, self.layout.host_index, self.layout.n_hosts,
-                                     iface=opts.iface, backend=opts.backend, port=opts.port,
-                                     control_port=opts.control_port, join_timeout=join_timeout,
-                                     verbose=opts.verbose, token=token)
+            with phases.phase("ready"):
+                if len(self.layout.local_ranks) > 1:
+                    self.local = open_local_group(store, self.layout, timeout, opts.shm_bytes)
+                if self.layout.is_leader:
+                    port = agree_port(store, self.layout, opts.port, phases.timeout_s)
+            with phases.phase("joined"):
+                if self.layout.is_leader:
+                    self.worker = Worker(opts.switch, job, self.layout.host_index, self.layout.n_hosts,
+                                         iface=opts.iface, backend=opts.backend, port=port,
+                                         control_port=opts.control_port, join_timeout=join_timeout,
+                                         verbose=opts.verbose, token=token)
+                if rank == 0:
+                    store.set(_K_KEY, str(self.worker.info.k))
             # Every rank quantizes its own GPU tensors (staging.py): with the job's block size.
-            self.k = self._agree_k(store, rank)
+            self.k = int(store.get(_K_KEY).decode())
         except BaseException:
+            release_held(port)
             self._close_switch_side()
             raise
         # One thread runs the switch calls in order: local reduce, the
@@ -138,12 +151,6 @@ class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
             gid = "".join(c for c in str(group_id) if c.isalnum())[:16]
             store.set(_JOB_KEY, f"torch-{gid or 'pg'}-{secrets.token_hex(6)}")
         return store.get(_JOB_KEY).decode()
-
-    def _agree_k(self, store: dist.Store, rank: int) -> int:
-        """The job's block size, from rank 0 (a host leader: it has a Worker)."""
-        if rank == 0:
-            store.set(_K_KEY, str(self.worker.info.k))
-        return int(store.get(_K_KEY).decode())
 
     @staticmethod
     def _agree_token(store: dist.Store, rank: int) -> str:

@@ -10,10 +10,16 @@ from .process_group import ProcessGroupSwml
 
 
 def _create(backend_opts, pg_options) -> ProcessGroupSwml:
-    """The creator torch calls (extended API: it hands us pg_options)."""
+    """The creator torch calls (extended API: it hands us pg_options). torch
+    calls it on a subgroup's members only (the others get a non-group)."""
     if pg_options is not None and not isinstance(pg_options, SwmlOptions):
         raise TypeError(f"the swml backend takes pg_options=SwmlOptions(...), "
                         f"not {type(pg_options).__name__}")
+    if backend_opts.global_ranks_in_group:      # a subgroup (the default group's list is empty)
+        default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+        if pg_options is None and isinstance(default, ProcessGroupSwml):
+            pg_options = default.options            # new_group() without pg_options: the default's
+        pg_options = (pg_options or SwmlOptions()).for_subgroup(str(backend_opts.group_id))
     return ProcessGroupSwml(backend_opts.store, backend_opts.group_rank, backend_opts.group_size,
                             backend_opts.timeout, pg_options, str(backend_opts.group_id))
 
