@@ -18,6 +18,9 @@ Two ways in, both over a `switchml_xdp.Worker`:
       import switchml_xdp.torch
       dist.init_process_group("swml", ..., pg_options=SwmlOptions(switch=switch_ip))
 
+`stats(group=None)` says what a swml group did: calls through the switch and
+through Gloo (and why), bytes, packets, retransmissions (group_stats.py).
+
 float32 values are quantized per block of k elements (docs/quantization.md);
 `quant.error_bound` bounds the difference from the exact sum. CUDA tensors
 are quantized on the GPU and staged through pinned host memory in chunks
@@ -34,6 +37,7 @@ if not _dist.is_available():  # pragma: no cover
     raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
 
 # After the checks above, so that a missing PyTorch fails with their message.
+from .group_stats import stats
 from .hook import HookState, allreduce_hook, register_hook
 from .options import BACKEND_NAME, SwmlOptions
 from .process_group import ProcessGroupSwml
@@ -43,4 +47,4 @@ from .staging import StagingConfig
 register()
 
 __all__ = ["BACKEND_NAME", "HookState", "ProcessGroupSwml", "StagingConfig", "SwmlOptions",
-           "allreduce_hook", "register", "register_hook"]
+           "allreduce_hook", "register", "register_hook", "stats"]

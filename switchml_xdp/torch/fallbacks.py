@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import warnings
+from collections import Counter
 
 import torch.distributed as dist
 
@@ -22,6 +23,7 @@ class Fallbacks:
 
     def __init__(self) -> None:
         self.count = 0
+        self.by_kind: Counter = Counter()   # kind -> calls (group_stats.stats's fallback_reasons)
         self._warned: set = set()
         self._lock = threading.Lock()
 
@@ -31,6 +33,7 @@ class Fallbacks:
         from the caller of note()."""
         with self._lock:
             self.count += 1
+            self.by_kind[kind] += 1
             first = kind not in self._warned
             self._warned.add(kind)
         if first:

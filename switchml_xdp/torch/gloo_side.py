@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+import warnings
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
 from .fallbacks import Fallbacks, caller_stacklevel
-from .routing import WHAT_THE_SWITCH_DOES
+from .routing import WHAT_THE_SWITCH_DOES, where_calls_go
 
 # ProcessGroup method -> the Gloo method that does it, with the same arguments.
 _GLOOS_OWN = {
@@ -53,6 +54,7 @@ def open_gloo(store: dist.Store, rank: int, size: int, timeout: datetime.timedel
 
 def _handed_to_gloo(name: str, gloo_name: str):
     def collective(self, *args, **kwargs):
+        self._by_design(name)
         return self._gloo(getattr(self.gloo, gloo_name)(*args, **kwargs))
 
     collective.__name__ = collective.__qualname__ = name
@@ -82,7 +84,15 @@ class GlooSide:
         self._fallbacks.note(reason, f"switchml_xdp: {reason} is not done by the switch "
                              f"({WHAT_THE_SWITCH_DOES}): it falls back to gloo (warned once "
                              "per kind)", stacklevel=caller_stacklevel())
+        if self.calls.debug:
+            self.calls.say(f"{reason} -> gloo (fallback)")
         return self._gloo(start())
+
+    def _by_design(self, name: str) -> None:
+        """Count a call Gloo does by design; the group's first says, once,
+        where each collective goes (group_stats.CallLog)."""
+        if self.calls.through_gloo(name):
+            warnings.warn(where_calls_go(name), UserWarning, stacklevel=caller_stacklevel())
 
     def _gloo(self, work):
         """Keep Gloo's Work until it completes: barrier() waits for it first."""

@@ -72,10 +72,13 @@ from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptio
 
 from ..client.api import Worker, local_end
 from ..client.port import release_held
+from .compile_opaque import compile_opaque
 from .gloo_side import GlooSide
 from .group_setup import SetupPhases, agree_port
+from .group_stats import CallLog
 from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
 from .options import BACKEND_NAME, SwmlOptions
+from .reduce_scatter import SwitchReduceScatter
 from .routing import SWITCH_OPS, WORK_DTYPE, allreduce_reason, op_name, tensor_reason
 from .staging import Pipeline, ops_for
 from .work import FutureWork
@@ -85,7 +88,8 @@ _K_KEY = "swml/k"
 _TOKEN_KEY = "swml/token"
 
 
-class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
+@compile_opaque
+class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
     """The `swml` process group: all_reduce through the switch, the rest through
     Gloo (gloo_side.py)."""
 
@@ -136,6 +140,7 @@ class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
             self._close_switch_side()
             raise
         self.switch_calls = 0       # all_reduce/broadcast/barrier calls through the switch
+        self.calls = CallLog(rank)  # bytes, Gloo's calls, SWML_DEBUG lines (group_stats.py)
         self._lock = threading.Lock()
         self._closed = False
         self._staging: dict[torch.device, Pipeline] = {}    # one per device, on first use
@@ -232,6 +237,7 @@ class ProcessGroupSwml(GlooSide, dist.ProcessGroup):
         block the host until the switch has answered: the host streams."""
         with self._lock:
             self.switch_calls += 1
+        self.calls.through_switch(op, flat)
         staged = self._staged(flat)
         pipeline = self._staging_for(flat.device) if staged else None
         ticket = pipeline.accept([flat, *outputs]) if staged else None

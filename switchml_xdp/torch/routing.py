@@ -17,6 +17,30 @@ WORK_DTYPE = {torch.float32: torch.float32, torch.int32: torch.int32,
 SWITCH_OPS = {"SUM": "sum", "AVG": "sum", "MIN": "min", "MAX": "max"}
 WHAT_THE_SWITCH_DOES = ("the switch does SUM/AVG/MIN/MAX of float32, int32, float16, bfloat16 "
                         "and broadcast of any dtype, on CPU and CUDA tensors")
+# The collectives that Gloo does on a swml group: they move each rank's own
+# data, which a switch that adds cannot help with.
+GLOOS_BY_DESIGN = "all_gather, gather, scatter, reduce, all_to_all and send/recv"
+
+
+# ProcessGroup methods -> the torch.distributed call users know them by.
+_USER_NAMES = {"allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+               "all_gather_single": "all_gather_into_tensor", "alltoall": "all_to_all",
+               "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single",
+               "_reduce_scatter_base": "reduce_scatter_tensor",
+               "reduce_scatter_single": "reduce_scatter_tensor"}
+
+
+def user_name(method: str) -> str:
+    return _USER_NAMES.get(method, method)
+
+
+def where_calls_go(first: str) -> str:
+    """The line a swml group says once, at its first call that Gloo does by
+    design (FSDP's all_gather, say): where each collective goes."""
+    return (f"switchml_xdp: on this swml group {user_name(first)} goes through Gloo, as "
+            f"{GLOOS_BY_DESIGN} do (they move each rank's own data; the switch adds); "
+            "all_reduce, broadcast, barrier and reduce_scatter (of large tensors) go through the switch "
+            "(said once per group; docs/pytorch.md, \"What goes through the switch\")")
 
 
 def op_name(op) -> str:
