@@ -38,8 +38,10 @@ SWML_SWITCH (the switch's address, required one way or the other), SWML_JOB
 (the job name; by default rank 0 makes one up and shares it through the
 store; the job's token is always made by rank 0 with `secrets` and shared the
 same way, so only this process group's ranks can change the job on the switch),
-SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT,
-SWML_SHM_BYTES (shared memory per rank of a host, default 4 MiB).
+SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT (the port
+a group tries first), SWML_SHM_BYTES (shared memory per rank of a host,
+default 4 MiB). Subgroups (new_group): each its own job and port, picked by
+the group (group_setup.py; docs/pytorch.md, "Subgroups").
 Gloo's device is GLOO_SOCKET_IFNAME's interface if set, else the interface
 that routes to the switch.
 
