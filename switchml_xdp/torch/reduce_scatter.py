@@ -3,10 +3,10 @@ all_reduce and keeps its own shard of the sum (docs/pytorch.md, "What goes
 through the switch", has the figures against Gloo's).
 
 Each rank sends and receives the whole tensor, where Gloo's reduce_scatter
-moves (world-1)/world of it; the switch path wins only where its all_reduce
-is that much faster than Gloo's, so below `reduce_scatter_min_bytes` (per
-group; default from the lab measurement) and for what the switch does not
-reduce (routing.allreduce_reason) the call stays Gloo's.
+moves (world-1)/world of it. In the lab it was slower than Gloo's at every
+size on both datapaths, so it is off by default: a group takes it only for
+inputs of at least `reduce_scatter_min_bytes` bytes (None: never), and never
+for what the switch does not reduce (routing.allreduce_reason).
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from torch._C._distributed_c10d import ReduceScatterOptions
 from .routing import allreduce_reason
 from .work import FutureWork
 
-# Inputs of at least this many bytes go through the switch (see the module doc).
-REDUCE_SCATTER_MIN_BYTES = 1 << 20
+# Inputs of at least this many bytes go through the switch; None: none do
+# (the measurement in docs/pytorch.md found no size where it wins).
+REDUCE_SCATTER_MIN_BYTES = None
 
 
 class SwitchReduceScatter:
@@ -27,6 +28,8 @@ class SwitchReduceScatter:
     reduce_scatter_min_bytes = REDUCE_SCATTER_MIN_BYTES
 
     def _takes(self, output: torch.Tensor, flat_numel: int, dtype, op) -> bool:
+        if self.reduce_scatter_min_bytes is None:
+            return False
         nbytes = flat_numel * output.element_size()
         return (nbytes >= self.reduce_scatter_min_bytes and flat_numel == output.numel() * self.size()
                 and dtype == output.dtype and output.device.type == "cpu"

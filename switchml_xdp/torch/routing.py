@@ -19,7 +19,7 @@ WHAT_THE_SWITCH_DOES = ("the switch does SUM/AVG/MIN/MAX of float32, int32, floa
                         "and broadcast of any dtype, on CPU and CUDA tensors")
 # The collectives that Gloo does on a swml group: they move each rank's own
 # data, which a switch that adds cannot help with.
-GLOOS_BY_DESIGN = "all_gather, gather, scatter, reduce, all_to_all and send/recv"
+GLOOS_BY_DESIGN = "all_gather, reduce_scatter, gather, scatter, reduce, all_to_all and send/recv"
 
 
 # ProcessGroup methods -> the torch.distributed call users know them by.
@@ -38,8 +38,8 @@ def where_calls_go(first: str) -> str:
     """The line a swml group says once, at its first call that Gloo does by
     design (FSDP's all_gather, say): where each collective goes."""
     return (f"switchml_xdp: on this swml group {user_name(first)} goes through Gloo, as "
-            f"{GLOOS_BY_DESIGN} do (they move each rank's own data; the switch adds); "
-            "all_reduce, broadcast, barrier and reduce_scatter (of large tensors) go through the switch "
+            f"{GLOOS_BY_DESIGN} do (Gloo does them faster than a switch that adds); "
+            "all_reduce, broadcast and barrier go through the switch "
             "(said once per group; docs/pytorch.md, \"What goes through the switch\")")
 
 
