@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import net, wire
 from .backend import Backend, LocalEnd
-from .calls import Call, check_precision, op_code
+from .calls import Call, CallMismatch, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
 from .plans import streamed
 from .retransmit import STALL_TIMEOUT_S
@@ -162,6 +162,24 @@ class Worker:
                         precision)
             self._calls += 1
             return self._executor.submit(self._reduce, array, call)
+
+    def refuse_call(self, count: int, dtype: str = "float32", op: str = "sum") -> None:
+        """Take this rank's turn in the next call without a contribution: it
+        streams `count` zeros under a tag that no rank's call has, so the
+        call fails with CallMismatch on every rank of the job (here it is
+        expected, and not raised) and the job goes on in step with the next
+        call. For a rank that failed the call before it could stream (the
+        torch backend's host leader whose host's ranks disagree)."""
+        array = np.zeros(count, dtype=dtype)
+        with self._submit_lock:
+            call = Call(self._calls, self.info.name, array.size, array.dtype.name, op,
+                        refused=True)
+            self._calls += 1
+            done = self._executor.submit(self._reduce, array, call)
+        try:
+            done.result()
+        except CallMismatch:
+            pass
 
     @property
     def precisions(self) -> tuple[str, ...]:

@@ -80,6 +80,7 @@ class Call:
     dtype: str    # numpy's name: "float32", "int32"
     op: str       # "sum", "min", "max"
     precision: str = "32"  # "16": the 16-bit block format (float32 sum only)
+    refused: bool = False  # a tag no rank's real call has: the call fails on every rank
 
     @cached_property
     def op_code(self) -> int:
@@ -87,7 +88,8 @@ class Call:
 
     @cached_property
     def tag(self) -> int:  # read per packet: hashed once
-        return call_tag(self.number, self.count, self.dtype, self.op, self.precision)
+        op = f"{self.op}/refused" if self.refused else self.op
+        return call_tag(self.number, self.count, self.dtype, op, self.precision)
 
     @cached_property
     def fmt(self) -> int:

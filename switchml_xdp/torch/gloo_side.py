@@ -52,10 +52,20 @@ def open_gloo(store: dist.Store, rank: int, size: int, timeout: datetime.timedel
     return ProcessGroupGloo(gloo_store, rank, size, timeout)
 
 
+# Point-to-point: barrier() does not wait for these (Gloo's barrier does not
+# either): a send its peer receives only after the barrier would never end.
+# Their Work is also not one to wait for twice (a second wait of Gloo's
+# send/recv waits for another transfer).
+_POINT_TO_POINT = frozenset({"send", "recv", "recv_anysource"})
+
+
 def _handed_to_gloo(name: str, gloo_name: str):
+    collective_op = name not in _POINT_TO_POINT
+
     def collective(self, *args, **kwargs):
         self._by_design(name)
-        return self._gloo(getattr(self.gloo, gloo_name)(*args, **kwargs))
+        work = getattr(self.gloo, gloo_name)(*args, **kwargs)
+        return self._gloo(work) if collective_op else work
 
     collective.__name__ = collective.__qualname__ = name
     collective.__doc__ = f"Gloo's {gloo_name}, as it is."
@@ -70,7 +80,8 @@ class GlooSide:
     def _open_gloo(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
                    gloo_iface: str | None, route_iface: str) -> None:
         self.gloo = open_gloo(store, rank, size, timeout, gloo_iface, route_iface)
-        self._gloo_pending: list = []   # Gloo's Work not yet completed (see wait_for_gloo)
+        self.group_timeout = timeout    # bounds every wait of the group (docs/pytorch.md)
+        self._gloo_pending: list = []   # Gloo's collectives not yet completed (barrier waits)
         self._gloo_lock = threading.Lock()
         self._fallbacks = Fallbacks()
 
@@ -95,23 +106,28 @@ class GlooSide:
             warnings.warn(where_calls_go(name), UserWarning, stacklevel=caller_stacklevel())
 
     def _gloo(self, work):
-        """Keep Gloo's Work until it completes: barrier() waits for it first."""
+        """Keep a Gloo collective's Work until it completes: barrier() waits for it."""
         with self._gloo_lock:
             self._gloo_pending = [w for w in self._gloo_pending if not w.is_completed()]
             self._gloo_pending.append(work)
         return work
 
-    def _wait_for_gloo(self) -> None:
-        """Wait for this group's Gloo work issued so far (as Gloo's barrier does)."""
+    def _gloo_issued(self) -> list:
+        """This group's Gloo collectives issued so far and not yet completed."""
         with self._gloo_lock:
-            pending, self._gloo_pending = self._gloo_pending, []
-        for w in pending:
-            w.wait()
+            return list(self._gloo_pending)
+
+    def _wait_for_gloo(self, works: list) -> None:
+        """Wait for `works` (from _gloo_issued), each at most the group's
+        timeout, as Gloo's barrier waits for its earlier collectives. A
+        collective's Work may be waited for again (by its caller too)."""
+        for w in works:
+            w.wait(self.group_timeout)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         works = [self.gloo._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
         for w in works[:-1]:
-            w.wait()
+            w.wait(self.group_timeout)
         return self._gloo(works[-1])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced

@@ -15,7 +15,11 @@ host; the `swml` backend therefore reduces in two levels, as NCCL uses SHARP:
 
 A leader's failure (a CallMismatch, an aborted job) reaches its host's ranks
 as the same error: the leader publishes the call's failure and its message
-in the segment instead of the result.
+in the segment instead of the result. A failure of the host's own ranks
+(a disagreement, a rank that does not come or has exited) reaches the other
+hosts through the switch: the leader takes the call's turn with a
+contribution no call matches (refuse_for_host), so that call fails on
+every rank and the next starts in step.
 
 Where shared memory cannot be had (no /dev/shm, or one too small for the
 segment; ranks that share an address but not /dev/shm, as containers that
@@ -28,6 +32,7 @@ with its own address).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import warnings
@@ -84,6 +89,17 @@ def agree_layout(store: dist.Store, rank: int, size: int, host_key: str) -> Host
     store.set(_HOST_KEY.format(rank=rank), host_key)
     keys = [store.get(_HOST_KEY.format(rank=r)).decode() for r in range(size)]
     return HostLayout.from_keys(keys, rank)
+
+
+def refuse_for_host(worker, flat: torch.Tensor, op: str) -> None:
+    """A host's ranks failed a call before its leader could stream it: the
+    leader (the rank with a Worker) still takes the call's turn on the
+    switch, with a contribution that no host's call matches, so the call
+    fails on every host too and all stay in step for the next
+    (docs/pytorch.md, "When a call fails")."""
+    if worker is not None:
+        with contextlib.suppress(Exception):    # the host's own error is the one raised
+            worker.refuse_call(flat.numel(), str(flat.dtype).removeprefix("torch."), op)
 
 
 _LOCAL_OPS = {"SUM": ReduceOp.SUM, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX}

@@ -78,12 +78,12 @@ from .compile_opaque import compile_opaque
 from .gloo_side import GlooSide
 from .group_setup import SetupPhases, agree_port
 from .group_stats import CallLog
-from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group
+from .hosts import HostLayout, LocalGroup, agree_layout, open_local_group, refuse_for_host
 from .options import BACKEND_NAME, SwmlOptions
 from .reduce_scatter import SwitchReduceScatter
 from .routing import SWITCH_OPS, WORK_DTYPE, allreduce_reason, op_name, tensor_reason
 from .staging import Pipeline, ops_for
-from .work import FutureWork
+from .work import FutureWork, call_failed
 
 _JOB_KEY = "swml/job"
 _K_KEY = "swml/k"
@@ -124,6 +124,7 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
                     self.worker = Worker(opts.switch, job, self.layout.host_index, self.layout.n_hosts,
                                          iface=opts.iface, backend=opts.backend, port=port,
                                          control_port=opts.control_port, join_timeout=join_timeout,
+                                         stall_timeout=timeout.total_seconds(),
                                          verbose=opts.verbose, token=token)
                 if rank == 0:
                     store.set(_K_KEY, str(self.worker.info.k))
@@ -191,7 +192,11 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         Worker's `op` over every rank: first among each host's ranks, then
         through the switch among the hosts' leaders, then shared back."""
         if self.local is not None:
-            self.local.reduce_to_leader(flat, op.upper())
+            try:
+                self.local.reduce_to_leader(flat, op.upper())
+            except BaseException:
+                refuse_for_host(self.worker, flat, op)    # the call fails on every host
+                raise
         error = None
         if self.worker is not None:
             try:
@@ -223,7 +228,7 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
             pipeline.reduce(flat, op, self._reduce_among_all)
 
     def _through_switch(self, flat: torch.Tensor, op: str, finish, avg: bool = False,
-                        outputs: tuple = ()) -> FutureWork:
+                        outputs: tuple = (), what: str = "all_reduce") -> FutureWork:
         """Reduce a contiguous 1-D float32/int32 tensor in place with the
         Worker's `op` over every rank; finish() runs after, on the group's
         thread, and returns the future's value (it writes `outputs`).
@@ -239,6 +244,7 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         block the host until the switch has answered: the host streams."""
         with self._lock:
             self.switch_calls += 1
+            call = f"{what} #{self.switch_calls} on rank {self._rank}"    # errors name it
         self.calls.through_switch(op, flat)
         staged = self._staged(flat)
         pipeline = self._staging_for(flat.device) if staged else None
@@ -260,10 +266,10 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
                     fut.set_result(value)
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
                 if not fut.done():
-                    fut.set_exception(e)
+                    fut.set_exception(call_failed(call, e))
 
         self._pipeline.submit(run)
-        return FutureWork(fut)
+        return FutureWork(fut, call, self.group_timeout)
 
     def _reduce(self, tensors: list[torch.Tensor], op) -> FutureWork:
         """all_reduce of tensors that routing.allreduce_reason passed: in place when
@@ -327,20 +333,26 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
             src = t.detach().resolve_conj().resolve_neg().reshape(-1)
             buf.view(torch.uint8)[:nbytes].copy_(src.view(torch.uint8))
             return self._through_switch(buf, "sum", lambda: tensors,  # the root keeps its own
-                                        outputs=tuple(tensors))
+                                        outputs=tuple(tensors), what="broadcast")
 
         def finish():
             t.detach().copy_(buf.view(torch.uint8)[:nbytes].view(t.dtype).view_as(t))
             return tensors
 
-        return self._through_switch(buf, "sum", finish, outputs=tuple(tensors))
+        return self._through_switch(buf, "sum", finish, outputs=tuple(tensors), what="broadcast")
 
     def barrier(self, opts=None):
-        """One 1-element int32 round: it completes when every rank has made it,
-        after this rank's earlier switch calls (the Worker runs them in order)
-        and its pending Gloo work (waited for here, as Gloo's barrier does)."""
-        self._wait_for_gloo()
-        return self._through_switch(torch.zeros(1, dtype=torch.int32), "sum", lambda: [])
+        """One 1-element int32 round, after this rank's earlier switch calls
+        (run in order) and Gloo collectives (as Gloo's barrier waits for them;
+        not its sends/receives, which a peer may take after the barrier)."""
+        issued = self._gloo_issued()
+
+        def finish():
+            self._wait_for_gloo(issued)
+            return []
+
+        return self._through_switch(torch.zeros(1, dtype=torch.int32), "sum", finish,
+                                    what="barrier")
 
     # -- life cycle -------------------------------------------------------------
     def _close_switch_side(self) -> None:

@@ -214,7 +214,7 @@ class SharedMemoryLocalGroup:
         for c, a, b in self._chunks(flat):
             held = self._slot_tokens[c % seg_.SLOTS]
             self._wait_for_leader(lambda: int(leader[seg_.CONSUMED]) >= held,
-                                  f"to free a slot of local call {call}")
+                                  f"a free slot of local call {call}")
             seg.slot(me, c, flat.dtype)[:b - a].copy_(flat[a:b])
             if c == 0:
                 line[seg_.CALL], line[seg_.NUMEL] = call, flat.numel()
@@ -231,7 +231,7 @@ class SharedMemoryLocalGroup:
         for c, a, b in self._chunks(flat):
             tok = _token(call, c)
             self._wait_for_leader(lambda: int(leader[seg_.RESULT]) >= tok,
-                                  f"for the result of local call {call}")
+                                  f"the result of local call {call}")
             flat[a:b].copy_(seg.slot(0, c, flat.dtype)[:b - a])
             line[seg_.TAKEN] = tok
             seg.ring(self.local_rank)
