@@ -24,8 +24,8 @@ What goes where (docs/pytorch.md has the table):
   ops' values staged as they are. The Work follows ProcessGroupNCCL's stream
   semantics (_through_switch). SwmlOptions(staging=StagingConfig(...)) sets
   the chunk size and the number of host buffers (the same on every rank).
-- `barrier`: one int32 round through the switch (after this group's pending
-  Gloo work, as Gloo's own barrier waits for it).
+- `barrier`: one int32 round through the switch, after this group's Gloo
+  collectives (not sends/receives). Failures: docs/pytorch.md, "When a call fails".
 - Everything else that the switch could be asked for (PRODUCT, bitwise ops,
   other dtypes, tensors on other devices, lists of several tensors) falls back to a Gloo
   process group built from the same store, with one warning per kind per
