@@ -37,7 +37,7 @@ if not _dist.is_available():  # pragma: no cover
     raise ImportError("switchml_xdp.torch needs a PyTorch build with torch.distributed")
 
 # After the checks above, so that a missing PyTorch fails with their message.
-from .group_stats import stats
+from .group_report import stats
 from .hook import HookState, allreduce_hook, register_hook
 from .options import BACKEND_NAME, SwmlOptions
 from .process_group import ProcessGroupSwml

@@ -46,7 +46,7 @@ def line(pg, group_name: str, path: dict, others: str = "") -> str:
 
 def announce(pg, store: dist.Store, group_name: str) -> None:
     """Share each host's datapath through `store` (every rank learns its
-    host's: pg.datapath, for group_stats.stats) and say it once."""
+    host's: pg.datapath, for group_report.stats) and say it once."""
     layout = pg.layout
     if layout.is_leader:
         mine = _own_datapath(pg)

@@ -23,7 +23,7 @@ class Fallbacks:
 
     def __init__(self) -> None:
         self.count = 0
-        self.by_kind: Counter = Counter()   # kind -> calls (group_stats.stats's fallback_reasons)
+        self.by_kind: Counter = Counter()   # kind -> calls (group_report.stats's fallback_reasons)
         self._warned: set = set()
         self._lock = threading.Lock()
 
