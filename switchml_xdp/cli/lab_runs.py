@@ -65,12 +65,15 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
               help="Ranks on each lab host, as torchrun --nproc_per_node: the swml run then "
                    "reduces each host's ranks first and streams one leader a host (the swml "
                    "process group); with 1, it uses the DDP hook.")
+@click.option("--fsdp2", is_flag=True,
+              help="Shard the model with FSDP2 (fully_shard) instead of DDP: the swml run over "
+                   "the swml process group, the Gloo run over Gloo.")
 @click.option("--png", default="swml-train.png", show_default=True, type=click.Path(dir_okay=False),
               help="Where to save the loss and accuracy curves.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Also save both runs' curves as JSON.")
-def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_host, png,
-          json_path):
+def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_host, fsdp2,
+          png, json_path):
     """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
 
     Same seeds both times; prints final accuracy and time per epoch of both and
@@ -85,7 +88,7 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_
     except ImportError as e:
         raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
     cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb,
-                      ranks_per_host=ranks_per_host)
+                      ranks_per_host=ranks_per_host, parallel="fsdp2" if fsdp2 else "ddp")
     with lab_errors():
         try:
             run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo)

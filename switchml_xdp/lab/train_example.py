@@ -40,6 +40,9 @@ class TrainConfig:
     bucket_kb: float = 1.0     # DDP bucket cap: small, so a step has two buckets (650 + 4160)
     test_fraction: float = 0.25
     ranks_per_host: int = 1    # >1: the swml run uses the swml process group (hosts.py)
+    # "ddp", or "fsdp2": the model sharded with fully_shard over the run's group
+    # (the swml process group in the swml run), its gradients reduce-scattered.
+    parallel: str = "ddp"
 
 
 # --------------------------------------------------------------------- rank side
@@ -88,6 +91,26 @@ def train_rank(rank: int, world: int, mode: str, master: str, switch: str | None
         dist.destroy_process_group()
 
 
+def shard(model, group):
+    """FSDP2: each Linear its own unit, then the whole model, over `group`
+    (None: the default group)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def full(p):
+    """A parameter whole: FSDP2's are sharded DTensors."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
 def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None, backend: str,
            cfg: TrainConfig) -> dict | None:
     import torch
@@ -99,14 +122,22 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         xtr, ytr, xte, yte = load_digits_split(cfg)
         model = make_model(cfg)
         swml = None
-        if mode == "swml" and cfg.ranks_per_host > 1:
+        if mode == "swml" and (cfg.ranks_per_host > 1 or cfg.parallel == "fsdp2"):
             # Several ranks a host: one Worker a host, through the swml
             # process group, which reduces each host's ranks first.
             from switchml_xdp.torch import SwmlOptions
 
             swml = dist.new_group(backend="swml", pg_options=SwmlOptions(
                 switch=switch, job=job, backend=backend, verbose=rank == 0))
-        ddp = DDP(model, bucket_cap_mb=cfg.bucket_kb / 1024, process_group=swml)
+        if cfg.parallel == "fsdp2":
+            if swml is not None:
+                # The gradients' reduce-scatters through the switch, which this
+                # run compares with Gloo's (off by default in the backend:
+                # slower than Gloo's in the lab, docs/pytorch.md).
+                swml.reduce_scatter_min_bytes = 0
+            ddp = model = shard(model, swml)
+        else:
+            ddp = DDP(model, bucket_cap_mb=cfg.bucket_kb / 1024, process_group=swml)
         if mode == "swml" and swml is None:
             from switchml_xdp import Worker
             from switchml_xdp.torch import register_hook
@@ -144,7 +175,7 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
             curves["test_acc"].append(acc)
             curves["epoch_s"].append(elapsed.item())
         # Every rank must hold the same parameters at the end.
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        flat = torch.cat([full(p).detach().reshape(-1) for p in model.parameters()])
         spread = flat.clone()
         dist.all_reduce(spread, op=dist.ReduceOp.MAX)
         low = flat.clone()
@@ -242,7 +273,8 @@ def plot_curves(results: dict[str, dict], path: str) -> None:
         ax.legend(fontsize=8)
     r0 = next(iter(results.values()))
     times = ", ".join(f"{label[m]} {time_per_epoch(r) * 1e3:.0f} ms" for m, r in results.items())
-    fig.suptitle(f"DDP on scikit-learn digits, {r0['world']} workers in the lab, MLP 64-"
+    how = r0["config"].get("parallel", "ddp").upper()
+    fig.suptitle(f"{how} on scikit-learn digits, {r0['world']} workers in the lab, MLP 64-"
                  f"{r0['config']['hidden']}-10, same seeds\ntime per epoch: {times}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -260,7 +292,8 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                    f"{r.get('buckets', 0)} buckets, {w.get('packets_sent', 0)} packets, "
                    f"{w.get('retransmissions', 0)} retransmissions")
         else:
-            how = "gloo ring allreduce (DDP built-in)"
+            how = ("gloo reduce-scatter and all-gather (FSDP2)" if r["config"].get("parallel") == "fsdp2"
+                   else "gloo ring allreduce (DDP built-in)")
         rows.append((mode, f"{r['test_acc'][-1]:.2f}%", f"{r['train_loss'][-1]:.4f}",
                      f"{time_per_epoch(r) * 1e3:.1f} ms", how))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
