@@ -39,6 +39,7 @@ SOURCES = (("xdp/swml_wire.h", None, True),
            ("xdp/swml_maps.h", None, True),
            ("xdp/lab/swml_loss.h", None, True),  # the lab's loss injector
            ("worker/engine_policy.h", None, True),  # retransmission timeouts and rules, spin
+           ("worker/quant.h", None, True),  # the number formats' exponent range and headroom
            # The user-space data plane's tables (numpy arrays the C loop reads).
            ("switchml_xdp/switch/userspace_dp.c", ("us_job", "us_member", "us_state"), False))
 GENERATOR = "switchml_xdp/layout_gen.py"

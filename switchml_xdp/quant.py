@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import layout
+
 __all__ = [
     "EXP_MIN",
     "EXP_MAX",
@@ -45,17 +47,18 @@ __all__ = [
     "error_bound",
 ]
 
+_Q = layout.DEFINES["quant.h"]   # worker/quant.h: the one definition, shared with the C engine
 #: Range of the header's signed 8-bit ``exp`` field; local exponents are clamped
 #: to it. -128 also marks "nothing to scale" (all-zero / all-non-finite block).
-EXP_MIN = -128
-EXP_MAX = 127
+EXP_MIN = _Q["SWML_EXP_MIN"]
+EXP_MAX = _Q["SWML_EXP_MAX"]
 
 #: Largest world the arithmetic supports: ranks are u16 on the wire. (The switch
 #: itself allows fewer workers per job; the scheme only needs L <= 30.)
 MAX_WORLD = 1 << 16
 
 # Headroom: |q| <= 2**(30 - L), so the sum of world <= 2**L values is <= 2**30.
-_TOP_BIT = 29
+_TOP_BIT = _Q["SWML_TOP_BIT"]
 
 
 def exponent_bits(world: int) -> int:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import quant
+from . import layout, quant
 
 __all__ = [
     "shifts16",
@@ -44,7 +44,7 @@ __all__ = [
 # |x| < 2**(E+1), so |x * 2**(13-E)| < 2**14 and |q| <= 2**14 after rint: one
 # bit of margin below int16's 2**15, so the switch's rounded shift of the sum
 # stays within int16 too. The rint unit is 2**(E-13).
-_TOP_BIT16 = 13
+_TOP_BIT16 = layout.DEFINES["quant.h"]["SWML_TOP_BIT16"]
 
 
 def shifts16(exp_global: np.ndarray) -> np.ndarray:

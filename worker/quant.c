@@ -15,9 +15,6 @@
 #include <linux/types.h>
 #include "swml_wire.h"
 
-#define SWML_TOP_BIT 29
-/* quant16.py's _TOP_BIT16: |q| <= 2^14, one bit below int16's range. */
-#define SWML_TOP_BIT16 13
 #define F32_ABS_MASK 0x7fffffffu
 #define F32_MIN_NORMAL_BITS 0x00800000u
 /* |x| bits + 2^23 has bit 31 set iff x is Inf or NaN (exponent field all ones). */

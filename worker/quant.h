@@ -18,8 +18,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The header's signed 8-bit exponent: local exponents are clamped to it;
+ * -128 also marks "nothing to scale" (an all-zero or all-non-finite block).
+ * switchml_xdp/quant.py and quant16.py read these through layout_gen.py. */
 #define SWML_EXP_MIN (-128)
 #define SWML_EXP_MAX 127
+/* Headroom: |q| <= 2^(30-L), so a sum of world <= 2^L values is <= 2^30:
+ * F = SWML_TOP_BIT - L - E. */
+#define SWML_TOP_BIT 29
+/* The 16-bit format: |q| <= 2^14, one bit below int16's range. */
+#define SWML_TOP_BIT16 13
 
 /* L = ceil(log2(world)), 0 for world 1. */
 int swml_exponent_bits(uint32_t world);

@@ -40,3 +40,13 @@ def switch(lab8):
     with SwitchProcess(lab8, ["--lease", "2"]) as sw:
         yield sw
     assert sw.proc.returncode == 0, "\n".join(sw.output[-20:])
+
+
+@pytest.fixture(params=["udp", "afxdp"])
+def worker_backend(request):
+    """Each worker backend in turn; afxdp skipped, with the reason, where it cannot run."""
+    if request.param == "afxdp":
+        from switchml_xdp.client.afxdp_backend import unavailable_reason
+        if (why := unavailable_reason()):
+            pytest.skip(f"afxdp backend unavailable: {why}")
+    return request.param

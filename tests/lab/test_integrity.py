@@ -42,22 +42,13 @@ def job_name(tag: str) -> str:
     return f"integrity-{tag}-{next(_names)}"
 
 
-@pytest.fixture(params=["udp", "afxdp"])
-def backend(request):
-    if request.param == "afxdp":
-        from switchml_xdp.client.afxdp_backend import unavailable_reason
-        if (why := unavailable_reason()):
-            pytest.skip(f"afxdp backend unavailable: {why}")
-    return request.param
-
-
 @pytest.fixture
-def honest(lab8, switch, backend):
+def honest(lab8, switch, worker_backend):
     """The attacked job: workers 0 and 1, reducing and checking tensors of
     256 packets (several windows: a call has packets in flight that an
     attacker who hears its RESULTs can guess, tag included)."""
-    job = HonestJob(lab8, job_name(backend), secrets.token_hex(16), lab8.workers[:2], backend,
-                    n=256 * wire.DEFAULT_K)
+    job = HonestJob(lab8, job_name(worker_backend), secrets.token_hex(16), lab8.workers[:2],
+                    worker_backend, n=256 * wire.DEFAULT_K)
     job.start_rank1()
     try:
         job.wait_running()

@@ -24,22 +24,14 @@ from switchml_xdp import wire
 CALLS = 300
 
 
-@pytest.fixture(params=["udp", "afxdp"])
-def backend(request):
-    if request.param == "afxdp":
-        from switchml_xdp.client.afxdp_backend import unavailable_reason
-        if (why := unavailable_reason()):
-            pytest.skip(f"afxdp backend unavailable: {why}")
-    return request.param
-
-
 @pytest.mark.parametrize("auth", ["header", "full"])
-def test_results_forged_with_the_switch_s_address_are_refused_and_counted(lab8, backend, auth):
+def test_results_forged_with_the_switch_s_address_are_refused_and_counted(lab8, worker_backend,
+                                                                          auth):
     from switchml_xdp.lab.cluster import SwitchProcess
 
     with SwitchProcess(lab8, ["--lease", "10", "--auth", auth]) as sw:
-        job = HonestJob(lab8, f"auth-{auth}-{backend}", secrets.token_hex(16), lab8.workers[:2],
-                        backend, n=32 * wire.DEFAULT_K)
+        job = HonestJob(lab8, f"auth-{auth}-{worker_backend}", secrets.token_hex(16),
+                        lab8.workers[:2], worker_backend, n=32 * wire.DEFAULT_K)
         job.start_rank1()
         forger = None
         try:
