@@ -18,27 +18,40 @@ import pytest
 
 from control_helpers import wait_for
 from honest_job import HonestJob
+from requires import NO_LAB
 from spoofed_results import SpoofedResults
 from switchml_xdp import wire
 
 CALLS = 300
 
 
+@pytest.fixture(scope="module")
+def lab3():
+    """A lab of this module's own: each test runs a switch of its own (--auth),
+    which the session's lab may not (its switch is up for the whole session)."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=3) as lab:
+        yield lab
+
+
 @pytest.mark.parametrize("auth", ["header", "full"])
-def test_results_forged_with_the_switch_s_address_are_refused_and_counted(lab8, worker_backend,
+def test_results_forged_with_the_switch_s_address_are_refused_and_counted(lab3, worker_backend,
                                                                           auth):
     from switchml_xdp.lab.cluster import SwitchProcess
 
-    with SwitchProcess(lab8, ["--lease", "10", "--auth", auth]) as sw:
-        job = HonestJob(lab8, f"auth-{auth}-{worker_backend}", secrets.token_hex(16),
-                        lab8.workers[:2], worker_backend, n=32 * wire.DEFAULT_K)
+    with SwitchProcess(lab3, ["--lease", "10", "--auth", auth]) as sw:
+        job = HonestJob(lab3, f"auth-{auth}-{worker_backend}", secrets.token_hex(16),
+                        lab3.workers[:2], worker_backend, n=32 * wire.DEFAULT_K)
         job.start_rank1()
         forger = None
         try:
             job.wait_running()
             info = job.workers[0].info
             assert info.auth == wire.AUTH_MODES[auth]
-            forger = SpoofedResults(lab8, lab8.workers[2], info, lab8.workers[:2],
+            forger = SpoofedResults(lab3, lab3.workers[2], info, lab3.workers[:2],
                                     ahead=info.slots, race=auth == "full").start()
             wait_for(lambda: min(job.calls) >= CALLS or job.errors, 240,
                      f"{CALLS} calls of the honest job under attack")
