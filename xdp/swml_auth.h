@@ -40,6 +40,13 @@ typedef __u64 __attribute__((aligned(SWML_AUTH_ALIGN), may_alias)) swml_sip_word
 #else
 #define SWML_SIP_UNROLL _Pragma("GCC unroll 8")
 #endif
+/* The payload's words: whole in BPF (len a constant there), as the compiler
+ * likes elsewhere. */
+#ifdef __bpf__
+#define SWML_SIP_UNROLL_WORDS _Pragma("unroll")
+#else
+#define SWML_SIP_UNROLL_WORDS
+#endif
 
 struct swml_sip {
 	__u64 v0, v1, v2, v3;
@@ -107,12 +114,16 @@ static __always_inline void swml_sip_header(struct swml_sip *s, const void *h)
 
 /* `len` bytes from p, all but the last len % 8: their word-aligned part.
  * Returns those last bytes as the tail word swml_sip_final takes. In BPF,
- * len is a constant and p + len is known to be inside the packet. */
+ * len is a constant and p + len is known to be inside the packet; the loop is
+ * unrolled whole there, so that every load is at a constant offset from p,
+ * which any kernel's verifier checks against that one bound (6.1's does not
+ * follow a pointer a loop advances). */
 static __always_inline __u64 swml_sip_bytes(struct swml_sip *s, const __u8 *p, __u32 len)
 {
 	__u64 tail = 0;
 	__u32 whole = len & ~7U;
 
+	SWML_SIP_UNROLL_WORDS
 	for (__u32 i = 0; i < whole; i += 8)
 		swml_sip_word(s, *(const swml_sip_word_t *)(p + i));
 	SWML_SIP_UNROLL

@@ -353,7 +353,11 @@ int swml_switch(struct xdp_md *ctx)
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
 	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);
-	if (fmt16)
+	/* The format read again from the packet, not fmt16: with fmt16 kept
+	 * live to here, Debian 12's kernel (6.1) refused the program, its
+	 * verifier walking the int32 step's copy with an int16 frame's bound
+	 * (tests/vm). Each sign call checks its own bound. */
+	if (h->fmt == SWML_FMT_INT16)
 		swml_sign(h, job, data_end, SWML_PAYLOAD_LEN16);
 	else
 		swml_sign(h, job, data_end, SWML_PAYLOAD_LEN);
