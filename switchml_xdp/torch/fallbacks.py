@@ -12,10 +12,15 @@ import threading
 import warnings
 from collections import Counter
 
+import torch
+import torch._dynamo
 import torch.distributed as dist
 
-# Frames in these directories are this package's or torch.distributed's wrappers.
-_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(dist.__file__)))
+# Frames in these directories are this package's or torch's wrappers around a
+# call: torch.distributed's, and torch._dynamo's (torch.compiler.disable wraps
+# the group's collectives: compile_opaque.py).
+_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(dist.__file__)),
+             os.path.dirname(os.path.abspath(torch._dynamo.__file__)))
 
 
 class Fallbacks:

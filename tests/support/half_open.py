@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
-import select
+import selectors
 import socket
 import time
 
@@ -22,16 +22,21 @@ def half_open(lab, host, port: int, count: int, settle_s: float = 3.0) -> list[s
             s.setblocking(False)
             s.connect_ex((lab.switch.ip, port))
             socks.append(s)
-    pending, deadline = set(socks), time.monotonic() + settle_s
-    while pending and time.monotonic() < deadline:
-        _, writable, _ = select.select([], list(pending)[:512], [], 0.2)
-        for s in writable:
-            pending.discard(s)
-            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and s.fileno() % 2:
-                try:
-                    s.send(b"GET /metr")
-                except OSError:
-                    pass
+    # epoll, not select(): in a long test session the descriptors pass 1024.
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_WRITE)
+        pending, deadline = len(socks), time.monotonic() + settle_s
+        while pending and time.monotonic() < deadline:
+            for key, _ in sel.select(0.2):
+                s = key.fileobj
+                sel.unregister(s)
+                pending -= 1
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and s.fileno() % 2:
+                    try:
+                        s.send(b"GET /metr")
+                    except OSError:
+                        pass
     return socks
 
 
