@@ -58,12 +58,21 @@ def sign_result(buf: bytearray, result_key: bytes, auth: int, payload_len: int) 
 def result_authentic(buf, nbytes: int, result_key: bytes, auth: int, payload_len: int) -> bool:
     """Whether the RESULT in buf[:nbytes] carries the authenticator of its job's
     result key (payload_len: its payload's bytes, covered under AUTH_FULL)."""
-    covered = HDR_LEN + (payload_len if auth == AUTH_FULL else 0)  # noqa: F821 - set from the layout above
-    if nbytes < covered:
-        return False
-    view = memoryview(buf)[:covered]
-    return hmac.compare_digest(bytes(view[AUTH_AT:AUTH_AT + 8]),
-                               result_tag(result_key, view, auth, payload_len))
+    return result_checker(result_key, auth)(buf, nbytes, payload_len)
+
+
+def result_checker(result_key: bytes, auth: int):
+    """result_authentic for one job, made once: checker(buf, nbytes,
+    payload_len) -> bool (the udp backend calls it for every RESULT)."""
+    from . import _engine  # the C engine: the same code as the switch's
+    tag_of, full = _engine.result_tag, auth == AUTH_FULL  # noqa: F821 - set from the layout above
+
+    def authentic(buf, nbytes: int, payload_len: int) -> bool:
+        if nbytes < HDR_LEN + (payload_len if full else 0):  # noqa: F821 - set from the layout above
+            return False
+        want = tag_of(result_key, buf, auth, payload_len).to_bytes(8, "little")
+        return hmac.compare_digest(bytes(buf[AUTH_AT:AUTH_AT + 8]), want)
+    return authentic
 
 
 def ver_type(kind: int) -> int:

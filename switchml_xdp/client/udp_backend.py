@@ -77,6 +77,7 @@ class UdpBackend(Backend):
         self._data_vt = wire.ver_type(wire.TYPE_DATA)
         self._result_vt = wire.ver_type(wire.TYPE_RESULT)
         self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
+        self._authentic = wire.result_checker(info.result_key, info.auth)
 
     def _select_fmt(self, fmt: int) -> None:
         """The current call's payload format: its buffers, element type, length."""
@@ -142,8 +143,7 @@ class UdpBackend(Backend):
             return FOREIGN, -1, 0, 0, -1
         # Nothing in it is believed before its authenticator is checked: over its
         # payload too under AUTH_FULL, as long as k elements of its own format.
-        if not wire.result_authentic(self._rx, nbytes, info.result_key, info.auth,
-                                     FMT_BYTES.get(fmt, 4) * count):
+        if not self._authentic(self._rx, nbytes, FMT_BYTES.get(fmt, 4) * count):
             return FORGED, -1, 0, 0, -1
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
