@@ -135,17 +135,7 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 uint64_t swml_result_tag(const uint8_t *h, const uint64_t key[2], uint32_t auth,
 			 uint32_t payload_len)
 {
-	struct swml_sip sip;
-	uint32_t covered = SWML_AUTH_HDR_LEN;
-	uint64_t tail = 0;
-
-	swml_sip_init(&sip, key[0], key[1]);
-	swml_sip_header(&sip, h);
-	if (auth == SWML_AUTH_FULL) {
-		tail = swml_sip_bytes(&sip, h + SWML_HDR_LEN, payload_len);
-		covered += payload_len;
-	}
-	return swml_sip_final(&sip, covered, tail);
+	return swml_result_auth(key, auth, h, payload_len);
 }
 
 int swml_result_authentic(const uint8_t *frame, uint32_t len, const struct swml_result *r,

@@ -133,4 +133,24 @@ static __always_inline __u64 swml_sip_bytes(struct swml_sip *s, const __u8 *p, _
 	return tail;
 }
 
+/* The authenticator of the RESULT whose swml header is at h (swml_wire.h):
+ * over its header and, with auth SWML_AUTH_FULL, the payload_len bytes after
+ * it, keyed by the job's result key as k0, k1. In BPF the caller has checked
+ * that the payload is inside the packet, and payload_len is a constant. */
+static __always_inline __u64 swml_result_auth(const __u64 key[2], __u32 auth, const void *h,
+					      __u32 payload_len)
+{
+	struct swml_sip sip;
+	__u32 covered = SWML_AUTH_HDR_LEN;
+	__u64 tail = 0;
+
+	swml_sip_init(&sip, key[0], key[1]);
+	swml_sip_header(&sip, h);
+	if (auth == SWML_AUTH_FULL) {
+		tail = swml_sip_bytes(&sip, (const __u8 *)h + SWML_HDR_LEN, payload_len);
+		covered += payload_len;
+	}
+	return swml_sip_final(&sip, covered, tail);
+}
+
 #endif /* SWML_AUTH_H */

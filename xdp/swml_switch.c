@@ -155,19 +155,10 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 static __always_inline void swml_sign(struct swml_hdr *h, const struct swml_job *job,
 				      const void *data_end, const __u32 len)
 {
-	const __u8 *payload = (const void *)(h + 1);
-	struct swml_sip sip;
-	__u32 covered = SWML_AUTH_HDR_LEN;
-	__u64 tail = 0;
-
-	swml_sip_init(&sip, job->result_key[0], job->result_key[1]);
-	swml_sip_header(&sip, h);
-	if (job->auth == SWML_AUTH_FULL && (const void *)(payload + len) <= data_end) {
-		tail = swml_sip_bytes(&sip, payload, len);
-		covered += len;
-	}
+	if ((const void *)(h + 1) + len > data_end)
+		return; /* cannot happen: swml_length_ok checked the payload */
 	*(__u64 *)((void *)h + __builtin_offsetof(struct swml_hdr, key)) =
-		swml_sip_final(&sip, covered, tail);
+		swml_result_auth(job->result_key, job->auth, h, len);
 }
 
 /* The datagram's lengths for a payload of `len` bytes: SWML_CNT_RX when they

@@ -42,7 +42,7 @@ class JobInfo:
     # this worker's own address, like shadow replies). Both are accepted either
     # way; this says which to expect. A switch older than the choice: multicast.
     fanout: str = "multicast"
-    # RESULTs count only with the authenticator of this key (wire.result_authentic),
+    # RESULTs count only with the authenticator of this key (wire.result_checker),
     # covering what `auth` says (wire.AUTH_HEADER or AUTH_FULL).
     result_key: bytes = bytes(wire.RESULT_KEY_LEN)
     auth: int = wire.AUTH_HEADER

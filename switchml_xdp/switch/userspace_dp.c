@@ -52,8 +52,8 @@ struct us_job {
 	uint32_t group_ip;    /* network order */
 	uint16_t result_port; /* network order */
 	uint16_t pad;
-	uint64_t result_key[2]; /* the RESULT authenticator's key (swml_maps.h) */
-	uint32_t auth;          /* SWML_AUTH_* */
+	__u64 result_key[2]; /* the RESULT authenticator's key (swml_maps.h) */
+	uint32_t auth;       /* SWML_AUTH_* */
 	uint32_t pad2;
 };
 
@@ -112,22 +112,6 @@ size_t swml_us_job_size(void)
 size_t swml_us_member_size(void)
 {
 	return sizeof(struct us_member);
-}
-
-/* The RESULT's authenticator, as the switch program's swml_sign. */
-static void sign_result(struct swml_hdr *h, const struct us_job *job, uint32_t payload_len)
-{
-	struct swml_sip sip;
-	uint32_t covered = SWML_AUTH_HDR_LEN;
-	uint64_t tail = 0;
-
-	swml_sip_init(&sip, job->result_key[0], job->result_key[1]);
-	swml_sip_header(&sip, h);
-	if (job->auth == SWML_AUTH_FULL) {
-		tail = swml_sip_bytes(&sip, (const uint8_t *)(h + 1), payload_len);
-		covered += payload_len;
-	}
-	h->key = swml_sip_final(&sip, covered, tail); /* SipHash's bytes, little-endian */
 }
 
 /* One datagram: 0 = drop it, 1 = multicast RESULT to *to, 2 = unicast (shadow)
@@ -229,7 +213,8 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 
 	memcpy(buf + SWML_HDR_LEN, payload, payload_len);
 	swml_result_hdr(h, &res, outcome == SWML_CNT_SHADOW_REPLY);
-	sign_result(h, job, payload_len);
+	h->key = swml_result_auth(job->result_key, job->auth, h,
+				  payload_len); /* SipHash's bytes, LE */
 	memset(to, 0, sizeof(*to));
 	to->sin_family = AF_INET;
 	if (outcome == SWML_CNT_SHADOW_REPLY) {
