@@ -157,9 +157,13 @@ class Worker:
                              "(np.ascontiguousarray makes one; copy the result back)")
         if not array.flags.writeable:
             raise ValueError("allreduce works in place and needs a writeable array")
+        return self._submit(array, op, precision)
+
+    def _submit(self, array: np.ndarray, op: str, precision: str = "32",
+                refused: bool = False) -> Future:
         with self._submit_lock:  # numbers in the order the calls run
             call = Call(self._calls, self.info.name, array.size, array.dtype.name, op,
-                        precision)
+                        precision, refused)
             self._calls += 1
             return self._executor.submit(self._reduce, array, call)
 
@@ -170,12 +174,7 @@ class Worker:
         expected, and not raised) and the job goes on in step with the next
         call. For a rank that failed the call before it could stream (the
         torch backend's host leader whose host's ranks disagree)."""
-        array = np.zeros(count, dtype=dtype)
-        with self._submit_lock:
-            call = Call(self._calls, self.info.name, array.size, array.dtype.name, op,
-                        refused=True)
-            self._calls += 1
-            done = self._executor.submit(self._reduce, array, call)
+        done = self._submit(np.zeros(count, dtype=dtype), op, refused=True)
         try:
             done.result()
         except CallMismatch:
