@@ -11,11 +11,14 @@
  *     stall_timeout's and spin's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
- *     .allreduce(array, op, tag, fmt) -> status  whole tensor, GIL released;
- *                                   OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
+ *     .allreduce(array, op, tag, fmt, shard=0) -> status  whole tensor, GIL
+ *                                   released; OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
  *                                   fmt SWML_FMT_INT16: the 16-bit format,
  *                                   SWML_FMT_OFFSET32: int32 in offset binary
- *                                   (float32 SUM only)
+ *                                   (float32 SUM only); shard > 0: a
+ *                                   reduce_scatter's elements per rank, only
+ *                                   this rank's shard of the output is sure
+ *                                   to hold the result (stream.h)
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
  *     .next_index                   packets of the job's life so far
@@ -30,6 +33,7 @@
  *   ordered(x: float32, op, out: int32)       float32 MIN/MAX map (ordered.py)
  *   unordered(q: int32, out: float32)         its inverse
  *   packets(n, k, slots, is_float, op)        packets of a call (plans.py)
+ *   shard_owner(p, n, k, lag, shard, world)   packet p's owner byte (plans.shard_owner)
  *   window_trace(slots, window, events)       window.c on a list of events, for
  *                                             tests against window.py
  * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
@@ -396,6 +400,22 @@ static PyObject *py_packets(PyObject *self, PyObject *args)
 		swml_stream_packets(n, k, slots, is_float ? SWML_FLOAT32 : SWML_INT32, op));
 }
 
+/* shard_owner(p, n, k, lag, shard, world): swml_shard_owner, for tests
+ * against its Python twin (plans.shard_owner). */
+static PyObject *py_shard_owner(PyObject *self, PyObject *args)
+{
+	unsigned long long p, n, lag, shard;
+	unsigned int k, world;
+
+	if (!PyArg_ParseTuple(args, "KKIKKI", &p, &n, &k, &lag, &shard, &world))
+		return NULL;
+	if (k < 1 || world < 1 || world > SWML_MAX_WORLD)
+		return PyErr_Format(PyExc_ValueError,
+				    "shard_owner: k must be positive and world in [1, %d]",
+				    SWML_MAX_WORLD);
+	return PyLong_FromLong(swml_shard_owner(p, n, k, lag, shard, world));
+}
+
 /* result_tag(result_key, hdr, auth, payload_len): the authenticator a RESULT
  * whose swml header (and payload after it) is in hdr must carry. The udp
  * backend checks RESULTs with it, fake switches in tests sign with it. */
@@ -681,8 +701,8 @@ static int check_usable(EngineObject *self)
 
 static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"array", "op", "tag", "fmt", NULL};
-	PyObject *arg;
+	static char *kwlist[] = {"array", "op", "tag", "fmt", "shard", NULL};
+	PyObject *arg, *shard_obj = NULL;
 	unsigned char op, fmt;
 	unsigned long tag;
 	struct swml_call call;
@@ -690,7 +710,8 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *
 	char kind;
 	int status;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Obkb", kwlist, &arg, &op, &tag, &fmt))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Obkb|O", kwlist, &arg, &op, &tag, &fmt,
+					 &shard_obj))
 		return NULL;
 	if (op >= SWML_OP_NUM || tag > 0xffffffffUL || fmt >= SWML_FMT_NUM)
 		return PyErr_Format(PyExc_ValueError, "allreduce: op must be an SWML_OP_*, tag "
@@ -698,6 +719,15 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args, PyObject *
 	call.op = op;
 	call.fmt = fmt;
 	call.tag = (uint32_t)tag;
+	call.shard = 0;
+	if (shard_obj) { /* checked: the "K" format would wrap a negative */
+		call.shard = PyLong_AsUnsignedLongLong(shard_obj);
+		if (PyErr_Occurred()) {
+			PyErr_Clear();
+			return PyErr_Format(PyExc_ValueError,
+					    "allreduce: shard must be an int in [0, 2^64)");
+		}
+	}
 	if (check_usable(self))
 		return NULL;
 	if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
@@ -762,8 +792,9 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "spurious_timeouts", s->spurious_timeouts) ||
 	    put_u64(d, "results", s->results) || put_u64(d, "duplicates", s->duplicates) ||
 	    put_u64(d, "shadow_replies", s->shadow_replies) || put_u64(d, "ignored", s->ignored) ||
-	    put_u64(d, "forged", s->forged) || put_u64(d, "tx_deferred", s->tx_deferred) ||
-	    put_u64(d, "sleeps", s->sleeps) || put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
+	    put_u64(d, "header_only", s->header_only) || put_u64(d, "forged", s->forged) ||
+	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
+	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
 	    put_u64(d, "window_waits", s->window_waits) ||
 	    put_u64(d, "pace_waits", s->pace_waits) ||
@@ -803,10 +834,11 @@ static PyObject *Engine_get_fd(EngineObject *self, void *closure)
 
 static PyMethodDef Engine_methods[] = {
 	{"allreduce", (PyCFunction)(void (*)(void))Engine_allreduce, METH_VARARGS | METH_KEYWORDS,
-	 "allreduce(array, op, tag, fmt) -> status: reduce a writable C-contiguous "
+	 "allreduce(array, op, tag, fmt, shard=0) -> status: reduce a writable C-contiguous "
 	 "float32/int32 buffer in place over the job with op (SWML_OP_*), as the call tagged "
-	 "tag, payloads in fmt (SWML_FMT_*; INT16, OFFSET32 for a float32 SUM only) (GIL released for "
-	 "the whole tensor)."},
+	 "tag, payloads in fmt (SWML_FMT_*; INT16, OFFSET32 for a float32 SUM only); shard > 0: "
+	 "elements per rank's shard, only this rank's is sure to hold the result (GIL released "
+	 "for the whole tensor)."},
 	{"pending_slots", (PyCFunction)Engine_pending_slots, METH_NOARGS,
 	 "Slots that were still waiting for a result when the last allreduce failed."},
 	{"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters as a dict."},
@@ -845,6 +877,8 @@ static PyMethodDef module_methods[] = {
 	 "RESULT authenticator (u64; the header's key field holds it little-endian)"},
 	{"packets", py_packets, METH_VARARGS,
 	 "packets(n, k, slots, is_float, op) -> packets one call of n elements sends"},
+	{"shard_owner", py_shard_owner, METH_VARARGS,
+	 "shard_owner(p, n, k, lag, shard, world) -> the owner byte of packet p (plans.shard_owner)"},
 	{"window_trace", py_window_trace, METH_VARARGS,
 	 "window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap)]"},
 	{"block_exponents", py_block_exponents, METH_VARARGS,

@@ -61,7 +61,7 @@ void swml_build_template(uint8_t t[SWML_L2L4_LEN], const struct swml_addrs *a, u
 #define HDR_AT(h, field) ((h) + offsetof(struct swml_hdr, field))
 
 void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags, uint16_t slot,
-			 uint32_t seq, int8_t exp)
+			 uint32_t seq, int8_t exp, uint8_t owner)
 {
 	uint64_t key_be = htobe64(id->key);
 
@@ -76,7 +76,7 @@ void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flag
 	put32(HDR_AT(h, seq), seq);
 	put32(HDR_AT(h, tag), id->tag);
 	*HDR_AT(h, exp) = (uint8_t)exp;
-	*HDR_AT(h, reserved0) = 0;
+	*HDR_AT(h, owner) = owner;
 	put16(HDR_AT(h, reserved1), 0);
 	memcpy(HDR_AT(h, key), &key_be, sizeof key_be);
 }
@@ -111,14 +111,14 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 		return -1;
 	got = *HDR_AT(h, fmt);
 	r->flags = *HDR_AT(h, flags);
-	if (got == fmt) {
+	if (got != fmt && !(r->flags & SWML_FLAG_DISAGREE))
+		return -1;
+	if (got == fmt && !(r->flags & SWML_FLAG_HEADER_ONLY)) {
 		if (len < SWML_HEADERS_LEN + swml_fmt_size(fmt) * k)
 			return -1;
 		r->payload = h + SWML_HDR_LEN;
-	} else if (r->flags & SWML_FLAG_DISAGREE) {
-		r->payload = NULL;
 	} else {
-		return -1;
+		r->payload = NULL;
 	}
 	r->fmt = got;
 	r->op = *HDR_AT(h, op);
@@ -135,20 +135,23 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 uint64_t swml_result_tag(const uint8_t *h, const uint64_t key[2], uint32_t auth,
 			 uint32_t payload_len)
 {
-	return swml_result_auth(key, auth, h, payload_len);
+	/* the same 64-bit words: uint64_t is unsigned long here, __u64 unsigned long long */
+	return swml_result_auth((const __u64 *)key, auth, h, payload_len);
 }
 
 int swml_result_authentic(const uint8_t *frame, uint32_t len, const struct swml_result *r,
 			  uint32_t k, const uint64_t key[2], uint32_t auth)
 {
 	const uint8_t *h = frame + SWML_L2L4_LEN;
-	uint32_t payload_len = auth == SWML_AUTH_FULL ? swml_fmt_size(r->fmt) * k : 0;
+	const int header_only = r->flags & SWML_FLAG_HEADER_ONLY;
+	uint32_t payload_len =
+		auth == SWML_AUTH_FULL && !header_only ? swml_fmt_size(r->fmt) * k : 0;
 	uint64_t want;
 	uint8_t diff = 0;
 
 	if (len < SWML_HEADERS_LEN + payload_len)
 		return 0; /* a DISAGREE result cut short: its payload cannot be checked */
-	want = swml_result_tag(h, key, auth, payload_len);
+	want = swml_result_tag(h, key, header_only ? SWML_AUTH_HEADER : auth, payload_len);
 	for (int i = 0; i < 8; i++) /* the tag's bytes, little-endian (swml_wire.h) */
 		diff |= h[offsetof(struct swml_hdr, key) + i] ^ (uint8_t)(want >> (8 * i));
 	return diff == 0;

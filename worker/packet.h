@@ -43,12 +43,14 @@ struct swml_data_id {
 	uint64_t key;
 };
 
-/* Write the swml header of a DATA packet at h (any alignment). */
+/* Write the swml header of a DATA packet at h (any alignment); owner: 0, or
+ * 1 + the rank that keeps this packet's elements (stream.h, shards). */
 void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags, uint16_t slot,
-			 uint32_t seq, int8_t exp);
+			 uint32_t seq, int8_t exp, uint8_t owner);
 
 /* A RESULT as the engine sees it; payload points into the frame (unaligned),
- * NULL for a DISAGREE result in another format than the call's. */
+ * NULL for a DISAGREE result in another format than the call's and for a
+ * header-only one (SWML_FLAG_HEADER_ONLY). */
 struct swml_result {
 	uint8_t flags, op, fmt;
 	int8_t exp;
@@ -60,9 +62,10 @@ struct swml_result {
 /* Parse a received frame: 0 and *r filled if it is a v2 RESULT of `job` with
  * count k, from the switch (IPv4 source a->dst_ip, UDP source port
  * a->dst_port: where DATA goes), in the call's format fmt with room for k
- * elements of it, or flagged DISAGREE in any format (a round whose ranks
- * disagree answers in one rank's format, maybe not ours; nothing in it is
- * read); -1 otherwise. The caller checks seq, tag and op against the call. */
+ * elements of it (none if flagged HEADER_ONLY: the frame ends after the swml
+ * header), or flagged DISAGREE in any format (a round whose ranks disagree
+ * answers in one rank's format, maybe not ours; nothing in it is read); -1
+ * otherwise. The caller checks seq, tag and op against the call. */
 int swml_parse_result(const uint8_t *frame, uint32_t len, const struct swml_addrs *a, uint16_t job,
 		      uint32_t k, uint8_t fmt, struct swml_result *r);
 
@@ -74,7 +77,8 @@ uint64_t swml_result_tag(const uint8_t *h, const uint64_t key[2], uint32_t auth,
 
 /* Whether the RESULT frame (len bytes, parsed into r) carries the right
  * authenticator: its payload, as long as k elements of its own format, is
- * covered under SWML_AUTH_FULL. Compared in constant time. */
+ * covered under SWML_AUTH_FULL; a header-only RESULT's covers the header
+ * alone, whatever auth. Compared in constant time. */
 int swml_result_authentic(const uint8_t *frame, uint32_t len, const struct swml_result *r,
 			  uint32_t k, const uint64_t key[2], uint32_t auth);
 

@@ -41,6 +41,8 @@ struct plan {
 	uint32_t frame_len; /* headers + k elements of the call's fmt */
 	int L;
 	uint64_t blocks, lag, N, base;
+	uint64_t shard;      /* the call's (struct swml_call), 0: none */
+	uint64_t block_lag;  /* packet p carries block p - block_lag */
 	uint32_t seq0;       /* the wire seq of packet 0 */
 	uint8_t *state;      /* [N] P_* */
 	uint64_t next_new;   /* the first packet never sent: new packets go in order */
@@ -76,6 +78,29 @@ static inline uint32_t slot_of(const struct plan *pl, uint64_t p)
 static inline int quantized(const struct plan *pl)
 {
 	return pl->coding == C_QUANT || pl->coding == C_QUANT16;
+}
+
+uint8_t swml_shard_owner(uint64_t p, uint64_t n, uint32_t k, uint64_t lag, uint64_t shard,
+			 uint32_t world)
+{
+	uint64_t b, start, end, first;
+
+	if (!shard || p < lag)
+		return 0;
+	b = p - lag;
+	start = b * k;
+	if (start >= n)
+		return 0;
+	end = min_u64(start + k, n);
+	first = start / shard;
+	if (first != (end - 1) / shard || first >= world)
+		return 0;
+	return (uint8_t)(first + 1);
+}
+
+static inline uint8_t owner_of(const struct swml_stream *st, const struct plan *pl, uint64_t p)
+{
+	return swml_shard_owner(p, pl->n, pl->k, pl->block_lag, pl->shard, st->cfg.world);
 }
 
 static inline int ready(const struct plan *pl, uint64_t p)
@@ -184,7 +209,7 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 		}
 	}
 	swml_write_data_hdr(f + SWML_L2L4_LEN, &pl->id, flags, (uint16_t)(i % pl->S),
-			    pl->seq0 + (uint32_t)p, exp);
+			    pl->seq0 + (uint32_t)p, exp, owner_of(st, pl, p));
 }
 
 /* A packet went onto the tx ring in slot s: start its timer. */
@@ -326,6 +351,7 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	const uint32_t k = pl->k;
 	uint64_t p = (uint32_t)(r->seq - pl->seq0);
 	uint32_t s;
+	int header_only;
 
 	if (p >= pl->N || r->slot != slot_of(pl, p)) { /* another call's, or not ours */
 		st->stats.ignored++;
@@ -340,6 +366,18 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	if (r->tag != pl->id.tag || r->op != pl->id.op) {
 		st->stats.ignored++;
 		return 0;
+	}
+	/* Header-only: the round's payload went to its owner alone. Ours, or
+	 * no owner: not for us (the retransmission gets the full shadow reply). */
+	header_only = (r->flags & SWML_FLAG_HEADER_ONLY) != 0;
+	if (header_only) {
+		const uint8_t owner = owner_of(st, pl, p);
+
+		if (!owner || owner == st->cfg.rank + 1) {
+			st->stats.ignored++;
+			return 0;
+		}
+		st->stats.header_only++;
 	}
 	s = slot_of(pl, p);
 	if (r->flags & SWML_FLAG_SHADOW)
@@ -364,7 +402,12 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	pl->remaining--;
 	pl->last_progress = pl->now;
 
-	if (pl->coding == C_INT32) {
+	if (header_only) {
+		/* another rank's block: nothing to write, but later packets
+		 * quantize their block with the exponent this one returned */
+		if (quantized(pl) && p < pl->blocks)
+			pl->gexp[p] = r->exp;
+	} else if (pl->coding == C_INT32) {
 		size_t off = (size_t)p * k;
 
 		memcpy(pl->data + off * 4, r->payload, min_u64(k, pl->n - off) * 4);
@@ -604,11 +647,12 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	if (pl.coding == C_QUANT && call->fmt == SWML_FMT_OFFSET32)
 		pl.offset = 1u << (30 - pl.L);
 	pl.blocks = (n + k - 1) / k;
+	pl.shard = call->shard;
 	pl.N = swml_stream_packets(n, k, S, dtype, call->op);
 	if (pl.N > SWML_SEQ_RESYNC_STRIDE)
 		return SWML_E2BIG; /* refused before anything is sent: the stream stays */
 	if (quantized(&pl)) {
-		pl.lag = min_u64(S, pl.blocks);
+		pl.lag = pl.block_lag = min_u64(S, pl.blocks);
 		pl.lexp = malloc(pl.blocks);
 		pl.lnf = malloc(pl.blocks);
 		pl.gexp = malloc(pl.blocks);

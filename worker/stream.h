@@ -13,6 +13,10 @@
  *   with the exponent the switch returned with packet p-W (zeros for p < W):
  *   k int32 (quant.h, SWML_FMT_INT32) or, at fmt SWML_FMT_INT16, k int16 (the
  *   16-bit format, quant16.py: the same exponent round, half the bytes).
+ * A call with a shard (a reduce_scatter: each rank keeps shard elements) names
+ * in each DATA packet the rank whose shard holds all of its block
+ * (swml_shard_owner); under --fanout unicast the switch sends the others a
+ * header-only RESULT, which completes the packet but writes nothing out.
  * Every DATA packet carries the job's key and the call's op and tag. A RESULT
  * counts only from the switch's address and port, for this job, with the
  * authenticator of the job's result key (before anything in it is read), the seq
@@ -54,6 +58,9 @@ struct swml_call {
 	uint8_t op;   /* SWML_OP_* */
 	uint8_t fmt;  /* SWML_FMT_*: SWML_FMT_INT16 only for a float32 SUM */
 	uint32_t tag; /* calls.call_tag: covers the precision, so fmt too */
+	/* elements per rank's shard (reduce_scatter: rank r keeps [r*shard,
+	 * (r+1)*shard)); 0: none, every rank keeps the whole result */
+	uint64_t shard;
 };
 
 struct swml_stream_cfg {
@@ -91,6 +98,7 @@ struct swml_stream_stats {
 	uint64_t window_waits;      /* ready packets that waited for room in the window */
 	uint64_t pace_waits;        /* ready packets that waited for their paced send time */
 	uint64_t spurious_timeouts; /* probes whose original was in the round after all */
+	uint64_t header_only;       /* header-only RESULTs taken: another rank's shard */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -132,5 +140,15 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 /* The packet count of such a call (as plans.packets_needed). */
 uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_dtype dtype,
 			     uint8_t op);
+
+/* The owner byte of packet p of a call of n elements, k a packet, with
+ * shard elements per rank over world ranks: 1 + the rank whose shard holds
+ * every element of the block packet p carries, or 0 (no shard, a block that
+ * straddles two shards or lies past the last rank's, or a quantized float32
+ * SUM's first lag packets, which carry no block: packet p carries block
+ * p - lag; lag 0 for the other codings). Its Python twin is
+ * switchml_xdp/client/plans.py's shard_owner: keep the two the same. */
+uint8_t swml_shard_owner(uint64_t p, uint64_t n, uint32_t k, uint64_t lag, uint64_t shard,
+			 uint32_t world);
 
 #endif /* SWML_STREAM_H */

@@ -190,7 +190,10 @@ class AfxdpBackend(Backend):
                 raise RuntimeError("the afxdp backend is closed")
             # call.tag covers the precision (calls.call_tag) as on the udp
             # backend, so mixed ranks that disagree on it see DISAGREE.
-            status = self._engine.allreduce(flat, call.op_code, call.tag, call.fmt)
+            # shard > 0 (a reduce_scatter): only this rank's shard of flat is
+            # sure to hold the sum afterwards (worker/stream.h).
+            status = self._engine.allreduce(flat, call.op_code, call.tag, call.fmt,
+                                            getattr(call, "shard", 0))
         if status == engine.OK:
             return
         if status == engine.DISAGREE:
