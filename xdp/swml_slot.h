@@ -278,7 +278,8 @@ static __always_inline void swml_result_hdr(struct swml_hdr *h, const struct swm
 	h->op = res->op;
 	h->tag = bpf_htonl(res->tag);
 	h->exp = res->exp;
-	h->reserved0 = 0;
+	/* owner stays the DATA's: every contribution to the round carries the
+	 * same (its call's shard layout, which the tag covers) */
 	h->reserved1 = 0;
 	h->key = 0;
 }

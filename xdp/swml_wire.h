@@ -32,6 +32,12 @@
 /* RESULT: contributions of this round carried different call tags or ops; the
  * result is meaningless. */
 #define SWML_FLAG_DISAGREE 0x10
+/* RESULT: the round completed, but its payload went to the round's owner only
+ * (--fanout unicast and a DATA `owner`, a reduce_scatter's shard): the frame
+ * ends after the swml header (count is still k), its authenticator covers
+ * the header alone whatever the job's auth mode, and a worker takes it only
+ * for a packet that is not its own shard's (docs/protocol.md, "Shards"). */
+#define SWML_FLAG_HEADER_ONLY 0x20
 
 /* op: how contributions of one round combine (int32 in the switch). */
 #define SWML_OP_SUM 0 /* wrapping two's complement sum */
@@ -108,20 +114,23 @@
 /* The driver could not carry the RESULT to the fan-out (no XDP metadata room):
  * nobody got it. */
 #define SWML_CNT_UNICAST_NO_META 11
-#define SWML_CNT_TRUNCATED 12   /* shorter than the headers or than its count */
-#define SWML_CNT_BAD_IP 13      /* IP options, fragment, or wrong length */
-#define SWML_CNT_BAD_VERSION 14 /* version nibble not SWML_VERSION */
-#define SWML_CNT_BAD_TYPE 15    /* type is not DATA */
-#define SWML_CNT_UNKNOWN_JOB 16 /* no such job */
-#define SWML_CNT_BAD_KEY 17     /* not the job's data key */
-#define SWML_CNT_BAD_RANK 18    /* rank >= world */
-#define SWML_CNT_BAD_SOURCE 19  /* source IP/port not the one registered for the rank */
-#define SWML_CNT_BAD_SLOT 20    /* slot outside the job's range */
-#define SWML_CNT_BAD_COUNT 21   /* count != k */
-#define SWML_CNT_BAD_OP 22      /* op or payload format unknown */
-#define SWML_CNT_STALE 23       /* a round older than the slot version's (replay, late copy) */
-#define SWML_CNT_BUSY 24        /* the slot stayed locked by another CPU (a stalled holder) */
-#define SWML_CNT_NUM 25
+/* of the copies above, those without the payload (SWML_FLAG_HEADER_ONLY): to
+ * the members that are not the round's owner */
+#define SWML_CNT_UNICAST_HEADER_ONLY 12
+#define SWML_CNT_TRUNCATED 13   /* shorter than the headers or than its count */
+#define SWML_CNT_BAD_IP 14      /* IP options, fragment, or wrong length */
+#define SWML_CNT_BAD_VERSION 15 /* version nibble not SWML_VERSION */
+#define SWML_CNT_BAD_TYPE 16    /* type is not DATA */
+#define SWML_CNT_UNKNOWN_JOB 17 /* no such job */
+#define SWML_CNT_BAD_KEY 18     /* not the job's data key */
+#define SWML_CNT_BAD_RANK 19    /* rank >= world */
+#define SWML_CNT_BAD_SOURCE 20  /* source IP/port not the one registered for the rank */
+#define SWML_CNT_BAD_SLOT 21    /* slot outside the job's range */
+#define SWML_CNT_BAD_COUNT 22   /* count != k */
+#define SWML_CNT_BAD_OP 23      /* op or payload format unknown */
+#define SWML_CNT_STALE 24       /* a round older than the slot version's (replay, late copy) */
+#define SWML_CNT_BUSY 25        /* the slot stayed locked by another CPU (a stalled holder) */
+#define SWML_CNT_NUM 26
 
 /* RESULT authenticator (the `key` field of a RESULT): SipHash-c-d keyed by
  * the job's 128-bit result key, which only the switch and the job's members
@@ -150,7 +159,7 @@ struct swml_hdr {
 	__be32 seq;       /* packet index in the job's stream mod 2^32: the round */
 	__be32 tag;       /* call tag: equal for every contribution to a round */
 	__s8 exp;         /* block exponent; the switch returns the max */
-	__u8 reserved0;   /* zero */
+	__u8 owner;       /* 0, or 1 + the rank keeping the sum (a shard) */
 	__be16 reserved1; /* zero */
 	__be64 key;       /* DATA: the job's data key from the join; RESULT: its authenticator */
 } __attribute__((packed));

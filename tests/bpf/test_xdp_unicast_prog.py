@@ -31,6 +31,21 @@ def test_unicast_fanout_passes_a_completed_result_up_to_the_tc_fanout(usw):
     assert usw.counters() == only(rx=2, aggregated=1, completed=1)
 
 
+def test_a_round_s_owner_reaches_the_tc_fanout_in_the_result(usw):
+    """A reduce_scatter's round names the rank that keeps its sum (DATA
+    `owner`, 1 + rank); the RESULT handed to the tc fan-out keeps it, which
+    sends the payload to that rank only (tests/lab/test_shard_fanout.py)."""
+    job = usw.add_job(world=3)
+    run = usw.round(job, 3, [vec(1), vec(2), vec(3)], owner=2)
+    assert run.action == Action.PASS
+    res = usw.result(run._replace(frame=run.frame[ct.sizeof(layout.ctype("swml_fanout_meta")):]))
+    assert res.header["owner"] == 2 and not res.header["flags"] & wire.FLAG_HEADER_ONLY
+    assert list(res.values[:1]) == [6]
+    # A retransmission's shadow reply carries it too, and the whole sum.
+    run = usw.run(usw.data(job, 0, slot=3, values=vec(1), flags=wire.FLAG_RETRANS, owner=2))
+    assert run.action == Action.TX and usw.result(run).header["owner"] == 2
+
+
 def test_unicast_fanout_learns_each_member_s_mac_from_its_checked_data(usw):
     job = usw.add_job(world=2)
     assert learnt_mac(usw, job, 0) == "00:00:00:00:00:00"   # not from the control plane

@@ -200,7 +200,8 @@ class SwitchTester(XdpTester):
              rnd: int | None = None, seq: int | None = None, flags: int = 0, exp: int = 0,
              op: int = wire.OP_SUM, tag: int = 0, key: int | None = None, fmt: int = wire.FMT_INT32,
              kind: int = wire.TYPE_DATA, count: int | None = None, ver_type: int | None = None,
-             src: Endpoint | None = None, dst: Endpoint | None = None, **breakage) -> bytes:
+             src: Endpoint | None = None, dst: Endpoint | None = None, owner: int = 0,
+             **breakage) -> bytes:
         """A frame of (job, rank, slot, round) to the switch from the rank's
         registered address: a DATA packet of `values` (default k ones), as a
         worker streams it: round `rnd` of the slot (default `ver`, else 0) is
@@ -208,7 +209,7 @@ class SwitchTester(XdpTester):
         `seq`/`ver` given: exactly those. The rest breaks one thing: `key`
         (default the job's), `op`, `fmt`, `tag`, `kind`, `count` (default
         len(values)) and `ver_type` (the header's first byte, whole) in the
-        swml header, `src`/`dst` the sender/receiver, `breakage` goes to
+        swml header, `owner` (1 + the rank keeping the sum: a shard's), `src`/`dst` the sender/receiver, `breakage` goes to
         frames.udp_frame (ip_options, frag_off, ip_length, udp_length)."""
         elem = "<i2" if fmt == wire.FMT_INT16 else "<i4"  # the payload's format on the wire
         vals = np.ones(self.k, np.int32) if values is None else np.asarray(values, np.int32)
@@ -219,7 +220,7 @@ class SwitchTester(XdpTester):
                                             len(vals) if count is None else count,
                                             flags | (ver & wire.FLAG_SLOT_VER), exp,
                                             key=job.key if key is None else key, tag=tag, op=op,
-                                            fmt=fmt))
+                                            fmt=fmt, owner=owner))
         if ver_type is not None:
             header[0] = ver_type
         return udp_frame(src or self.member(job, rank), dst or self.switch,
@@ -227,7 +228,7 @@ class SwitchTester(XdpTester):
 
     def round(self, job: Job, slot: int, contributions, *, ver: int | None = None,
               rnd: int | None = None, exps=None, flags=None, op: int = wire.OP_SUM,
-              tags=None, fmts=None) -> Run:
+              tags=None, fmts=None, owner: int = 0) -> Run:
         """Every rank's contribution to round `rnd` (default `ver`) of `slot`,
         rank order; all but the last must be absorbed (XDP_DROP). The last one's Run."""
         assert len(contributions) == job.world
@@ -237,7 +238,7 @@ class SwitchTester(XdpTester):
         for rank, values in enumerate(contributions):
             run = self.run(self.data(job, rank, slot, values, ver=ver, rnd=rnd, exp=exps[rank],
                                      flags=flags[rank], op=op, tag=tags[rank],
-                                     fmt=fmts[rank]))
+                                     fmt=fmts[rank], owner=owner))
             if rank < job.world - 1:
                 assert run.action == Action.DROP, f"rank {rank} of {job.world}: {run.action!r}"
         return run
