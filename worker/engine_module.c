@@ -33,7 +33,7 @@
  *   ordered(x: float32, op, out: int32)       float32 MIN/MAX map (ordered.py)
  *   unordered(q: int32, out: float32)         its inverse
  *   packets(n, k, slots, is_float, op)        packets of a call (plans.py)
- *   shard_owner(p, n, k, lag, shard, world)   packet p's owner byte (plans.shard_owner)
+ *   shard_owner(p, n, k, lag, shard, world)   packet p's owner byte (plans.shard_owners)
  *   window_trace(slots, window, events)       window.c on a list of events, for
  *                                             tests against window.py
  * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
@@ -401,7 +401,7 @@ static PyObject *py_packets(PyObject *self, PyObject *args)
 }
 
 /* shard_owner(p, n, k, lag, shard, world): swml_shard_owner, for tests
- * against its Python twin (plans.shard_owner). */
+ * against its Python twin (plans.shard_owners). */
 static PyObject *py_shard_owner(PyObject *self, PyObject *args)
 {
 	unsigned long long p, n, lag, shard;
@@ -878,7 +878,7 @@ static PyMethodDef module_methods[] = {
 	{"packets", py_packets, METH_VARARGS,
 	 "packets(n, k, slots, is_float, op) -> packets one call of n elements sends"},
 	{"shard_owner", py_shard_owner, METH_VARARGS,
-	 "shard_owner(p, n, k, lag, shard, world) -> the owner byte of packet p (plans.shard_owner)"},
+	 "shard_owner(p, n, k, lag, shard, world) -> the owner byte of packet p (plans.shard_owners)"},
 	{"window_trace", py_window_trace, METH_VARARGS,
 	 "window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap)]"},
 	{"block_exponents", py_block_exponents, METH_VARARGS,

@@ -147,7 +147,7 @@ uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_d
  * straddles two shards or lies past the last rank's, or a quantized float32
  * SUM's first lag packets, which carry no block: packet p carries block
  * p - lag; lag 0 for the other codings). Its Python twin is
- * switchml_xdp/client/plans.py's shard_owner: keep the two the same. */
+ * switchml_xdp/client/plans.py's shard_owners: keep the two the same. */
 uint8_t swml_shard_owner(uint64_t p, uint64_t n, uint32_t k, uint64_t lag, uint64_t shard,
 			 uint32_t world);
 

@@ -2,7 +2,7 @@
 (worker/stream.h, swml_shard_owner) against the rule stated element by
 element: packet p names 1 + the rank whose shard holds every element of the
 block it carries, or 0. The comparison with its Python twin,
-plans.shard_owner, lives with the plans' tests."""
+plans.shard_owners, lives with the plans' tests."""
 from __future__ import annotations
 
 import numpy as np
