@@ -210,7 +210,8 @@ class SwitchTester(XdpTester):
         (default the job's), `op`, `fmt`, `tag`, `kind`, `count` (default
         len(values)) and `ver_type` (the header's first byte, whole) in the
         swml header, `owner` (1 + the rank keeping the sum: a shard's),
-        `src`/`dst` the sender/receiver, `breakage` goes to frames.udp_frame (ip_options, frag_off, ip_length, udp_length)."""
+        `src`/`dst` the sender/receiver, `breakage` goes to frames.udp_frame
+        (ip_options, frag_off, ip_length, udp_length)."""
         elem = "<i2" if fmt == wire.FMT_INT16 else "<i4"  # the payload's format on the wire
         vals = np.ones(self.k, np.int32) if values is None else np.asarray(values, np.int32)
         rnd = (ver or 0) if rnd is None else rnd
