@@ -141,29 +141,53 @@ class Worker:
     def allreduce_async(self, array: np.ndarray, op: str = "sum",
                         precision: str = "32") -> Future:
         """Start an allreduce; the future's result is the (reduced) array."""
-        op_code(op)  # a ValueError before anything is queued or sent
+        self._check_call(array, op, precision, "allreduce")
+        return self._submit(array, op, precision)
+
+    def reduce_scatter(self, array: np.ndarray, op: str = "sum",
+                       precision: str = "32") -> np.ndarray:
+        """Reduce `array` (its size a multiple of world) over all ranks as
+        allreduce does, keeping only this rank's shard of the result: returns
+        the view array.reshape(-1)[rank * L:(rank + 1) * L], L = size / world;
+        the rest of `array` is left unspecified. Through a switch with
+        `--fanout unicast` each rank receives only the packets of its own
+        shard whole, and the header of the others (docs/protocol.md, "Shards")."""
+        return self.reduce_scatter_async(array, op, precision).result()
+
+    def reduce_scatter_async(self, array: np.ndarray, op: str = "sum",
+                             precision: str = "32") -> Future:
+        """Start a reduce_scatter; the future's result is this rank's shard."""
+        self._check_call(array, op, precision, "reduce_scatter")
+        world = self.info.world
+        if not array.size or array.size % world:
+            raise ValueError(f"reduce_scatter needs a non-empty array whose size is a multiple of "
+                             f"the world ({world}), not {array.size} elements")
+        return self._submit(array, op, precision, shard=array.size // world)
+
+    def _check_call(self, array: np.ndarray, op: str, precision: str, what: str) -> None:
+        """A ValueError or TypeError, before anything is queued or sent."""
+        op_code(op)
         if self._closed:
             raise RuntimeError("this Worker is closed")
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"allreduce takes a numpy array, not {type(array).__name__}")
+            raise TypeError(f"{what} takes a numpy array, not {type(array).__name__}")
         if array.dtype not in (np.float32, np.int32):
-            raise TypeError(f"allreduce supports float32 and int32 arrays, not {array.dtype}")
+            raise TypeError(f"{what} supports float32 and int32 arrays, not {array.dtype}")
         check_precision(precision, array.dtype, op)
         if precision not in self.precisions:
             raise ValueError(f"the {self.backend_name} backend does not stream precision "
                              f"{precision!r} yet (it does {', '.join(self.precisions)})")
         if not array.flags.c_contiguous:
-            raise ValueError("allreduce works in place and needs a C-contiguous array "
+            raise ValueError(f"{what} works in place and needs a C-contiguous array "
                              "(np.ascontiguousarray makes one; copy the result back)")
         if not array.flags.writeable:
-            raise ValueError("allreduce works in place and needs a writeable array")
-        return self._submit(array, op, precision)
+            raise ValueError(f"{what} works in place and needs a writeable array")
 
     def _submit(self, array: np.ndarray, op: str, precision: str = "32",
-                refused: bool = False) -> Future:
+                refused: bool = False, shard: int = 0) -> Future:
         with self._submit_lock:  # numbers in the order the calls run
             call = Call(self._calls, self.info.name, array.size, array.dtype.name, op,
-                        precision, refused)
+                        precision, refused, shard)
             self._calls += 1
             return self._executor.submit(self._reduce, array, call)
 
@@ -193,6 +217,9 @@ class Worker:
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0
+        if call.shard:
+            mine = self.info.rank * call.shard
+            return array.reshape(-1)[mine:mine + call.shard]
         return array
 
     def stats(self) -> dict:

@@ -30,6 +30,7 @@ SEQ_MASK = 0xFFFFFFFF
 #: The ops `allreduce` takes, by name -> the wire's SWML_OP_*.
 OPS = wire.OPS
 _TAG_INPUT = struct.Struct("!QQ16s8s")  # call number, count, dtype name, op name
+_TAG_SHARD = struct.Struct("!Q")  # a reduce_scatter's elements a rank
 
 
 class CallMismatch(RuntimeError):
@@ -46,13 +47,16 @@ def op_code(op: str) -> int:
 
 
 def call_tag(number: int, count: int, dtype: np.dtype | str, op: str,
-             precision: str = "32") -> int:
+             precision: str = "32", shard: int = 0) -> int:
     """The 32-bit tag of call `number` (0, 1, ... on a Worker) reducing `count`
     elements of `dtype` with `op` at `precision`: what every rank computes
     alike. Precision "16" is hashed with the op ("sum/16"), so ranks that
-    disagree on it raise CallMismatch; "32" leaves the tag as it was."""
+    disagree on it raise CallMismatch; "32" leaves the tag as it was. A
+    reduce_scatter's shard length (elements a rank) is hashed after the rest."""
     name = op if precision == "32" else f"{op}/{precision}"
     data = _TAG_INPUT.pack(number, count, np.dtype(dtype).name.encode(), name.encode())
+    if shard:
+        data += _TAG_SHARD.pack(shard)
     return int.from_bytes(hashlib.blake2b(data, digest_size=4, person=b"swml-tag").digest(), "big")
 
 
@@ -81,6 +85,10 @@ class Call:
     op: str       # "sum", "min", "max"
     precision: str = "32"  # "16": the 16-bit block format (float32 sum only)
     refused: bool = False  # a tag no rank's real call has: the call fails on every rank
+    # A reduce_scatter: elements of each rank's shard (0: an allreduce). Every
+    # DATA packet names the rank keeping its block (plans.shard_owners), so a
+    # switch with --fanout unicast sends the sum to that rank only.
+    shard: int = 0
 
     @cached_property
     def op_code(self) -> int:
@@ -89,7 +97,8 @@ class Call:
     @cached_property
     def tag(self) -> int:  # read per packet: hashed once
         op = f"{self.op}/refused" if self.refused else self.op
-        return call_tag(self.number, self.count, self.dtype, op, self.precision)
+        # ranks that disagree on the shards raise CallMismatch
+        return call_tag(self.number, self.count, self.dtype, op, self.precision, self.shard)
 
     @cached_property
     def fmt(self) -> int:
@@ -103,7 +112,8 @@ class Call:
         return wire.FMT_INT32
 
     def __str__(self) -> str:
-        return f"allreduce #{self.number} of job {self.job!r} ({self.count} {self.dtype}, {self.op})"
+        what = "reduce_scatter" if self.shard else "allreduce"
+        return f"{what} #{self.number} of job {self.job!r} ({self.count} {self.dtype}, {self.op})"
 
     def mismatch(self) -> CallMismatch:
         return CallMismatch(

@@ -38,8 +38,15 @@ class Int32Plan:
     def payload(self, p: int) -> tuple[np.ndarray, int, int]:
         return self.padded[p], 0, 0
 
-    def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
-        self.padded[p] = values
+    def block_of(self, p: int) -> int:
+        """The block packet p carries (negative: none, only an exponent); p
+        may be an array of packets."""
+        return p
+
+    def result(self, p: int, values: np.ndarray | None, exp: int, flags: int) -> None:
+        """Packet p's RESULT; values None: a header-only one (another rank's shard)."""
+        if values is not None:
+            self.padded[p] = values
 
     def finish(self) -> None:
         self.flat[:] = self.decode(self.padded.reshape(-1)[: self.flat.size])
@@ -117,14 +124,17 @@ class Float32Plan:
         """The switch's sums from RESULT payloads."""
         return self.quant.from_offset(payloads, self.world)
 
-    def result(self, p: int, values: np.ndarray, exp: int, flags: int) -> None:
+    def block_of(self, p: int) -> int:
+        return p - self.lag
+
+    def result(self, p: int, values: np.ndarray | None, exp: int, flags: int) -> None:
         if p < self.blocks:
             self.global_exp[p] = exp
             self._have_exp[p] = True
             while self._exp_known < self.blocks and self._have_exp[self._exp_known]:
                 self._exp_known += 1
         b = p - self.lag
-        if b >= 0:
+        if b >= 0 and values is not None:
             self.sums[b] = values
             self.nonfinite_any[b] = bool(flags & wire.FLAG_NONFINITE)
 
@@ -158,6 +168,24 @@ class Float16Plan(Float32Plan):
     def dequantize(self, sums: np.ndarray) -> np.ndarray:
         return self.quant16.dequantize16(sums, self.global_exp, self.nonfinite_any,
                                          self.world, self.flat.size)
+
+
+def shard_owners(plan, n: int, k: int, shard: int, world: int) -> np.ndarray:
+    """The DATA `owner` byte of each of the plan's packets for a
+    reduce_scatter with `shard` elements a rank (shard 0: all zeros): 1 + the
+    rank whose shard holds the whole of the packet's block, or 0 where the
+    block straddles two shards or the packet carries none (its RESULT then
+    goes whole to every rank). worker/stream.c's packet_owner is the C twin."""
+    owners = np.zeros(plan.npackets, dtype=np.uint8)
+    if not shard:
+        return owners
+    blocks = np.arange(-(-n // k), dtype=np.int64)
+    first = blocks * k // shard
+    last = (np.minimum(blocks * k + k, n) - 1) // shard
+    by_block = np.where((first == last) & (first < world), first + 1, 0).astype(np.uint8)
+    b = plan.block_of(np.arange(plan.npackets, dtype=np.int64))
+    owners[b >= 0] = by_block[b[b >= 0]]
+    return owners
 
 
 def streamed(array: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 from .. import wire
 from .backend import Backend
 from .calls import SEQ_MASK, Call, CallSpan, check_length, resync_index
-from .plans import make_plan, packets_needed
+from .plans import make_plan, packets_needed, shard_owners
 from .port import reserve_port
 from .retransmit import PYTHON_POLICY, RetransmitTimers
 from .window import CongestionWindow
@@ -35,8 +35,10 @@ ENV_PREFIX = "SWML_UDP_"  # SWML_UDP_RTO_MIN=...: knobs for experiments (Retrans
 POLL_MAX_S = 0.05  # the longest wait between two reads of the abort signal
 RX_BATCH = 256     # datagrams read between two looks at the timers
 
-# What `accept` makes of a datagram.
-FOREIGN, DUPLICATE, RESULT, DISAGREED, FORGED = range(5)
+# What `accept` makes of a datagram. HEADER_ONLY: a RESULT without its payload,
+# for a packet of another rank's shard (a reduce_scatter through a switch with
+# --fanout unicast): the round is done, nothing of it to keep.
+FOREIGN, DUPLICATE, RESULT, DISAGREED, FORGED, HEADER_ONLY = range(6)
 #: Payload bytes an element, by format (a RESULT's payload as its authenticator covers it).
 FMT_BYTES = {wire.FMT_INT32: 4, wire.FMT_OFFSET32: 4, wire.FMT_INT16: 2}
 
@@ -60,7 +62,7 @@ class UdpBackend(Backend):
         self.dest = (info.switch_ip, info.switch_port)
         self.next_index = 0  # p_job: packets of the job's life; slot and version follow from it
         self._counters = {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
-                          "shadow_replies": 0, "ignored": 0, "forged": 0}
+                          "shadow_replies": 0, "ignored": 0, "forged": 0, "header_only": 0}
         k = info.k
         # One transmit buffer and one view of the received values per payload
         # format (SWML_FMT_*: int32, int32 in offset binary, int16), chosen per
@@ -77,7 +79,10 @@ class UdpBackend(Backend):
         self._data_vt = wire.ver_type(wire.TYPE_DATA)
         self._result_vt = wire.ver_type(wire.TYPE_RESULT)
         self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
+        self._owners = np.zeros(0, np.uint8)  # the current call's DATA `owner`s (plans.shard_owners)
         self._authentic = wire.result_checker(info.result_key, info.auth)
+        # A header-only RESULT's authenticator covers its header alone, whatever `auth`.
+        self._authentic_header = wire.result_checker(info.result_key, wire.AUTH_HEADER)
 
     def _select_fmt(self, fmt: int) -> None:
         """The current call's payload format: its buffers, element type, length."""
@@ -101,7 +106,8 @@ class UdpBackend(Backend):
         values, exp, flags = plan.payload(p)
         flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
         HDR.pack_into(self._tx, 0, self._data_vt, flags, op, self._fmt, info.job_id,
-                      info.rank, i % S, info.k, (seq0 + p) & SEQ_MASK, tag, exp, 0, 0, info.key)
+                      info.rank, i % S, info.k, (seq0 + p) & SEQ_MASK, tag, exp,
+                      self._owners[p], 0, info.key)
         self._tx[wire.HDR_LEN:] = values.astype(self._elem, copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self._counters["packets_sent"] += 1
@@ -116,6 +122,7 @@ class UdpBackend(Backend):
         plan = make_plan(flat, self.info.k, self.info.slots, self.info.world, call.op_code,
                          call.fmt)
         self._select_fmt(call.fmt)
+        self._owners = shard_owners(plan, flat.size, self.info.k, call.shard, self.info.world)
         start = self.next_index
         try:
             self.run(plan, call)
@@ -131,6 +138,8 @@ class UdpBackend(Backend):
         (verdict, packet, flags, exp, rank), rank being whose packet completed
         the round. FOREIGN: not a RESULT of this call from the switch;
         FORGED: not with the authenticator of the job's result key;
+        HEADER_ONLY: the round of packet `packet` is done, its sum went to
+        the rank whose shard it is (only taken for another rank's packet);
         DUPLICATE: a RESULT of a packet not in flight; RESULT or DISAGREED:
         the answer to packet `packet`. in_flight(p): packet p is sent and
         unanswered."""
@@ -143,7 +152,9 @@ class UdpBackend(Backend):
             return FOREIGN, -1, 0, 0, -1
         # Nothing in it is believed before its authenticator is checked: over its
         # payload too under AUTH_FULL, as long as k elements of its own format.
-        if not self._authentic(self._rx, nbytes, FMT_BYTES.get(fmt, 4) * count):
+        header_only = flags & wire.FLAG_HEADER_ONLY
+        if not (self._authentic_header(self._rx, nbytes, 0) if header_only else
+                self._authentic(self._rx, nbytes, FMT_BYTES.get(fmt, 4) * count)):
             return FORGED, -1, 0, 0, -1
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
@@ -155,7 +166,12 @@ class UdpBackend(Backend):
             return DISAGREED, p, flags, exp, rank
         # A DISAGREE round may answer in another rank's payload format (16
         # against 32 bits): only a result to be read must be in ours, whole.
-        if tag != call.tag or op != call.op_code or fmt != self._fmt or nbytes < self._min_len:
+        if tag != call.tag or op != call.op_code or fmt != self._fmt:
+            return FOREIGN, p, flags, exp, rank
+        if header_only:  # taken only where the sum is another rank's to keep
+            mine = self._owners[p] in (0, info.rank + 1)
+            return (FOREIGN if mine else HEADER_ONLY), p, flags, exp, rank
+        if nbytes < self._min_len:
             return FOREIGN, p, flags, exp, rank
         return RESULT, p, flags, exp, rank
 
@@ -237,7 +253,9 @@ class UdpBackend(Backend):
                     rtt = timers.answered(p, lost)
                     if rtt is not None:
                         window.on_ack(rtt, time.monotonic())
-                    plan.result(p, self._rx_vals, exp, flags)
+                    if verdict == HEADER_ONLY:
+                        self._counters["header_only"] += 1
+                    plan.result(p, None if verdict == HEADER_ONLY else self._rx_vals, exp, flags)
                     done[p] = True
                     in_flight_count -= 1
                     remaining -= 1
