@@ -193,7 +193,7 @@ class AfxdpBackend(Backend):
             # shard > 0 (a reduce_scatter): only this rank's shard of flat is
             # sure to hold the sum afterwards (worker/stream.h).
             status = self._engine.allreduce(flat, call.op_code, call.tag, call.fmt,
-                                            getattr(call, "shard", 0))
+                                            call.shard)
         if status == engine.OK:
             return
         if status == engine.DISAGREE:

@@ -175,7 +175,7 @@ def shard_owners(plan, n: int, k: int, shard: int, world: int) -> np.ndarray:
     reduce_scatter with `shard` elements a rank (shard 0: all zeros): 1 + the
     rank whose shard holds the whole of the packet's block, or 0 where the
     block straddles two shards or the packet carries none (its RESULT then
-    goes whole to every rank). worker/stream.c's packet_owner is the C twin."""
+    goes whole to every rank). worker/stream.c's swml_shard_owner is the C twin."""
     owners = np.zeros(plan.npackets, dtype=np.uint8)
     if not shard:
         return owners

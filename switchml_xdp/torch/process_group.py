@@ -30,8 +30,7 @@ What goes where (docs/pytorch.md has the table):
   other dtypes, tensors on other devices, lists of several tensors) falls back to a Gloo
   process group built from the same store, with one warning per kind per
   process group; `fallbacks` counts those calls, `switch_calls` the others.
-- The rest (all_gather, reduce_scatter, gather, scatter, all_to_all,
-  send/recv) is Gloo's by design, without a warning: the switch only adds.
+- The rest is Gloo's by design (reduce_scatter: the switch's on request, reduce_scatter.py).
 
 Configuration: `pg_options=SwmlOptions(...)`, or the environment:
 SWML_SWITCH (the switch's address, required one way or the other), SWML_JOB
@@ -228,10 +227,11 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
             pipeline.reduce(flat, op, self._reduce_among_all)
 
     def _through_switch(self, flat: torch.Tensor, op: str, finish, avg: bool = False,
-                        outputs: tuple = (), what: str = "all_reduce") -> FutureWork:
+                        outputs: tuple = (), what: str = "all_reduce", reduce=None) -> FutureWork:
         """Reduce a contiguous 1-D float32/int32 tensor in place with the
-        Worker's `op` over every rank; finish() runs after, on the group's
-        thread, and returns the future's value (it writes `outputs`).
+        Worker's `op` over every rank (by reduce(flat, op) if given, else
+        _reduce_among_all); finish() runs after, on the group's thread, and
+        returns the future's value (it writes `outputs`).
 
         A tensor on a GPU follows ProcessGroupNCCL's stream semantics: the
         caller's current stream is marked now, and the group's thread works
@@ -258,7 +258,7 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
                     if staged:
                         self._reduce_staged(pipeline, flat, op)
                     else:
-                        self._reduce_among_all(flat, op)
+                        (reduce or self._reduce_among_all)(flat, op)
                     if avg:
                         flat.div_(size)   # in float32, before any rounding to float16/bfloat16
                     value = finish()

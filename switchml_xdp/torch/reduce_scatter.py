@@ -2,18 +2,22 @@
 all_reduce and keeps its own shard of the sum (docs/pytorch.md, "What goes
 through the switch", has the figures against Gloo's).
 
-Each rank sends and receives the whole tensor, where Gloo's reduce_scatter
-moves (world-1)/world of it. In the lab it was slower than Gloo's at every
-size on both datapaths, so it is off by default: a group takes it only for
-inputs of at least `reduce_scatter_min_bytes` bytes (None: never), and never
-for what the switch does not reduce (routing.allreduce_reason).
+Each rank sends the whole tensor, where Gloo's reduce_scatter moves
+(world-1)/world of it. Where each rank is its own host on the switch (its
+Worker's rank is its group rank) and the tensor is a float32/int32 CPU one,
+the call is the Worker's reduce_scatter: with `--fanout unicast` each rank
+receives its shard's sums and only the header of the rest (docs/protocol.md,
+"Shards"); otherwise every rank receives the whole sum. In the lab it was
+slower than Gloo's at every size, so it is off by default: a group takes it
+only for inputs of at least `reduce_scatter_min_bytes` bytes (None: never),
+and never for what the switch does not reduce (routing.allreduce_reason).
 """
 from __future__ import annotations
 
 import torch
 from torch._C._distributed_c10d import ReduceScatterOptions
 
-from .routing import allreduce_reason
+from .routing import SWITCH_OPS, WORK_DTYPE, allreduce_reason, op_name
 from .work import FutureWork
 
 # Inputs of at least this many bytes go through the switch; None: none do
@@ -36,9 +40,18 @@ class SwitchReduceScatter:
                 and allreduce_reason("reduce_scatter", [output], op) is None)
 
     def _scatter_through_switch(self, output: torch.Tensor, flat: torch.Tensor, op) -> FutureWork:
-        """all_reduce `flat` (a copy: the caller's input is left as it was),
-        then copy this rank's shard into `output`."""
+        """Reduce `flat` (a copy: the caller's input is left as it was), then
+        copy this rank's shard into `output`."""
         shard = flat.view(self.size(), -1)[self.rank()]
+        if self._sharded(flat):
+            def keep():
+                output.detach().copy_(shard.view_as(output))
+                return [output]
+
+            name = op_name(op)
+            return self._through_switch(flat, SWITCH_OPS[name], keep, avg=name == "AVG",
+                                        outputs=(output,), what="reduce_scatter",
+                                        reduce=self._scatter_among_hosts)
 
         def keep_shard(fut):
             fut.value()   # re-raises the call's error
@@ -46,6 +59,16 @@ class SwitchReduceScatter:
             return [output]
 
         return FutureWork(self._reduce([flat], op).get_future().then(keep_shard))
+
+    def _sharded(self, flat: torch.Tensor) -> bool:
+        """Whether the Worker's reduce_scatter can take the call: one rank a
+        host, the Worker's rank this group rank, a CPU tensor of its dtype."""
+        return (self.local is None and self.worker is not None
+                and self.worker.info.rank == self.rank() and not self._staged(flat)
+                and WORK_DTYPE.get(flat.dtype) == flat.dtype)
+
+    def _scatter_among_hosts(self, flat: torch.Tensor, op: str) -> None:
+        self.worker.reduce_scatter(flat.numpy(), op)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts or ReduceScatterOptions()

@@ -159,7 +159,8 @@ def test_backend_falls_back_to_gloo_with_one_warning_per_kind(ranks):
 def test_backend_dtypes_and_ops_through_the_switch(ranks):
     """float32/float16/bfloat16 SUM and AVG within the bound (the switch's, plus
     the one rounding to the dtype) of the exact result and of Gloo's; MIN/MAX
-    and int32 exact; int32 AVG refused on every rank, the job going on."""
+    and int32 exact; reduce_scatter as Gloo's, through the Worker's; int32 AVG
+    refused on every rank, the job going on."""
     for r in ranks:
         o = r["ops"]
         assert len(o["float"]) == 12
@@ -171,6 +172,8 @@ def test_backend_dtypes_and_ops_through_the_switch(ranks):
                 assert case["vs_exact"] <= 1.0, (r["rank"], case)
                 assert case["vs_gloo"] <= 1.0, (r["rank"], case)
         assert o["int32"] == {"SUM": True, "MIN": True, "MAX": True}
+        assert o["reduce_scatter"] == {"int32 SUM": True, "float32 MAX": True,
+                                       "worker_reduce_scatters": 2}, r["rank"]
         assert "integer average is not exact" in o["int32_avg_error"]
         assert o["after_error_ok"]
         assert o["coalesced_max_equal"]

@@ -109,6 +109,31 @@ def cast_bound(y: torch.Tensor) -> np.ndarray:
     return np.maximum(np.ldexp(mag, -p), np.ldexp(1.0, sub - 1))
 
 
+def check_reduce_scatter(swml, xi: torch.Tensor, xf: torch.Tensor) -> dict:
+    """reduce_scatter_tensor through the switch (one rank a host: the
+    Worker's reduce_scatter, each DATA packet naming its shard's owner) equal
+    to Gloo's where exact: int32 SUM and float32 MAX."""
+    import torch.distributed as dist
+
+    sharded = []
+    worker_scatter = swml.worker.reduce_scatter
+    swml.worker.reduce_scatter = lambda *a, **kw: sharded.append(1) or worker_scatter(*a, **kw)
+    swml.reduce_scatter_min_bytes = 0
+    out = {}
+    try:
+        for name, x, op in (("int32 SUM", xi, dist.ReduceOp.SUM), ("float32 MAX", xf, dist.ReduceOp.MAX)):
+            x = x[:x.numel() // WORLD * WORLD]
+            ys, yg = (torch.empty(x.numel() // WORLD, dtype=x.dtype) for _ in range(2))
+            dist.reduce_scatter_tensor(ys, x.clone(), op=op, group=swml)
+            dist.reduce_scatter_tensor(yg, x.clone(), op=op)
+            out[name] = bool(torch.equal(ys, yg))
+    finally:
+        swml.reduce_scatter_min_bytes = None
+        swml.worker.reduce_scatter = worker_scatter
+    out["worker_reduce_scatters"] = len(sharded)
+    return out
+
+
 def check_ops(swml, rank: int, k: int) -> dict:
     """float16/bfloat16, AVG/MIN/MAX, broadcast and barrier through the switch."""
     import torch.distributed as dist
@@ -152,6 +177,7 @@ def check_ops(swml, rank: int, k: int) -> dict:
         dist.all_reduce(ys, op=getattr(R, op), group=swml)
         dist.all_reduce(yg, op=getattr(R, op))
         out["int32"][op] = bool(torch.equal(ys, yg))
+    out["reduce_scatter"] = check_reduce_scatter(swml, xi, base)
     try:
         dist.all_reduce(xi.clone(), op=R.AVG, group=swml)
         out["int32_avg_error"] = None
