@@ -64,8 +64,13 @@ def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4) -> floa
     return rate_mbit * TCP_MSS / TCP_FRAME * workers / (2 * (workers - 1)) * 4 / wire_bytes
 
 
-def bound_mbps(system: str, rate_mbit: float, k: int | None, workers: int) -> float:
+def bound_mbps(system: str, rate_mbit: float, k: int | None, workers: int,
+               collective: str = "allreduce") -> float:
+    """A collective's link bound, in float32 tensor Mbit/s a worker. A ring's
+    reduce_scatter is the first half of its allreduce, (N-1)/N of the tensor
+    each way; through the switch a worker still sends the whole tensor."""
     wire_bytes = BYTES_PER_ELEMENT.get(system, 4)
     if system in GLOO_SYSTEMS:
-        return gloo_bound_mbps(rate_mbit, workers, wire_bytes)
+        ring = gloo_bound_mbps(rate_mbit, workers, wire_bytes)
+        return 2 * ring if collective == "reduce_scatter" else ring
     return swml_bound_mbps(rate_mbit, k, wire_bytes)

@@ -92,6 +92,7 @@ class BenchConfig:
     env: dict = dataclasses.field(default_factory=dict)   # extra environment of every rank
     wait_quiet: float = 0.0    # before each measurement, wait up to this long for a quiet machine
     fanout: str = "multicast"  # the XDP switch's `--fanout` (the user-space one has multicast only)
+    collective: str = "allreduce"  # or "reduce_scatter": each rank keeps its shard
 
 
 class Bench:
@@ -105,7 +106,7 @@ class Bench:
                 ranks: list[dict] | None, impl: str | None = None, status: str = "ok",
                 extra: dict | None = None) -> dict:
         cfg = self.cfg
-        bound = bound_mbps(system, cfg.rate_mbit, k, workers)
+        bound = bound_mbps(system, cfg.rate_mbit, k, workers, cfg.collective)
         row = {"system": system, "workers": workers, "k": k, "loss": loss,
                "rate_mbit": cfg.rate_mbit, "size_bytes": cfg.size, "iterations": cfg.iterations,
                "warmup": cfg.warmup, "bound_mbps": round(bound, 3),
@@ -205,8 +206,8 @@ class Bench:
         for n in cfg.workers:
             queue = f" ({cfg.queue_packets}-packet queues)" if cfg.queue_packets else ""
             self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way{queue}, "
-                     f"{cfg.size / 2**20:g} MiB float32, {cfg.warmup} warm-up + "
-                     f"{cfg.iterations} iterations")
+                     f"{cfg.size / 2**20:g} MiB float32 {cfg.collective}, fan-out {cfg.fanout}, "
+                     f"{cfg.warmup} warm-up + {cfg.iterations} iterations")
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets) as lab:
                 lab.set_loss(0.0)          # attach the loss injector once
                 for k in cfg.ks:
@@ -227,7 +228,8 @@ class Bench:
         def argv_of(rank, host):
             argv = ["--system", "swml", "--backend", backend, "--switch", lab.switch.ip,
                     "--job", job, "--rank", str(rank), "--world", str(len(lab.workers)),
-                    "--size", str(cfg.size), "--k", str(k), "--precision", precision]
+                    "--size", str(cfg.size), "--k", str(k), "--precision", precision,
+                    "--collective", cfg.collective]
             if rank == 0:
                 argv += ["--cpu"] + (["--check"] if cfg.check else [])
             return argv
@@ -322,7 +324,7 @@ class Bench:
         def argv_of(rank, host):
             argv = ["--system", "gloo", "--rank", str(rank), "--world", str(len(lab.workers)),
                     "--size", str(cfg.size), "--master", master, "--master-port", str(GLOO_PORT),
-                    "--iface", host.iface, "--precision", precision]
+                    "--iface", host.iface, "--precision", precision, "--collective", cfg.collective]
             if rank == 0:
                 argv += ["--cpu"] + (["--check"] if cfg.check else [])
             return argv
@@ -345,6 +347,7 @@ class Bench:
             "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
             "duration_s": round(time.time() - started, 1),
             "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets, "fanout": cfg.fanout,
+            "collective": cfg.collective,
             "size_bytes": cfg.size, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "ks": list(cfg.ks), "systems": list(cfg.systems), "job_slots": cfg.job_slots,

@@ -86,8 +86,9 @@ def plot_tat_vs_workers(doc: dict, path: Path) -> Path:
                                              "tat_median_s", 1e3))
         for s, ls in (("swml-afxdp", "--"), ("gloo", ":")):
             if s in meta["systems"]:
-                ideal = [meta["size_bytes"] * 8 / (bound_mbps(s, meta["rate_mbit"], k, n) * 1e6) * 1e3
-                         for n in ws]
+                collective = meta.get("collective", "allreduce")
+                ideal = [meta["size_bytes"] * 8e3
+                         / (bound_mbps(s, meta["rate_mbit"], k, n, collective) * 1e6) for n in ws]
                 ax.plot(ws, ideal, ls, color=STYLE[s]["color"], alpha=0.6,
                         label=f"link bound, {'swml' if s != 'gloo' else 'ring'}")
         _by_workers(ax, k, ws)

@@ -34,14 +34,19 @@ class _SwmlRank:
                         join_timeout=120)
         self._one = np.zeros(1, np.int32)
         self.precision = a.precision
+        self.scatter = a.collective == "reduce_scatter"
         self.name = self.w.backend_name + ("" if a.precision == "32" else f", {a.precision}-bit")
 
     def barrier(self) -> None:
         self._one[0] = 1
         self.w.allreduce(self._one)
 
-    def allreduce(self, a) -> None:
-        self.w.allreduce(a, precision=self.precision)
+    def allreduce(self, a):
+        """The timed call on `a`; returns what it leaves this rank (its
+        shard, for a reduce_scatter)."""
+        if self.scatter:
+            return self.w.reduce_scatter(a, precision=self.precision)
+        return self.w.allreduce(a, precision=self.precision)
 
     GAUGES = ("srtt_us", "rto_us", "cwnd")  # the engine's and the window's state, not counts
 
@@ -70,6 +75,8 @@ class _GlooRank:
         torch.set_num_threads(1)     # N ranks share the machine's cores
         self.torch, self.dist = torch, dist
         self.fp16 = a.precision == "16"
+        self.scatter = a.collective == "reduce_scatter"
+        self.world = a.world
         dist.init_process_group("gloo", rank=a.rank, world_size=a.world,
                                 timeout=datetime.timedelta(seconds=300))
         self.name = f"gloo (torch {torch.__version__})" + (", fp16" if self.fp16 else "")
@@ -77,15 +84,18 @@ class _GlooRank:
     def barrier(self) -> None:
         self.dist.barrier()
 
-    def allreduce(self, a) -> None:
+    def allreduce(self, a):
         t = self.torch.from_numpy(a)
-        if not self.fp16:
-            self.dist.all_reduce(t)
-            return
-        # torch's fp16_compress_hook: reduce a float16 copy, cast back (timed)
-        half = t.to(self.torch.float16)
-        self.dist.all_reduce(half)
-        t.copy_(half)
+        # fp16: torch's fp16_compress_hook, a float16 copy reduced and cast back (timed)
+        x = t.to(self.torch.float16) if self.fp16 else t
+        if self.scatter:
+            out = x.new_empty(x.numel() // self.world)
+            self.dist.reduce_scatter_tensor(out, x)
+            return out.float().numpy()
+        self.dist.all_reduce(x)
+        if self.fp16:
+            t.copy_(x)
+        return a
 
     def counters(self) -> dict:
         return {}
@@ -99,14 +109,17 @@ class _GlooRank:
 
 
 def _check_error(a, result, it: int) -> float:
-    """max |result - exact sum| / max |exact sum| (exact in float64)."""
+    """max |result - exact sum| / max |exact sum| (exact in float64), over
+    what the call left this rank: the whole tensor, or its shard."""
     import numpy as np
 
     from .allreduce_bench import make_input
 
+    n = a.size // 4
+    mine = slice(a.rank * result.size, (a.rank + 1) * result.size) if result.size < n else slice(0, n)
     exact = np.zeros(result.size, np.float64)
     for r in range(a.world):
-        exact += make_input("float32", result.size, r, it)
+        exact += make_input("float32", n, r, it)[mine]
     scale = float(np.max(np.abs(exact))) or 1.0
     return float(np.max(np.abs(result.astype(np.float64) - exact))) / scale
 
@@ -129,7 +142,7 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
         impl.barrier()
         s0, c0 = machine_cpu_times() if a.cpu else None, self_cpu_s()
         t0 = time.perf_counter()
-        impl.allreduce(buf)
+        result = impl.allreduce(buf)
         dt = time.perf_counter() - t0
         c1, s1 = self_cpu_s(), machine_cpu_times() if a.cpu else None
         if it >= warmup:
@@ -138,7 +151,7 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
             if a.cpu:
                 ticks = [t + (y - x) for t, x, y in zip(ticks, s0, s1)]
         if it == warmup and a.check:
-            err = _check_error(a, buf, it % len(src))
+            err = _check_error(a, result, it % len(src))
     after = impl.counters()
     return {"rank": a.rank, "times": times, "cpu_times": ticks if a.cpu else None,
             "self_cpu_s": cpu_self, "rel_err": err,
@@ -162,6 +175,9 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
 @click.option("--precision", type=click.Choice(["32", "16"]), default="32", show_default=True,
               help="swml: the payload format (16: the 16-bit block format); gloo: 16 reduces "
                    "a float16 copy, as torch's fp16 compression hook")
+@click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter"]), default="allreduce",
+              show_default=True, help="what is timed: an allreduce, or a reduce_scatter (each rank "
+                                      "keeps its shard; swml: Worker.reduce_scatter)")
 @click.option("--cpu", is_flag=True, help="sample the machine's CPU times (rank 0)")
 @click.option("--check", is_flag=True, help="check the first timed result")
 def rank_main(**options) -> None:

@@ -143,7 +143,7 @@ def markdown(doc: dict) -> str:
     meta, res = doc["meta"], doc["results"]
     systems = [s for s in SYSTEMS if s in meta["systems"]]
     lines = [
-        "# Lab benchmark: allreduce on shaped links",
+        f"# Lab benchmark: {meta.get('collective', 'allreduce')} on shaped links",
         "",
         f"`{meta['command']}` ({meta['started']}, {meta['duration_s']:.0f} s): "
         f"{meta['size_bytes'] / 2**20:g} MiB float32, every worker link {meta['rate_mbit']:g} Mbit/s "

@@ -136,8 +136,11 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_
               "buffer) [default: TBF's 20 ms]")
 @click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
               help="the XDP switch's `--fanout` (the lab keeps multicast: this measures the cost)")
+@click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter"]), default="allreduce",
+              show_default=True, help="what is timed; reduce_scatter: each rank keeps its shard "
+              "(with --fanout unicast the switch sends each rank only its shard's sums)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, wait_quiet, fanout):
+          env, wait_quiet, fanout, collective):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -162,6 +165,9 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         size_bytes = parse_size(size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size") from None
+    if collective == "reduce_scatter" and any(size_bytes % (4 * n) for n in workers):
+        raise click.BadParameter(f"a reduce_scatter needs a size of float32s that every worker "
+                                 f"count ({', '.join(map(str, workers))}) divides", param_hint="--size")
     if out_dir is None:
         out_dir = f"swml-lab-bench-{time.strftime('%Y%m%d-%H%M%S')}"
         if Path(out_dir).exists():
@@ -172,7 +178,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
-        wait_quiet=wait_quiet, fanout=fanout,
+        wait_quiet=wait_quiet, fanout=fanout, collective=collective,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)
