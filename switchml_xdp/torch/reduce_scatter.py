@@ -7,12 +7,17 @@ Each rank sends the whole tensor, where Gloo's reduce_scatter moves
 Worker's rank is its group rank) and the tensor is a float32/int32 CPU one,
 the call is the Worker's reduce_scatter: with `--fanout unicast` each rank
 receives its shard's sums and only the header of the rest (docs/protocol.md,
-"Shards"); otherwise every rank receives the whole sum. In the lab it was
-slower than Gloo's at every size, so it is off by default: a group takes it
-only for inputs of at least `reduce_scatter_min_bytes` bytes (None: never),
-and never for what the switch does not reduce (routing.allreduce_reason).
+"Shards"); otherwise every rank receives the whole sum. In the lab, where
+the links are the limit it beat Gloo's from 4 ranks on; where the CPUs are,
+Gloo's won (docs/pytorch.md has the figures). So it is off by default: a
+group takes it only for inputs of at least `group.reduce_scatter_min_bytes`
+bytes (default: SWML_REDUCE_SCATTER_MIN_BYTES from the environment, else
+None: never), and never for what the switch does not reduce
+(routing.allreduce_reason).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 from torch._C._distributed_c10d import ReduceScatterOptions
@@ -20,22 +25,40 @@ from torch._C._distributed_c10d import ReduceScatterOptions
 from .routing import SWITCH_OPS, WORK_DTYPE, allreduce_reason, op_name
 from .work import FutureWork
 
-# Inputs of at least this many bytes go through the switch; None: none do
-# (the measurement in docs/pytorch.md found no size where it wins).
-REDUCE_SCATTER_MIN_BYTES = None
+ENV_MIN_BYTES = "SWML_REDUCE_SCATTER_MIN_BYTES"
+
+
+def min_bytes_from_env() -> int | None:
+    """Inputs of at least this many bytes go through the switch; None (the
+    variable unset or empty): none do."""
+    raw = os.environ.get(ENV_MIN_BYTES, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"{ENV_MIN_BYTES} must be a byte count (0 or more), not {raw!r}")
+    return int(raw)
 
 
 class SwitchReduceScatter:
     """The part of ProcessGroupSwml that does reduce_scatter (it comes before
     GlooSide among the bases: what it does not take goes on to Gloo's)."""
 
-    reduce_scatter_min_bytes = REDUCE_SCATTER_MIN_BYTES
+    @property
+    def reduce_scatter_min_bytes(self) -> int | None:
+        """Inputs of at least this many bytes take the switch (None: none);
+        until set on the group, what the environment says."""
+        return self.__dict__.get("_reduce_scatter_min_bytes", min_bytes_from_env())
+
+    @reduce_scatter_min_bytes.setter
+    def reduce_scatter_min_bytes(self, value: int | None) -> None:
+        self._reduce_scatter_min_bytes = value
 
     def _takes(self, output: torch.Tensor, flat_numel: int, dtype, op) -> bool:
-        if self.reduce_scatter_min_bytes is None:
+        limit = self.reduce_scatter_min_bytes
+        if limit is None:
             return False
         nbytes = flat_numel * output.element_size()
-        return (nbytes >= self.reduce_scatter_min_bytes and flat_numel == output.numel() * self.size()
+        return (nbytes >= limit and flat_numel == output.numel() * self.size()
                 and dtype == output.dtype and output.device.type == "cpu"
                 and allreduce_reason("reduce_scatter", [output], op) is None)
 

@@ -66,6 +66,27 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
 
 
 @needs_vms
+@pytest.mark.timeout(900)
+def test_the_unicast_fanout_loads_and_serves_on_debian_12_s_kernel(capsys):
+    """The tc fan-out program (xdp/swml_fanout.c: copies, trimmed header-only
+    copies re-signed) passes Debian 12's verifier (6.1, stricter than the
+    host's) and gets every RESULT to the worker VM."""
+    from switchml_xdp.lab.vm import VmLab
+
+    lines = []
+    with VmLab(workers=1, switch_args=("--fanout", "unicast"), out=lines.append) as lab:
+        results = lab.bench(size="16KiB", iterations=2, warmup=1, dtype="float32", verify=True)
+        status = lab.switch_status()
+    with capsys.disabled():
+        print("\n" + "\n".join(lines) + f"\n{lab.switch_ready_line}")
+    assert results[0]["verify_failures"] == 0 and results[0]["verified"] == 3, results
+    [switch] = status["switches"]
+    c = switch["counters"]
+    assert switch["fanout"] == "unicast" and c["unicast_copies"] >= c["completed"] > 0, c
+    assert c["unicast_no_meta"] == c["unicast_clone_failed"] == 0, c
+
+
+@needs_vms
 def test_a_lab_that_fails_while_booting_leaves_nothing(monkeypatch):
     """The switch VM's qemu is started for real, then the first worker fails to start."""
     from switchml_xdp.lab import vm as vm_mod
