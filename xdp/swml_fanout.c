@@ -11,9 +11,16 @@
  * shadow replies go) and a clone is sent out of the same interface
  * (bpf_clone_redirect to egress, through the normal transmit path); then the
  * original is dropped. A round with an `owner` (a reduce_scatter's shard)
- * goes whole to its owner only; the others get its header alone, flagged
- * SWML_FLAG_HEADER_ONLY and signed again. Frames without the mark are not
+ * goes whole to its owner only; then every member gets its header alone,
+ * flagged SWML_FLAG_HEADER_ONLY and signed again. Frames without the mark are not
  * ours: TC_ACT_OK.
+ *
+ * Members go SWML_FANOUT_CHUNK at a time: the entry program copies to the
+ * first chunk, then swml_fanout_more copies to the next and tail-calls
+ * itself (through fanout_next, which the control plane fills) until every
+ * member has its copy. One unrolled loop over 64 members forked more states
+ * than Debian 12's verifier (6.1) explores ("the sequence of 8193 jumps is
+ * too complex"; tests/vm), and bcc cannot build a bpf_loop callback.
  *
  * Compiled with the switch program's defines, so that it opens the same
  * pinned maps (swml_tables.h).
@@ -28,6 +35,15 @@
 #include "swml_maps.h"
 #include "swml_tables.h"
 #include "swml_auth.h"
+
+#ifndef SWML_FANOUT_CHUNK
+#define SWML_FANOUT_CHUNK 16 /* members one program copies to (tests set fewer) */
+#endif
+#define SWML_FANOUT_NEXT_AT 0 /* skb->cb[] words: the next chunk's first rank, */
+#define SWML_FANOUT_JOB_AT 1  /* and its job (the frame's metadata may not last) */
+
+/* [0]: swml_fanout_more, which goes on with the next chunk of members. */
+BPF_PROG_ARRAY(fanout_next, 1);
 
 static __always_inline void swml_count(u32 reason)
 {
@@ -46,11 +62,18 @@ static __always_inline void swml_count(u32 reason)
 #define SWML_UDP_LEN_OFF (SWML_UDP_OFF + __builtin_offsetof(struct udphdr, len))
 #define SWML_SWML_OFF (SWML_UDP_OFF + SWML_UDP_LEN)
 
+/* What swml_copy_to did: counted once a RESULT, after its loop (a counter
+ * update each copy would add branches that a 64-rank loop multiplies past
+ * what Debian 12's verifier (6.1) explores: tests/vm). */
+struct swml_copies {
+	u32 sent, no_mac, failed;
+};
+
 /* Re-address the frame to `rank` of the job (its learnt MAC, its IP and
  * port: where its shadow replies go) and send a clone out of `ifindex`.
  * *prev_ip is what the IP checksum covers now. */
 static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 rank,
-					 __be32 *prev_ip, u32 ifindex, u32 counted_as)
+					 __be32 *prev_ip, u32 ifindex, struct swml_copies *n)
 {
 	u32 idx = job_id * SWML_MAX_WORLD + rank;
 	struct swml_member *m = members.lookup(&idx);
@@ -59,7 +82,7 @@ static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 
 	/* A copy on the stack: the entry may change under us (a MAC learnt). */
 	struct swml_member to = *m;
 	if (!(*(__u32 *)to.mac | *(__u16 *)(to.mac + 4))) {
-		swml_count(SWML_CNT_UNICAST_NO_MAC);
+		n->no_mac++;
 		return;
 	}
 	/* The UDP checksum is 0 (none: the switch program wrote the payload),
@@ -69,13 +92,20 @@ static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 
 	bpf_skb_store_bytes(skb, SWML_IP_DADDR_OFF, &to.ip, sizeof(to.ip), 0);
 	bpf_skb_store_bytes(skb, SWML_UDP_DEST_OFF, &to.port, sizeof(to.port), 0);
 	*prev_ip = to.ip;
-	if (bpf_clone_redirect(skb, ifindex, 0)) {
-		swml_count(SWML_CNT_UNICAST_CLONE_FAILED);
-		return;
-	}
-	swml_count(SWML_CNT_UNICAST_COPIES);
-	if (counted_as != SWML_CNT_UNICAST_COPIES)
-		swml_count(counted_as);
+	/* 0 or a negative errno: its sign bit, shifted down, is the failure
+	 * (no branch: see struct swml_copies) */
+	u32 failed = (u64)bpf_clone_redirect(skb, ifindex, 0) >> 63;
+	n->failed += failed;
+	n->sent += 1 - failed;
+}
+
+/* Add n (no branch on it: the verifier would then tell apart every count a
+ * loop can reach, and the states would not prune). */
+static __always_inline void swml_count_n(u32 reason, u32 n)
+{
+	u64 *c = counters.lookup(&reason);
+	if (c)
+		*c += n;
 }
 
 /* Cut the RESULT down to its headers, flagged SWML_FLAG_HEADER_ONLY and
@@ -99,6 +129,43 @@ static __always_inline int swml_header_only(struct __sk_buff *skb, const struct 
 	return bpf_skb_store_bytes(skb, SWML_SWML_OFF, &h, sizeof(h), 0) ? -1 : 0;
 }
 
+/* Copy the frame as it is to members first .. first + SWML_FANOUT_CHUNK - 1
+ * of the job, then hand the rest to swml_fanout_more. The copies count as
+ * header-only ones when the frame is (swml_header_only). */
+static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct swml_job *job,
+					     u32 job_id, u32 first)
+{
+	struct swml_copies n = {};
+	__be32 prev_ip = 0; /* what the IP checksum covers now: the frame's destination */
+	__u8 flags = 0;
+	u32 world = job->world;
+
+	if (first >= world || first >= SWML_MAX_WORLD ||
+	    bpf_skb_load_bytes(skb, SWML_IP_DADDR_OFF, &prev_ip, sizeof(prev_ip)) ||
+	    bpf_skb_load_bytes(skb, SWML_SWML_OFF + __builtin_offsetof(struct swml_hdr, flags),
+			       &flags, sizeof(flags)))
+		return TC_ACT_SHOT;
+#pragma unroll
+	for (u32 i = 0; i < SWML_FANOUT_CHUNK; i++) {
+		if (first + i >= world)
+			break;
+		swml_copy_to(skb, job_id, first + i, &prev_ip, skb->ifindex, &n);
+	}
+	swml_count_n(SWML_CNT_UNICAST_COPIES, n.sent);
+	swml_count_n(SWML_CNT_UNICAST_HEADER_ONLY, flags & SWML_FLAG_HEADER_ONLY ? n.sent : 0);
+	swml_count_n(SWML_CNT_UNICAST_NO_MAC, n.no_mac);
+	swml_count_n(SWML_CNT_UNICAST_CLONE_FAILED, n.failed);
+	if (first + SWML_FANOUT_CHUNK < world) {
+		skb->cb[SWML_FANOUT_NEXT_AT] = first + SWML_FANOUT_CHUNK;
+		skb->cb[SWML_FANOUT_JOB_AT] = job_id;
+		fanout_next.call(skb, 0);
+		/* Only if the tail call failed: the rest get no copy (they recover
+		 * by retransmission); counted as a refused copy. */
+		swml_count(SWML_CNT_UNICAST_CLONE_FAILED);
+	}
+	return TC_ACT_SHOT; /* the group-addressed original: every member had its copy */
+}
+
 int swml_fanout(struct __sk_buff *skb)
 {
 	struct swml_fanout_meta *meta = (void *)(long)skb->data_meta;
@@ -109,30 +176,36 @@ int swml_fanout(struct __sk_buff *skb)
 	struct swml_job *job = jobs.lookup(&job_id);
 	if (!job || !job->active)
 		return TC_ACT_SHOT; /* the job ended since the switch program saw it */
-	u32 world = job->world;
-	__be32 prev_ip = job->group_ip; /* what the IP checksum covers now */
-	u32 ifindex = skb->ifindex;
 	/* A round with an owner (a reduce_scatter's shard, swml_wire.h): the sum
-	 * to the owner, the header alone to the others. */
+	 * to the owner, then the header alone to every member (the owner too: it
+	 * drops it as a duplicate; skipping it would add to each turn a compare
+	 * with a rank read from the packet, which the verifier cannot prune). */
 	__u8 owner = 0;
 	bpf_skb_load_bytes(skb, SWML_SWML_OFF + __builtin_offsetof(struct swml_hdr, owner), &owner,
 			   sizeof(owner));
-	u32 owner_rank = owner && owner <= world ? owner - 1 : SWML_MAX_WORLD;
+	if (owner && owner <= job->world) {
+		struct swml_copies whole = {};
+		__be32 prev_ip = job->group_ip;
 
-	u32 counted_as = SWML_CNT_UNICAST_COPIES;
-	if (owner_rank != SWML_MAX_WORLD) {
-		swml_copy_to(skb, job_id, owner_rank, &prev_ip, ifindex, SWML_CNT_UNICAST_COPIES);
+		swml_copy_to(skb, job_id, owner - 1, &prev_ip, skb->ifindex, &whole);
+		swml_count_n(SWML_CNT_UNICAST_COPIES, whole.sent);
+		swml_count_n(SWML_CNT_UNICAST_NO_MAC, whole.no_mac);
+		swml_count_n(SWML_CNT_UNICAST_CLONE_FAILED, whole.failed);
 		if (swml_header_only(skb, job)) {
 			swml_count(SWML_CNT_UNICAST_CLONE_FAILED);
 			return TC_ACT_SHOT; /* the others recover by retransmission (shadow replies) */
 		}
-		counted_as = SWML_CNT_UNICAST_HEADER_ONLY;
 	}
-	for (u32 rank = 0; rank < SWML_MAX_WORLD; rank++) {
-		if (rank >= world)
-			break;
-		if (rank != owner_rank)
-			swml_copy_to(skb, job_id, rank, &prev_ip, ifindex, counted_as);
-	}
-	return TC_ACT_SHOT; /* the group-addressed original: every member had its copy */
+	return swml_fanout_chunk(skb, job, job_id, 0);
+}
+
+/* The next chunk of members: skb->cb[] says which, of which job. Reached
+ * only by swml_fanout_chunk's tail call, never from the network. */
+int swml_fanout_more(struct __sk_buff *skb)
+{
+	u32 job_id = skb->cb[SWML_FANOUT_JOB_AT];
+	struct swml_job *job = jobs.lookup(&job_id);
+	if (!job || !job->active)
+		return TC_ACT_SHOT;
+	return swml_fanout_chunk(skb, job, job_id, skb->cb[SWML_FANOUT_NEXT_AT]);
 }

@@ -311,6 +311,11 @@ int swml_switch(struct xdp_md *ctx)
 	 * then keeps only that format's loops in it. */
 	if (fmt16) {
 		outcome = swml_step16(s, h, data_end, job->world, rank, &c, &res, &disagreed);
+	} else if ((void *)payload + SWML_PAYLOAD_LEN > data_end) {
+		/* Cannot happen (swml_length_ok checked it): the 32-bit steps' own
+		 * bound, which Debian 12's verifier (6.1) needs to see on their
+		 * path, not the int16 one's merged into it (tests/vm). */
+		return swml_drop(SWML_CNT_TRUNCATED);
 	} else if (h->fmt == SWML_FMT_OFFSET32) {
 		c.fmt = SWML_FMT_OFFSET32;
 		outcome = swml_slot_step(s, h->flags & SWML_FLAG_SLOT_VER, 1ULL << rank, job->world,

@@ -114,8 +114,8 @@
 /* The driver could not carry the RESULT to the fan-out (no XDP metadata room):
  * nobody got it. */
 #define SWML_CNT_UNICAST_NO_META 11
-/* of the copies above, those without the payload (SWML_FLAG_HEADER_ONLY): to
- * the members that are not the round's owner */
+/* of the copies above, those without the payload (SWML_FLAG_HEADER_ONLY): one
+ * to every member of a round that has an owner, after the owner's whole one */
 #define SWML_CNT_UNICAST_HEADER_ONLY 12
 #define SWML_CNT_TRUNCATED 13   /* shorter than the headers or than its count */
 #define SWML_CNT_BAD_IP 14      /* IP options, fragment, or wrong length */

@@ -31,6 +31,7 @@ from .maps import SwitchMaps
 PROG_NAME = "swml_switch"
 FANOUT_SOURCE = "swml_fanout.c"
 FANOUT_PROG = "swml_fanout"
+FANOUT_MORE_PROG = "swml_fanout_more"   # its tail call: the members past the first chunk
 
 log = logging.getLogger("swml.switch")
 
@@ -94,14 +95,14 @@ class XdpDataplane(Dataplane):
             # The maps are created and pinned, or re-opened where pinned already.
             self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
         except bpf.BpfError as e:
-            raise DataplaneError(f"cannot load the switch program: {e}") from None
+            raise _load_error("the switch program", e) from None
         if self._fanout == "unicast":
             try:   # the same defines: the same pinned maps
                 self._fanout_prog = bpf.compile_program(FANOUT_SOURCE, None, defines,
                                                         maps_only=True)
-                self._fanout_fd = self._fanout_prog.load(FANOUT_PROG, "sched_cls")
+                self._fanout_fd = load_fanout(self._fanout_prog)
             except bpf.BpfError as e:
-                raise DataplaneError(f"cannot load the unicast fan-out program: {e}") from None
+                raise _load_error("the unicast fan-out program", e) from None
         self.maps = SwitchMaps(self.iface, self.params.k)
         return self.maps
 
@@ -191,12 +192,44 @@ class XdpDataplane(Dataplane):
         return did, failed
 
 
+def load_fanout(prog: bpf.Program) -> int:
+    """Load the tc fan-out of a compiled xdp/swml_fanout.c: its entry
+    program's fd, with the continuation it tail-calls in `fanout_next`."""
+    fd = prog.load(FANOUT_PROG, "sched_cls")
+    more = prog.load(FANOUT_MORE_PROG, "sched_cls")
+    table = prog.table("fanout_next")
+    table[table.Key(0)] = table.Leaf(more)
+    return fd
+
+
+def _load_error(what: str, e: bpf.BpfError) -> DataplaneError:
+    """The one-line error; the compiler's or verifier's whole log goes to the
+    log at INFO (`swml-switch up -v`), for a kernel whose verifier refuses."""
+    if e.log:
+        log.info("%s: the compiler's or verifier's log:\n%s", what, e.log.rstrip())
+    hint = " (-v prints the compiler's or verifier's log)" if e.log else ""
+    return DataplaneError(f"cannot load {what}: {e}{hint}")
+
+
 def program_defines(params: SwitchParams, pins: str, ip: str, mac: str,
                     fanout: str = DEFAULT_FANOUT) -> dict[str, object]:
     """The defines both programs (swml_switch.c, swml_fanout.c) are compiled with."""
     return {"SWML_K": params.k, "SWML_SLOTS": params.slots, "SWML_PORT": params.port,
             "SWML_PIN_DIR": bpf.c_string(pins), **address_defines(ip, mac),
-            **({"SWML_FANOUT_UNICAST": 1} if fanout == "unicast" else {})}
+            **({"SWML_FANOUT_UNICAST": 1} if fanout == "unicast" else {}), **_fanout_chunk()}
+
+
+def _fanout_chunk() -> dict[str, int]:
+    """SWML_FANOUT_CHUNK=N in the environment: the tc fan-out copies to N
+    members a program, not 16 (xdp/swml_fanout.c), so that a test of a few
+    members goes through its tail calls too."""
+    raw = os.environ.get("SWML_FANOUT_CHUNK", "").strip()
+    if not raw:
+        return {}
+    if not raw.isdigit() or not 1 <= int(raw) <= wire.MAX_WORLD:
+        raise DataplaneError(f"SWML_FANOUT_CHUNK must be a member count in 1..{wire.MAX_WORLD}, "
+                             f"not {raw!r}")
+    return {"SWML_FANOUT_CHUNK": int(raw)}
 
 
 def address_defines(ip: str, mac: str) -> dict[str, int]:

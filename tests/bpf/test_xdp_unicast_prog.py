@@ -82,7 +82,7 @@ def test_the_tc_fanout_leaves_a_frame_without_the_switch_s_mark_alone(usw):
     frame from the network (here the very frame the switch produced, without
     its metadata) goes on untouched (TC_ACT_OK) and is copied to nobody."""
     from switchml_xdp.switch.dataplane import SwitchParams
-    from switchml_xdp.switch.xdp_dataplane import FANOUT_PROG, FANOUT_SOURCE, program_defines
+    from switchml_xdp.switch.xdp_dataplane import FANOUT_SOURCE, load_fanout, program_defines
 
     TC_ACT_OK = 0   # include/uapi/linux/pkt_cls.h
     job = usw.add_job(world=2)
@@ -91,7 +91,7 @@ def test_the_tc_fanout_leaves_a_frame_without_the_switch_s_mark_alone(usw):
     defines = program_defines(SwitchParams(usw.k, usw.slots, usw.port),
                               bpf.pin_dir(usw.pins_name), usw.switch.ip, usw.switch.mac, "unicast")
     with bpf.compile_program(FANOUT_SOURCE, None, defines, maps_only=True) as prog:
-        retval, out, _ = bpf.prog_test_run(prog.load(FANOUT_PROG, "sched_cls"), frame)
+        retval, out, _ = bpf.prog_test_run(load_fanout(prog), frame)
     assert retval == TC_ACT_OK and out == frame
     assert usw.counters() == only(rx=2, aggregated=1, completed=1)
 

@@ -43,7 +43,9 @@ def lab():
 def switch(lab):
     from switchml_xdp.lab.cluster import SwitchProcess
 
-    with SwitchProcess(lab, ["--fanout", "unicast"]) as sw:
+    # Two members a program: the third one's copies go through the fan-out's
+    # tail call (xdp/swml_fanout.c, SWML_FANOUT_CHUNK).
+    with SwitchProcess(lab, ["--fanout", "unicast"], env={"SWML_FANOUT_CHUNK": "2"}) as sw:
         yield sw
 
 
