@@ -31,7 +31,7 @@ from switchml_xdp.lab.netns import ns_path, nsenter_argv
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS
 
 from .common import CONTEXT, version_option
-from .lab_options import lab_errors, lab_options, loss_options, pct
+from .lab_options import box_options, lab_errors, lab_options, loss_options, pct
 from .lab_runs import bench, demo, train, vm
 
 
@@ -72,10 +72,12 @@ def _sudo() -> str:
 
 
 def worker_commands(lab: Lab, job: str = "j1") -> list[str]:
-    """The command that runs `swml-worker bench` as each rank of one job, in its namespace."""
+    """The command that runs `swml-worker bench` as each rank of one job, in
+    its namespace, through every box."""
     lab_cmd, worker_cmd = command_name("swml-lab"), command_name("swml-worker")
     n = len(lab.workers)
-    return [f"{_sudo()}{lab_cmd} exec {w.ns} -- {worker_cmd} bench --switch {lab.switch.ip} "
+    boxes = ",".join(b.ip for b in lab.switches)
+    return [f"{_sudo()}{lab_cmd} exec {w.ns} -- {worker_cmd} bench --switch {boxes} "
             f"--job {job} --rank {rank} --world {n}" for rank, w in enumerate(lab.workers)]
 
 
@@ -91,10 +93,11 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 
 @main.command()
 @lab_options
+@box_options
 @loss_options
 @click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
               metavar="PACKETS", help="Every shaped queue's depth in packets, like a switch "
-              "port's buffer (needs --rate) [default: TBF's 20 ms]")
+              "port's buffer (needs --rate or --box-rate) [default: TBF's 20 ms]")
 @click.option("--no-multicast", is_flag=True,
               help="The bridge carries no IPv4 multicast from the switch, like a cloud VPC "
                    "(start the switch with --fanout unicast there); not with loss.")
@@ -107,16 +110,16 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
               help="The querier's interval (needs --snooping) "
                    f"[default: {igmp.REAL_QUERY_INTERVAL_S} s, as on real networks].")
 @click.option("--switch", "start_switch", is_flag=True,
-              help="Also start `swml-switch up` in the lab's switch namespace, in the background "
+              help="Also start `swml-switch up` in every box's namespace, in the background "
                    "(it stops when the lab is removed), and print how to run a worker in each "
                    "worker namespace.")
 @click.option("--switch-args", default="", metavar="ARGS",
               help="Options for that switch, as on the `swml-switch up` command line "
                    "(e.g. '-k 64 --dataplane userspace').")
-def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
-       dup: float | None, loss_port: int | None, queue: int | None, no_multicast: bool,
-       snooping: bool, query_interval: float | None, start_switch: bool,
-       switch_args: str) -> None:
+def up(workers: int, prefix: str | None, rate: float | None, boxes: int,
+       box_rate: float | None, loss: float | None, dup: float | None, loss_port: int | None,
+       queue: int | None, no_multicast: bool, snooping: bool, query_interval: float | None,
+       start_switch: bool, switch_args: str) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.cluster import start_background_switch
 
@@ -138,15 +141,19 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
                   loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue,
                   multicast=not no_multicast, igmp=snooping,
-                  query_interval_s=query_interval).start()
-        ready = None
+                  query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate).start()
+        ready = []
         if start_switch:
             try:
-                ready = start_background_switch(lab, args)
+                ready = [start_background_switch(lab, args, box=b) for b in range(boxes)]
             except BaseException:
                 lab.close()
                 raise
-    shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "links unshaped"
+    shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "worker links unshaped"
+    if boxes > 1:
+        shaping = f"{boxes} boxes, " + shaping
+    if box_rate:
+        shaping += f", box links to {box_rate:g} Mbit/s"
     if queue:
         shaping += f", {queue}-packet queues"
     if no_multicast:
@@ -160,11 +167,13 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
     lab_cmd = command_name("swml-lab")
     click.echo(f"lab {lab.prefix} is up: {len(lab.workers)} workers, {shaping}")
     click.echo(host_table(lab))
-    if ready:
-        click.echo(f"\nswitch: {ready.removeprefix('swml-switch: ')}")
-        click.echo(f"  its output: {lifecycle.switch_log_path(lab.prefix)}")
-        click.echo(f"  live view:  {_sudo()}{lab_cmd} exec {lab.switch.ns} -- "
+    for b, line in enumerate(ready):
+        click.echo(f"\nswitch{f' on {lab.switches[b].name}' if b else ''}: "
+                   f"{line.removeprefix('swml-switch: ')}")
+        click.echo(f"  its output: {lifecycle.switch_log_path(lab.prefix, b)}")
+        click.echo(f"  live view:  {_sudo()}{lab_cmd} exec {lab.switches[b].ns} -- "
                    f"{command_name('swml-switch')} status --watch")
+    if ready:
         click.echo("\nrun one job, a worker in each namespace (each in its own shell; "
                    "the job's token through the environment):")
         click.echo("  export SWML_TOKEN=$(openssl rand -hex 16)")
@@ -179,7 +188,7 @@ def up(workers: int, prefix: str | None, rate: float | None, loss: float | None,
 
 def _namespace_of(host: str, prefix: str | None) -> str:
     """The namespace HOST names: a lab namespace itself (swl12345-w0), or a host
-    name (w0, sw) of lab `prefix`, or of the caller's only lab."""
+    name (w0, sw, sw1) of lab `prefix`, or of the caller's only lab."""
     known = lifecycle.known_prefixes()
     if prefix is None and prefix_of(host) in known and is_namespace_of(prefix_of(host), host):
         return host
@@ -202,7 +211,7 @@ def _namespace_of(host: str, prefix: str | None) -> str:
 def exec_(prefix: str | None, host: str, command: tuple[str, ...]) -> None:
     """Run COMMAND inside the network namespace of HOST, e.g.
     `swml-lab exec swl12345-w0 -- swml-worker bench ...` (HOST: a lab's namespace,
-    or sw, w0, w1 ... with --lab)."""
+    or sw, sw1 ..., w0, w1 ... with --lab)."""
     if os.geteuid() != 0:
         raise click.ClickException("swml-lab exec needs root (it enters a network namespace): "
                                    "run it with sudo")

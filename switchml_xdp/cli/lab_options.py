@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 
 from switchml_xdp.lab import LabError
-from switchml_xdp.lab.addressing import MAX_WORKERS
+from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
 from switchml_xdp.lab.loss import probability
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT
 from switchml_xdp.net import NetError
@@ -27,6 +27,16 @@ def lab_options(f):
                      help="Name prefix of everything the lab makes (default: swl + 5 hex digits).")(f)
     f = click.option("-n", "--workers", type=click.IntRange(1, MAX_WORKERS), default=2,
                      show_default=True, help="Number of worker namespaces.")(f)
+    return f
+
+
+def box_options(f):
+    """--boxes and --box-rate: a lab of several switch hosts, each link shaped."""
+    f = click.option("--box-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True),
+                     default=None, metavar="MBIT",
+                     help="Shape every box's link to MBIT Mbit/s each way.")(f)
+    f = click.option("--boxes", type=click.IntRange(1, MAX_BOXES), default=1, show_default=True,
+                     help="Number of boxes (switch hosts: sw, sw1, ...) on the bridge.")(f)
     return f
 
 

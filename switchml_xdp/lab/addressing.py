@@ -1,9 +1,14 @@
 """The names and addresses of a lab, derived from its per-run prefix {p}:
 
     {p}-sw: {p}-s 10.0.0.1 ──veth── {p}-bs ┐
+    {p}-sw1: {p}-s1 10.0.0.2 ─veth─ {p}-bs1 ┤ Lab(boxes=M): box b (1..M-1) is "sw{b}"
     {p}-w0: {p}-w0 10.0.0.11 ─veth─ {p}-b0 ├─ {p}-br0 (bridge, in ns {p}-br)
     {p}-w1: {p}-w1 10.0.0.12 ─veth─ {p}-b1 ┤
     {p}-q0 (bridge) 10.0.0.254 ─veth─ {p}-bq ┘ Lab(igmp=True): the IGMP querier, in ns {p}-br
+
+The boxes (switch hosts) take 10.0.0.1 up to 10.0.0.{MAX_BOXES}, below the
+workers' first address (WORKER_IP_BASE), so no worker count can reach them;
+box 0 is the lab's switch (`Lab.switch`, "sw", 10.0.0.1) however many there are.
 
 Every name carries the prefix ("swl" + 5 hex digits unless given), so
 concurrent labs never collide and everything a lab made can be found and
@@ -21,7 +26,8 @@ from .errors import LabError
 PREFIX_STEM = "swl"          # default prefixes start with it; `down --all` removes "swl*"
 IFNAMSIZ = 15                # longest interface name Linux accepts
 SUBNET_PREFIXLEN = 24
-SWITCH_IP = "10.0.0.1"
+SWITCH_IP = "10.0.0.1"       # box 0's; box b is 10.0.0.{1+b}
+MAX_BOXES = 8                # 10.0.0.1 .. 10.0.0.8: below the workers' base
 WORKER_IP_BASE = 11          # worker i is 10.0.0.{11+i}
 MAX_WORKERS = 254 - WORKER_IP_BASE + 1
 
@@ -30,7 +36,8 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_]+")
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """One end host of the lab: the switch ("sw") or a worker ("w0", "w1", ...).
+    """One end host of the lab: a box ("sw", then "sw1", "sw2", ...) or a
+    worker ("w0", "w1", ...).
 
     `iface` is the host's veth end inside `ns`; `peer` is the other end, in the
     bridge namespace (where the loss injector and the pass program attach).
@@ -48,14 +55,18 @@ def new_prefix() -> str:
     return PREFIX_STEM + secrets.token_hex(3)[:5]
 
 
-def check_names(workers: int, prefix: str) -> None:
-    """Reject a worker count or prefix that would fail half-way through the
-    build, with a one-line reason."""
+def check_names(workers: int, prefix: str, boxes: int = 1) -> None:
+    """Reject a worker or box count or a prefix that would fail half-way
+    through the build, with a one-line reason."""
     if not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
         raise LabError(f"workers must be an integer from 1 to {MAX_WORKERS}, not {workers!r}")
+    if isinstance(boxes, bool) or not isinstance(boxes, int) or not 1 <= boxes <= MAX_BOXES:
+        raise LabError(f"boxes must be an integer from 1 to {MAX_BOXES}, not {boxes!r}")
     if not _PREFIX_RE.fullmatch(prefix):
         raise LabError(f"prefix {prefix!r} may hold only letters, digits and '_'")
-    longest = max(f"{prefix}-br0", f"{prefix}-w{workers - 1}", f"{prefix}-b{workers - 1}", key=len)
+    last_box = box_host(prefix, boxes - 1)
+    longest = max(f"{prefix}-br0", f"{prefix}-w{workers - 1}", f"{prefix}-b{workers - 1}",
+                  last_box.iface, last_box.peer, key=len)
     if len(longest) > IFNAMSIZ:
         raise LabError(f"prefix {prefix!r} too long: interface {longest!r} would exceed "
                        f"{IFNAMSIZ} characters")
@@ -70,7 +81,22 @@ def _mac(side: int, group: int, index: int) -> str:
 
 
 def switch_host(prefix: str) -> Host:
-    return Host("sw", f"{prefix}-sw", f"{prefix}-s", SWITCH_IP, _mac(0, 0, 1), f"{prefix}-bs")
+    """Box 0, the lab's switch."""
+    return box_host(prefix, 0)
+
+
+def box_host(prefix: str, b: int) -> Host:
+    """Box `b` (0 .. MAX_BOXES-1): "sw" for 0, "sw{b}" after it; its MACs
+    are the switch group's, index 1+b."""
+    tail = str(b) if b else ""
+    return Host(f"sw{tail}", f"{prefix}-sw{tail}", f"{prefix}-s{tail}", f"10.0.0.{1 + b}",
+                _mac(0, 0, 1 + b), f"{prefix}-bs{tail}")
+
+
+def box_index(host: Host) -> int | None:
+    """Which box `host` is, or None for a worker."""
+    m = re.fullmatch(r"sw(\d*)", host.name)
+    return None if m is None else int(m.group(1) or 0)
 
 
 def worker_host(prefix: str, i: int) -> Host:
@@ -86,8 +112,9 @@ def bridge_mac() -> str:
 
 def peer_mac(host: Host) -> str:
     """The MAC of `host`'s bridge-side veth end (its port on the bridge)."""
-    if host.name == "sw":
-        return _mac(1, 0, 1)
+    b = box_index(host)
+    if b is not None:
+        return _mac(1, 0, 1 + b)
     return _mac(1, 1, int(host.name[1:]))
 
 
@@ -107,7 +134,7 @@ def querier_links(prefix: str) -> tuple[str, str, str]:
 
 def is_namespace_of(prefix: str, ns: str) -> bool:
     """Whether `ns` is one of the namespaces lab `prefix` makes."""
-    return re.fullmatch(rf"{re.escape(prefix)}-(br|sw|w\d+)", ns) is not None
+    return re.fullmatch(rf"{re.escape(prefix)}-(br|sw|sw[1-9]|w\d+)", ns) is not None
 
 
 def prefix_of(ns: str) -> str:

@@ -1,7 +1,8 @@
 """Run the real switch daemon and real workers inside a Lab.
 
 Shared by the tests, `swml-lab demo` and the benchmarks: the switch is
-`swml-switch up` in the switch namespace; workers run either as threads of
+`swml-switch up` in the switch namespace (or in box b's, for a lab of
+several boxes); workers run either as threads of
 this process (each thread moved into its worker's namespace) or as
 processes.
 """
@@ -24,16 +25,19 @@ READY_MARK = " up on "   # in the switch daemon's ready line
 
 
 class SwitchProcess:
-    """`swml-switch up` running in the lab's switch namespace."""
+    """`swml-switch up` running in the namespace of one of the lab's boxes
+    (the switch's unless told)."""
 
     def __init__(self, lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0,
-                 env: dict[str, str] | None = None):
-        """env: extra environment variables for the daemon, on top of ours."""
+                 env: dict[str, str] | None = None, box: int = 0):
+        """env: extra environment variables for the daemon, on top of ours;
+        box: which of lab.switches it runs on."""
         self.lab = lab
-        self.iface = lab.switch.iface
+        self.host = _box(lab, box)
+        self.iface = self.host.iface
         argv = switch_argv(self.iface, args)
         self.started = time.monotonic()
-        self.proc = lab.popen(lab.switch, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = lab.popen(self.host, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, bufsize=1,
                               env={**os.environ, **env} if env else None)
         self.output: list[str] = []
@@ -91,19 +95,33 @@ def switch_argv(iface: str, args: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "switchml_xdp.cli.switch", "up", iface, *args]
 
 
-def start_background_switch(lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0) -> str:
-    """`swml-switch up` in the lab's switch namespace, detached from this process
-    (its own session, output to a log file) so it outlives `swml-lab up`; it
-    goes when the lab does (`swml-lab down` stops every process in the lab's
-    namespaces, and SIGTERM detaches the switch cleanly). Returns its ready
-    line; LabError with the end of its log if it does not come up."""
-    log_path = lifecycle.switch_log_path(lab.prefix)
+def _box(lab: Lab, box: int) -> Host:
+    if isinstance(box, bool) or not isinstance(box, int) or not 0 <= box < len(lab.switches):
+        raise LabError(f"lab {lab.prefix} has boxes 0..{len(lab.switches) - 1}, not {box!r}")
+    return lab.switches[box]
+
+
+def daemon_key(box: int) -> str:
+    """Where the lab's state file records the background switch of box `box`."""
+    return f"switch_daemon{box or ''}"
+
+
+def start_background_switch(lab: Lab, args: Sequence[str] = (), ready_timeout: float = 60.0,
+                            box: int = 0) -> str:
+    """`swml-switch up` in the namespace of box `box` (the switch's unless
+    told), detached from this process (its own session, output to a log
+    file) so it outlives `swml-lab up`; it goes when the lab does (`swml-lab
+    down` stops every process in the lab's namespaces, and SIGTERM detaches
+    the switch cleanly). Returns its ready line; LabError with the end of its
+    log if it does not come up."""
+    host = _box(lab, box)
+    log_path = lifecycle.switch_log_path(lab.prefix, box)
     with open(log_path, "w") as log:
-        proc = netns.popen_in(lab.switch.ns, switch_argv(lab.switch.iface, args),
+        proc = netns.popen_in(host.ns, switch_argv(host.iface, args),
                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     state = lifecycle.read_state(lab.prefix) or lab.describe()
-    state["switch_daemon"] = {"pid": proc.pid, "log": str(log_path), "args": list(args)}
+    state[daemon_key(box)] = {"pid": proc.pid, "log": str(log_path), "args": list(args)}
     lifecycle.write_state(lab.prefix, state)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
@@ -118,6 +136,7 @@ def start_background_switch(lab: Lab, args: Sequence[str] = (), ready_timeout: f
     if proc.poll() is None:
         netns.terminate_pids([proc.pid])
     raise LabError(f"the switch did not come up in lab {lab.prefix}"
+                   + (f" (box {host.name})" if box else "")
                    + (f":\n{tail}" if tail else " (no output)"))
 
 

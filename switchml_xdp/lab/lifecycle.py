@@ -21,7 +21,7 @@ from typing import Protocol
 
 from ..switch import state_files
 from . import loss, netns
-from .addressing import PREFIX_STEM, is_namespace_of, prefix_of, switch_host
+from .addressing import MAX_BOXES, PREFIX_STEM, box_host, is_namespace_of, prefix_of
 
 # beside the switches' own state files: one directory for what `swml-*` leaves in /run
 STATE_DIR = Path(state_files.STATE_DIR)
@@ -57,9 +57,10 @@ def read_state(prefix: str) -> dict | None:
         return None
 
 
-def switch_log_path(prefix: str) -> Path:
-    """Where the switch that `swml-lab up --switch` starts in the background writes."""
-    return STATE_DIR / f"lab-{prefix}.switch.log"
+def switch_log_path(prefix: str, box: int = 0) -> Path:
+    """Where the switch that `swml-lab up --switch` starts in the background
+    on box `box` writes."""
+    return STATE_DIR / f"lab-{prefix}.switch{box or ''}.log"
 
 
 def caller_uid() -> int:
@@ -166,17 +167,19 @@ def lab_namespaces(prefix: str | None = None) -> list[str]:
 
 def remove_lab_files(prefix: str) -> None:
     """The state file and pinned maps of lab `prefix`, and whatever a switch
-    daemon on its switch interface left (pins, state, token and lock files),
-    once its namespaces are gone."""
+    daemon on a box's interface left (pins, state, token and lock files),
+    once its namespaces are gone. Every box a lab may have is looked at: the
+    state file that says how many may be gone already."""
     from .. import bpf  # late: `swml-lab down` needs neither at import
     from ..switch import state_files
 
     state_path(prefix).unlink(missing_ok=True)
-    switch_log_path(prefix).unlink(missing_ok=True)
     loss.remove_pins(prefix)
-    switch_iface = switch_host(prefix).iface
-    if state_files.remove_leftover_files(switch_iface):
-        bpf.remove_pins(bpf.pin_dir(switch_iface))
+    for box in range(MAX_BOXES):
+        switch_log_path(prefix, box).unlink(missing_ok=True)
+        switch_iface = box_host(prefix, box).iface
+        if state_files.remove_leftover_files(switch_iface):
+            bpf.remove_pins(bpf.pin_dir(switch_iface))
 
 
 def _owner_pid(prefix: str) -> int | None:

@@ -1,6 +1,7 @@
 """Packet loss and duplication on the lab's links (xdp/lab/swml_loss.c; no netem here).
 
-Per link (one per host: the switch and every worker) and per direction:
+Per link (one per host: every box, the switch first, and every worker) and
+per direction:
 
     up   = what the host sends     (XDP on the bridge-side end drops,
                                     tc ingress there duplicates)
@@ -119,7 +120,7 @@ def _directions(direction: str) -> tuple[str, ...]:
 
 class LossInjector:
     """The loss maps of one lab (and, in the process that attached them, the
-    compiled programs). Link i is lab.hosts[i]: 0 the switch, 1+r worker r."""
+    compiled programs). Link i is lab.hosts[i]: the boxes, then the workers."""
 
     def __init__(self, lab, program: bpf.Program | None = None):
         self.lab = lab

@@ -1,10 +1,12 @@
-"""An emulated cluster on one machine: a switch and N workers on a Linux bridge,
-each in its own network namespace (names and addresses: lab/addressing.py).
+"""An emulated cluster on one machine: a switch (or M boxes, switch hosts) and
+N workers on a Linux bridge, each in its own network namespace (names and
+addresses: lab/addressing.py).
 
 How it is built, step by step: lab/wiring.py. Bridge-side veth ends carry
 an XDP pass program: see xdp/lab/swml_pass.c for why veth needs one.
 Optional shaping (rate_mbit, lab/shaping.py) gives every worker link the
-same rate in each direction, for every kind of traffic.
+same rate in each direction, for every kind of traffic; box_rate_mbit
+every box's link.
 Optional loss and duplication per link and direction replace the pass
 program with the loss injector (xdp/lab/swml_loss.c, lab/loss.py). A lab
 that is up is registered for removal at exit and on SIGTERM, and describes
@@ -26,7 +28,7 @@ from .. import bpf
 from . import addressing, lifecycle, netns, wiring
 from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
-from .addressing import Host, bridge_iface, bridge_ns, check_names, new_prefix, switch_host, worker_host
+from .addressing import Host, box_host, bridge_iface, bridge_ns, check_names, new_prefix, worker_host
 from .errors import LabError
 from .shaping import check_queue, check_rate, shape_links
 
@@ -56,7 +58,8 @@ class Lab:
                  loss: float | str | None = None, dup: float | str | None = None,
                  loss_port: int | None = None, igmp: bool = False,
                  queue_packets: int | None = None, multicast: bool = True,
-                 query_interval_s: float | None = None):
+                 query_interval_s: float | None = None, boxes: int = 1,
+                 box_rate_mbit: float | None = None):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of
         duplicating, data-port UDP frames on every worker link in both
         directions; giving either (or loss_port) attaches the loss injector at
@@ -71,12 +74,15 @@ class Lab:
         (needs rate_mbit; lab/shaping.py). multicast=False: the bridge
         carries no IPv4 multicast from the switch, as a cloud VPC (for
         `swml-switch up --fanout unicast`; not with loss, whose injector
-        takes the switch's port)."""
+        takes the switch's port). boxes: how many switch hosts
+        (lab.switches; lab.switch is the first), box_rate_mbit the rate of
+        each one's link, both ways (lab/shaping.py)."""
         self.prefix = prefix or new_prefix()
-        check_names(workers, self.prefix)
+        check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
+        check_rate(box_rate_mbit, "box rate")
         check_queue(queue_packets)
-        if queue_packets is not None and rate_mbit is None:
+        if queue_packets is not None and rate_mbit is None and box_rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")
         self.queue_packets = queue_packets
         if not multicast and (loss is not None or dup is not None or loss_port is not None):
@@ -89,7 +95,7 @@ class Lab:
             self.loss_port = None if loss_port is None else loss_mod.check_port(loss_port)
         except loss_mod.LossError as e:
             raise LabError(str(e)) from None
-        self.rate_mbit = rate_mbit
+        self.rate_mbit, self.box_rate_mbit = rate_mbit, box_rate_mbit
         self.keep = keep
         self.igmp = igmp
         if query_interval_s is not None and not igmp:
@@ -101,7 +107,8 @@ class Lab:
             raise LabError(str(e)) from None
         self.bridge_ns = bridge_ns(self.prefix)
         self.bridge = bridge_iface(self.prefix)
-        self.switch = switch_host(self.prefix)
+        self.switches = [box_host(self.prefix, b) for b in range(boxes)]
+        self.switch = self.switches[0]
         self.workers = [worker_host(self.prefix, i) for i in range(workers)]
         self._created: list[str] = []           # namespaces this object made
         self._procs: list[subprocess.Popen] = []
@@ -115,15 +122,15 @@ class Lab:
 
     @property
     def hosts(self) -> list[Host]:
-        """The switch, then the workers in rank order."""
-        return [self.switch, *self.workers]
+        """The boxes (the switch first), then the workers in rank order."""
+        return [*self.switches, *self.workers]
 
     @property
     def namespaces(self) -> list[str]:
         return [self.bridge_ns, *(h.ns for h in self.hosts)]
 
     def host(self, which: Host | str) -> Host:
-        """A Host given itself, its name ("sw", "w0") or its namespace."""
+        """A Host given itself, its name ("sw", "sw1", "w0") or its namespace."""
         if isinstance(which, Host):
             return which
         for h in self.hosts:
@@ -157,11 +164,13 @@ class Lab:
         return {
             "prefix": self.prefix,
             "bridge": {"ns": self.bridge_ns, "iface": self.bridge},
-            "rate_mbit": self.rate_mbit, "queue_packets": self.queue_packets,
+            "rate_mbit": self.rate_mbit, "box_rate_mbit": self.box_rate_mbit,
+            "queue_packets": self.queue_packets,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
             "multicast": self.multicast,
             "switch": dataclasses.asdict(self.switch),
+            "switches": [dataclasses.asdict(b) for b in self.switches],
             "workers": [dataclasses.asdict(w) for w in self.workers],
             "owner_pid": None if self.keep else os.getpid(),
             **lifecycle.owner_fields(),
@@ -181,7 +190,9 @@ class Lab:
                   dup=state.get("dup"), loss_port=state.get("loss_port"),
                   igmp=state.get("igmp", False), queue_packets=state.get("queue_packets"),
                   multicast=state.get("multicast", True),
-                  query_interval_s=state.get("query_interval_s"))
+                  query_interval_s=state.get("query_interval_s"),
+                  boxes=len(state.get("switches") or [state["switch"]]),
+                  box_rate_mbit=state.get("box_rate_mbit"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -196,8 +207,8 @@ class Lab:
                  port: int | None = None) -> None:
         """Drop data-port UDP frames with probability `loss` and duplicate the
         ones that pass with probability `dup` (fractions, or "5%"), on the links
-        of `hosts` (default: every worker; the switch's link is a host too,
-        "sw") in `direction`: "up" (what the host sends), "down" (what it
+        of `hosts` (default: every worker; each box's link is a host too,
+        "sw", "sw1") in `direction`: "up" (what the host sends), "down" (what it
         receives) or "both". `port` changes the UDP port subject to loss for
         the whole lab (0 = all UDP). Takes effect for the next frame; the
         first call on a lab without the injector compiles and attaches it."""
@@ -309,9 +320,9 @@ class Lab:
             self._attach_pass_program()
         else:
             self._attach_loss_injector()
-        if self.rate_mbit is not None:
-            shape_links(self._ipr, self.bridge_ns, self.switch, self.workers, self.rate_mbit,
-                        self.queue_packets)
+        if self.rate_mbit is not None or self.box_rate_mbit is not None:
+            shape_links(self._ipr, self.bridge_ns, self.switches, self.workers, self.rate_mbit,
+                        self.queue_packets, self.box_rate_mbit)
         if self.igmp:
             self._wait_for_querier()
 
@@ -348,12 +359,13 @@ class Lab:
 
     def _make_link(self, host: Host) -> None:
         wiring.make_link(self._ipr(self.bridge_ns), self._ipr(host.ns), self.bridge_ns,
-                         self.bridge, host, is_switch=host is self.switch)
+                         self.bridge, host,
+                         box_qdisc=host in self.switches and self.box_rate_mbit is None)
 
     def _attach_pass_program(self) -> None:
         try:
             self._pass = bpf.compile_program(wiring.PASS_SOURCE, wiring.PASS_PROG)
-            wiring.attach_pass_program(self._pass, self.bridge_ns, self.hosts, self.switch,
+            wiring.attach_pass_program(self._pass, self.bridge_ns, self.hosts, self.switches,
                                        self.multicast)
         except bpf.BpfError as e:
             raise LabError(f"cannot attach the lab's pass program: {e}") from e

@@ -1,8 +1,9 @@
 """Rate limits on the lab's links with tc (TBF and HTB qdiscs through pyroute2).
 
 Optional shaping (`Lab(rate_mbit=...)`) gives every worker link the same rate
-in each direction, for every kind of traffic; `shape_links` says how, and
-docs/design-decisions.md ("Lab") why.
+in each direction, for every kind of traffic, and `Lab(box_rate_mbit=...)`
+every box's link; `shape_links` says how, and docs/design-decisions.md
+("Lab") why.
 """
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from pyroute2 import IPRoute
 from .. import net
 from .addressing import Host
 from .errors import LabError
+from .wiring import SWITCH_QDISC_PACKETS
 
 MAX_RATE_MBIT = 34_000       # TBF's rate is a u32 in bytes/s (pyroute2 has no rate64)
 HTB_HANDLE = 0x10000         # 1:
 HTB_CLASS_BASE = 0x10        # class 1:(10+i) for source i
+HTB_PARENT_CLASS = 0x10001   # 1:1, the sources' parent where the port has a rate of its own
 TBF_CLASS = 0x10001          # 1:1, where TBF attaches its inner qdisc
 QUEUE_HANDLE_BASE = 0x200000 # 20:, 21:, ... for the pfifo children
 MAX_QUEUE_PACKETS = 100_000
 
 
-def check_rate(rate_mbit: float | None) -> None:
+def check_rate(rate_mbit: float | None, what: str = "rate") -> None:
     if rate_mbit is not None and not 0 < rate_mbit <= MAX_RATE_MBIT:
-        raise LabError(f"rate must be in (0, {MAX_RATE_MBIT}] Mbit/s, not {rate_mbit!r}")
+        raise LabError(f"{what} must be in (0, {MAX_RATE_MBIT}] Mbit/s, not {rate_mbit!r}")
 
 
 def check_queue(queue_packets: int | None) -> None:
@@ -64,53 +67,90 @@ def shape(ipr: IPRoute, index: int, rate_mbit: float, queue_packets: int | None 
 
 
 def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequence[str],
-                     queue_packets: int | None = None) -> None:
+                     queue_packets: int | None = None, total_mbit: float | None = None) -> None:
     """Limit what interface `index` sends from each IPv4 source in `sources`
     to rate_mbit, independently: an HTB root qdisc with one class per source
     (1:10, 1:11, ...; rate = ceil, no borrowing), chosen by a u32 filter on the
     IPv4 source address. Anything else (ARP, other sources) matches no class and
     goes through HTB's direct queue, unshaped, so the port is never a
-    bottleneck of its own."""
+    bottleneck of its own. total_mbit: the sources' classes share one parent
+    class (1:1) of that rate as well, the port's own rate: each is guaranteed
+    its share of it and borrows up to rate_mbit (HTB lets a class within its
+    own rate ignore its parent, so the shares sum to the total)."""
     rate = _bytes_per_s(rate_mbit)
     ipr.tc("add", "htb", index, HTB_HANDLE, default=0)   # 0: unclassified -> direct queue
-    quantum = max(1600, min(200_000, rate // 10))
+    parent, guaranteed = HTB_HANDLE, rate
+    if total_mbit is not None:
+        total = _bytes_per_s(total_mbit)
+        parent, rate = HTB_PARENT_CLASS, min(rate, total)
+        guaranteed = min(rate, total // len(sources))
+        ipr.tc("add-class", "htb", index, parent, parent=HTB_HANDLE, rate=total, ceil=total,
+               burst=_burst(total), cburst=_burst(total), quantum=_quantum(total))
     for i, ip in enumerate(sources):
         classid = HTB_HANDLE | (HTB_CLASS_BASE + i)
-        ipr.tc("add-class", "htb", index, classid, parent=HTB_HANDLE, rate=rate, ceil=rate,
-               burst=_burst(rate), cburst=_burst(rate), quantum=quantum)
+        ipr.tc("add-class", "htb", index, classid, parent=parent, rate=guaranteed, ceil=rate,
+               burst=_burst(rate), cburst=_burst(rate), quantum=_quantum(guaranteed))
         _queue(ipr, index, classid, i, queue_packets)
         ipr.tc("add-filter", "u32", index, parent=HTB_HANDLE, prio=1, protocol=0x0800,
                target=classid, keys=[f"0x{ipaddress.IPv4Address(ip).packed.hex()}/0xffffffff+12"])
 
 
-def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switch: Host,
-                workers: Sequence[Host], rate_mbit: float,
-                queue_packets: int | None = None) -> None:
-    """Every worker gets rate_mbit up and rate_mbit down, whatever sends.
-    `ipr_in(ns)` gives a netlink socket in namespace ns.
+def _quantum(rate: int) -> int:
+    """HTB's quantum for a class of `rate` bytes/s: within what it accepts."""
+    return max(1600, min(200_000, rate // 10))
+
+
+def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequence[Host],
+                workers: Sequence[Host], rate_mbit: float | None,
+                queue_packets: int | None = None, box_rate_mbit: float | None = None) -> None:
+    """Every worker gets rate_mbit up and rate_mbit down, whatever sends;
+    every box (switch host) box_rate_mbit both ways. Either may be None
+    (that kind of link unshaped). `ipr_in(ns)` gives a netlink socket in
+    namespace ns.
 
         downstream to worker i   TBF on the egress of its bridge port b{i}:
                                  all it receives was forwarded by the bridge
                                  (dev_queue_xmit), the switch's XDP_TX'd
                                  RESULTs and Gloo's TCP from other workers too
-        upstream, worker i ->    HTB on the egress of the switch's bridge port
-        switch                   bs, one class per worker (by source IP) at
-                                 the rate: shapes AF_XDP frames, which skip
-                                 the worker's own qdisc, each worker on its
-                                 own, and the port is not a shared bottleneck
+        upstream, worker i ->    HTB on the egress of every box's bridge port
+        a box                    (bs, bs1, ...), one class per worker (by
+                                 source IP) at the rate: shapes AF_XDP frames,
+                                 which skip the worker's own qdisc, each
+                                 worker on its own, and the port is not a
+                                 shared bottleneck (but a worker's AF_XDP
+                                 frames to M boxes get M times its rate)
         upstream, kernel         TBF on the worker's own interface: covers
         sockets                  worker -> worker traffic (Gloo), which never
                                  crosses bs; to the switch it is shaped twice
                                  at the same rate, which changes nothing
+        downstream to box b      on the egress of its bridge port: TBF at
+                                 box_rate_mbit, or with worker rates the HTB
+                                 above under one parent class at box_rate_mbit
+        upstream, box b          TBF on the box's own interface: what its
+                                 stack sends (control replies, the unicast
+                                 fan-out's copies); its XDP_TX'd RESULTs skip
+                                 it (one frame a RESULT on the box's link for
+                                 N on the workers', whose ports shape them)
 
-    The switch's own interface stays unshaped: a real switch's ports are as
-    fast as the workers' and the workers' links are the bottleneck. The
-    loss injector's clsact hooks on the bridge ports run before these qdiscs
-    and are independent of them. queue_packets, if given, is every shaped
-    queue's depth in packets (a switch port's buffer), else TBF's 20 ms."""
+    Without box_rate_mbit the boxes' own interfaces stay unshaped: a real
+    switch's ports are as fast as the workers' and the workers' links are the
+    bottleneck. The loss injector's clsact hooks on the bridge ports run before
+    these qdiscs and are independent of them. queue_packets, if given, is
+    every shaped queue's depth in packets (a switch port's buffer), else TBF's
+    20 ms; a box's own interface keeps the queue an unshaped one has
+    (lab/wiring.py) unless queue_packets says otherwise."""
     br = ipr_in(bridge_ns)
-    for w in workers:
-        shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit, queue_packets)
-        shape(br, net.link_index(w.peer, bridge_ns), rate_mbit, queue_packets)
-    shape_per_source(br, net.link_index(switch.peer, bridge_ns), rate_mbit,
-                     [w.ip for w in workers], queue_packets)
+    if rate_mbit is not None:
+        for w in workers:
+            shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit, queue_packets)
+            shape(br, net.link_index(w.peer, bridge_ns), rate_mbit, queue_packets)
+    for box in switches:
+        port = net.link_index(box.peer, bridge_ns)
+        if rate_mbit is not None:
+            shape_per_source(br, port, rate_mbit, [w.ip for w in workers], queue_packets,
+                             total_mbit=box_rate_mbit)
+        elif box_rate_mbit is not None:
+            shape(br, port, box_rate_mbit, queue_packets)
+        if box_rate_mbit is not None:
+            shape(ipr_in(box.ns), net.link_index(box.iface, box.ns), box_rate_mbit,
+                  queue_packets or SWITCH_QDISC_PACKETS)

@@ -1,11 +1,13 @@
 """What a lab is built of, step by step: quiet namespaces, the bridge, one veth
-link a host, and the XDP pass program on the bridge side of every link. Lab
+link a host (boxes and workers alike), and the XDP pass program on the
+bridge side of every link. Lab
 (lab/namespace_lab.py) calls these in order and undoes them; each takes the
 netlink sockets it works through (pyroute2 IPRoute, one a namespace).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -63,10 +65,12 @@ def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None,
 
 
 def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host, *,
-              is_switch: bool) -> None:
+              box_qdisc: bool) -> None:
     """Veth from the bridge namespace straight into the host's (`br` and `ipr`
     their sockets): the pair never shows up in the namespace this process
-    runs in. The switch's end gets a qdisc (SWITCH_QDISC_PACKETS)."""
+    runs in. With box_qdisc (a box whose link is not shaped: a shaped one
+    gets its shaper's queue, lab/shaping.py), the host's end gets a qdisc
+    (SWITCH_QDISC_PACKETS)."""
     fd = netns.netns_fd(host.ns)
     try:
         br.link("add", ifname=host.peer, kind="veth",
@@ -83,16 +87,16 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
     ipr.link("set", index=i, address=host.mac)
     ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
     ipr.link("set", index=i, state="up")
-    if is_switch:
+    if box_qdisc:
         ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)
 
 
-def attach_pass_program(prog: bpf.Program, bridge_ns: str, hosts: list[Host], switch: Host,
-                        multicast: bool) -> None:
+def attach_pass_program(prog: bpf.Program, bridge_ns: str, hosts: list[Host],
+                        switches: Sequence[Host], multicast: bool) -> None:
     """Attach xdp/lab/swml_pass.c (`prog`, compiled from PASS_SOURCE), native,
-    to the bridge side of every host's link; on the switch's, without
-    multicast, its variant that drops the switch's multicast."""
+    to the bridge side of every host's link; on every box's (`switches`),
+    without multicast, its variant that drops the box's multicast."""
     no_multicast = None if multicast else prog.load(NO_MULTICAST_PROG)
     for host in hosts:
-        fd = no_multicast if host is switch and no_multicast else prog.fd
+        fd = no_multicast if host in switches and no_multicast else prog.fd
         bpf.attach(host.peer, fd, "native", netns=bridge_ns)
