@@ -1,4 +1,5 @@
-"""The lab: an emulated cluster (switch + N workers on a bridge) in network namespaces.
+"""The lab: an emulated cluster (a switch, or M boxes, + N workers on a bridge) in
+network namespaces.
 
     from switchml_xdp.lab import Lab
     with Lab(workers=4, rate_mbit=1000) as lab:
