@@ -86,6 +86,13 @@ class Listen(Parsed):
         super().__init__("[ADDR:]PORT", _imported("..switch.metrics", "parse_listen"), tuple)
 
 
+class Rate(Parsed):
+    """A rate in bits/s: 40G, 100M, 2.5g (switch/capacity.py's parse_rate)."""
+
+    def __init__(self):
+        super().__init__("RATE", _imported("..switch.capacity", "parse_rate"), int)
+
+
 def allreduce_options(size: str, iterations: int, warmup: int, iterations_flags=("--iterations",)):
     """--size, --iterations, --warmup, --dtype, --backend: how a benchmark
     reduces (swml-worker bench, swml-lab demo), with each command's defaults."""

@@ -65,10 +65,21 @@ def slots_in_use(st: dict) -> int:
     return sum(j["slots"] for j in st["jobs"] if j["state"] == "running")
 
 
+def bits_per_s(bps: int | None) -> str:
+    """10 Gbit/s, 200 Mbit/s; "unknown" for None."""
+    if bps is None:
+        return "unknown"
+    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g} {unit}"
+    return f"{bps} bit/s"
+
+
 def headline(st: dict) -> list[str]:
     p = st["params"]
     first = (f"switch {st['iface']}: {st['label']}, k={p['k']}, fanout "
-             f"{st.get('fanout', 'multicast')}, slots {slots_in_use(st)}/{p['slots']} in use")
+             f"{st.get('fanout', 'multicast')}, slots {slots_in_use(st)}/{p['slots']} in use, "
+             f"capacity {bits_per_s(st.get('capacity_bps'))}")
     second = (f"data {st['ip']}:{p['port']}, control {st['ip']}:{st['control_port']}, "
               f"daemon pid {st['pid']} {'running' if st['alive'] else 'NOT RUNNING'}, "
               f"up {time.time() - st['started']:.0f} s")

@@ -11,7 +11,7 @@ from .. import wire
 from ..switch import daemon
 from ..switch.dataplane import FANOUTS, SwitchParams
 from . import status_view
-from .common import CONTEXT, Listen, version_option
+from .common import CONTEXT, Listen, Rate, version_option
 from .switch_config import config_option
 
 
@@ -63,9 +63,13 @@ def main() -> None:
               help="also serve Prometheus metrics at http://[ADDR:]PORT/metrics (counters by "
                    "reason, per-job packets and bytes, jobs, members, slots; docs/operations.md) "
                    "[default: off; ADDR: every address]")
+@click.option("--capacity", type=Rate(), default=None, metavar="RATE",
+              help="what this box's port carries, in bits/s (40G, 100M): a job over several "
+                   "boxes gives each a share of every tensor in proportion (docs/scale-out.md) "
+                   "[default: the port's link speed as the kernel reports it]")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
 def up(config, iface, elements, slots, job_slots, port, control_port, dataplane, mode, fanout,
-       auth, lease, require_token, initial_seq, metrics, verbose):
+       auth, lease, require_token, initial_seq, metrics, capacity, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C.
 
     Options may also come from a TOML file (--config; /etc/swml/switch.toml is
@@ -81,7 +85,7 @@ def up(config, iface, elements, slots, job_slots, port, control_port, dataplane,
         dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode,
                                    fanout)
         daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
-                   metrics=metrics, auth=auth)
+                   metrics=metrics, auth=auth, capacity_bps=capacity)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 

@@ -46,6 +46,14 @@ class JobInfo:
     # covering what `auth` says (wire.AUTH_HEADER or AUTH_FULL).
     result_key: bytes = bytes(wire.RESULT_KEY_LEN)
     auth: int = wire.AUTH_HEADER
+    # What the box's port carries, bits/s (None: it does not say): a job over
+    # several boxes splits every tensor in proportion (client/boxes.py).
+    capacity_bps: int | None = None
+
+
+def _capacity(value) -> int | None:
+    """The join reply's capacity: a positive int, or None (unknown, or not an int)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _result_auth(reply: dict) -> tuple[bytes, int]:
@@ -176,13 +184,17 @@ class ControlClient:
 
     # --- the protocol ------------------------------------------------------------
     def join(self, job: str, world: int, rank: int, ip: str, port: int, mac: str = "",
-             timeout: float = 60.0, k: int | None = None, token: str | None = None) -> JobInfo:
-        """token: the job's secret (every rank the same); None: an open job."""
+             timeout: float = 60.0, k: int | None = None, token: str | None = None,
+             boxes: str | None = None) -> JobInfo:
+        """token: the job's secret (every rank the same); None: an open job.
+        boxes: a job over several boxes, every box it joins (client/boxes.py)."""
         self._token = {"token": token} if token is not None else {}
         msg = {"op": "join", "job": job, "world": world, "rank": rank, "ip": ip, "port": port,
                "mac": mac, "timeout": timeout, **self._token}
         if k is not None:
             msg["k"] = k
+        if boxes is not None:
+            msg["boxes"] = boxes
         self._send(msg)
         self.sock.settimeout(timeout + 10.0)  # the switch answers at the barrier or its timeout
         try:
@@ -201,7 +213,8 @@ class ControlClient:
         info = JobInfo(reply["job"], reply["job_id"], reply["world"], reply["rank"], reply["k"],
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
                        grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"],
-                       sw.get("fanout", "multicast"), *_result_auth(reply))
+                       sw.get("fanout", "multicast"), *_result_auth(reply),
+                       _capacity(sw.get("capacity_bps")))
         self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
                             **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)

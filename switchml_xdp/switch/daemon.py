@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 from .. import net, wire
 from . import descriptors
+from .capacity import capacity_bps as box_capacity_bps
 from .control import ControlServer
 from .data_port import hold_data_port
 from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
@@ -92,8 +93,15 @@ class Switch:
 
     def __init__(self, dataplane: Dataplane, control_port: int,
                  job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S,
-                 require_token: bool = False, initial_seq: int = 0, auth: str = "header"):
+                 require_token: bool = False, initial_seq: int = 0, auth: str = "header",
+                 capacity_bps: int | None = None):
+        """capacity_bps: what joiners are told the box carries (switch/capacity.py;
+        None: the port's link speed, where the kernel knows it)."""
         self.dp, self.iface, self.params = dataplane, dataplane.iface, dataplane.params
+        if capacity_bps is not None and capacity_bps <= 0:
+            raise SwitchError(f"--capacity must be above zero, got {capacity_bps}")
+        self.configured_capacity_bps = capacity_bps
+        self.capacity_bps: int | None = capacity_bps
         if auth not in wire.AUTH_MODES:
             raise SwitchError(f"--auth must be one of {', '.join(wire.AUTH_MODES)}, got {auth!r}")
         self.auth = auth  # what RESULT authenticators cover (docs/security.md)
@@ -115,6 +123,7 @@ class Switch:
         if not 1 <= self.control_port <= 65535:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.iface)
+        self.capacity_bps = box_capacity_bps(self.iface, self.configured_capacity_bps)
         descriptors.raise_limit()
         # Before anything is loaded: a second `up`, however close behind, stops here.
         try:
@@ -189,7 +198,7 @@ class Switch:
     def switch_info(self) -> dict:
         """What joiners are told of the switch (and `status` shows)."""
         return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port,
-                "fanout": self.dp.fanout, "auth": self.auth}
+                "fanout": self.dp.fanout, "auth": self.auth, "capacity_bps": self.capacity_bps}
 
     def write_state(self) -> None:
         st = {"iface": self.iface, "pid": os.getpid(), "params": asdict(self.params),
@@ -197,6 +206,7 @@ class Switch:
               "control_port": self.control_port, "started": self.started,
               "lease_s": self.lease_s, "job_slots": self.job_slots,
               "require_token": self.require_token, "auth": self.auth,
+              "capacity_bps": self.capacity_bps,
               "netns_inode": netns_inode(),
               "jobs": self.table.describe() if self.table else []}
         self._wrote_state = True
@@ -248,11 +258,12 @@ class Switch:
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
         lease_s: float = DEFAULT_LEASE_S, require_token: bool = False,
         initial_seq: int = 0, metrics: tuple[str, int] | None = None,
-        auth: str = "header") -> dict[str, int]:
+        auth: str = "header", capacity_bps: int | None = None) -> dict[str, int]:
     """Serve until SIGINT/SIGTERM; returns the data plane's final counters.
     metrics: (address, port) of a Prometheus endpoint to serve as well."""
     t0 = time.monotonic()
-    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq, auth)
+    sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq, auth,
+                capacity_bps)
     iface, params = sw.iface, sw.params
     try:
         sw.load()

@@ -152,19 +152,27 @@ def test_metrics_listen_address(text, expected):
 def test_config_file_gives_the_options_and_the_command_line_wins(tmp_path, captured_up):
     cfg = tmp_path / "switch.toml"
     cfg.write_text('iface = "eth7"\nelements = 64\nslots = 512\nrequire-token = true\n'
-                   'metrics = "127.0.0.1:9109"\njob-slots = 32\nfanout = "unicast"\n')
+                   'metrics = "127.0.0.1:9109"\njob-slots = 32\nfanout = "unicast"\n'
+                   'capacity = "40G"\n')
     # The systemd unit's form: everything from the file.
     r = CliRunner().invoke(switch_cli.main, ["up", "--config", str(cfg)])
     assert r.exit_code == 0, r.output
     assert captured_up["iface"] == "eth7" and captured_up["params"].k == 64
     assert captured_up["params"].slots == 512 and captured_up["job_slots"] == 32
     assert captured_up["require_token"] is True and captured_up["metrics"] == ("127.0.0.1", 9109)
-    assert captured_up["fanout"] == "unicast"
+    assert captured_up["fanout"] == "unicast" and captured_up["capacity_bps"] == 40 * 10**9
     r = CliRunner().invoke(switch_cli.main, ["up", "--config", str(cfg), "eth9", "-k", "128",
                                              "--fanout", "multicast"])
     assert r.exit_code == 0, r.output
     assert captured_up["iface"] == "eth9" and captured_up["params"].k == 128
     assert captured_up["params"].slots == 512 and captured_up["fanout"] == "multicast"
+
+
+@pytest.mark.parametrize("bad", ["0", "-1G", "40Q", "fast"])
+def test_a_bad_capacity_is_one_clear_error(captured_up, bad):
+    r = CliRunner().invoke(switch_cli.main, ["up", "eth1", "--capacity", bad])
+    assert r.exit_code == 2 and "--capacity" in r.output and "rate" in r.output, r.output
+    assert "Traceback" not in r.output
 
 
 def test_the_systemd_units_command_line_works(tmp_path, captured_up):
@@ -268,10 +276,10 @@ def captured_up(monkeypatch):
         return object()
 
     def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None,
-            auth="header"):
+            auth="header", capacity_bps=None):
         seen.update(control_port=control_port, job_slots=job_slots, lease=lease,
                     require_token=require_token, initial_seq=initial_seq, metrics=metrics,
-                    auth=auth)
+                    auth=auth, capacity_bps=capacity_bps)
         return {}
 
     monkeypatch.setattr(switch_cli.daemon, "make_dataplane", make_dataplane)
