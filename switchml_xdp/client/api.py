@@ -18,12 +18,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from .. import net, wire
-from .backend import Backend, LocalEnd
+from .backend import STAT_KEYS, Backend, LocalEnd
+from .boxes import Box, BoxSplit, check_same_k, parse_switches
 from .calls import Call, CallMismatch, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
 from .plans import streamed
@@ -55,7 +57,8 @@ def _afxdp_unavailable_reason() -> str | None:
 class Worker:
     """One rank of a job. Use as a context manager, or call close()."""
 
-    def __init__(self, switch: str, job: str, rank: int, world: int, iface: str | None = None,
+    def __init__(self, switch: str | Sequence[str], job: str, rank: int, world: int,
+                 iface: str | None = None,
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
                  stall_timeout: float = STALL_TIMEOUT_S, verbose: bool = True, token: str | None = None,
@@ -65,27 +68,37 @@ class Worker:
         None: an open job, which anyone who reaches the switch can disturb.
         window: the congestion window and pacing (client/window.py; None: the
         default, or what SWML_WINDOW* in the environment say; NO_WINDOW: all
-        the job's slots at once, no pacing)."""
+        the job's slots at once, no pacing).
+        switch: one box's address, or several ("A,B" or a list): the job
+        joins every box, and each tensor is split over them by their
+        capacity (client/boxes.py; box i's UDP port is port + i)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be a positive integer, not {world!r}")
         if not isinstance(rank, int) or not 0 <= rank < world:
             raise ValueError(f"rank must be in 0..{world - 1}, not {rank!r}")
-        self.local = local_end(switch, control_port, iface)
+        self.switches = parse_switches(switch)
+        self.local = local_end(self.switches[0], control_port, iface)
         self.iface, self.local_ip = self.local.iface, self.local.ip
         self.backend_name = self._choose_backend(backend, verbose)
         self._requested_backend, self._verbose = backend, verbose
         self._window = window_policy(window)
-        self._control = ControlClient(switch, control_port)
+        listed = ",".join(self.switches) if len(self.switches) > 1 else None
+        self._boxes: list[Box] = []
         try:
-            self.info: JobInfo = self._control.join(job, world, rank, self.local_ip, port,
-                                                    self.local.mac, join_timeout,
-                                                    token=token)
-            self._backend: Backend = self._make_backend(stall_timeout)
+            for i, address in enumerate(self.switches):
+                self._boxes.append(self._join_box(i, address, job, world, rank, port + i,
+                                                  control_port, iface, join_timeout, token,
+                                                  listed, stall_timeout))
+            check_same_k(self._boxes)
         except BaseException:
-            self._control.close()
+            for box in self._boxes:
+                box.close()
             raise
+        first = self._boxes[0]
+        self._control, self.info, self._backend = first.control, first.info, first.backend
+        self._split = BoxSplit(self._boxes) if len(self._boxes) > 1 else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-r{rank}")
         self._lock = threading.Lock()
         self._calls = 0  # calls made on this Worker: part of each call's tag
@@ -107,13 +120,37 @@ class Worker:
             print(f"switchml-xdp: backend auto -> {chosen}{why}", file=sys.stderr)
         return chosen
 
-    def _make_backend(self, stall_timeout: float) -> Backend:
-        args = (self.info, self.local, self._control.abort)
-        if self.backend_name == "afxdp":
+    def _join_box(self, i: int, address: str, job: str, world: int, rank: int, port: int,
+                  control_port: int, iface: str | None, join_timeout: float, token: str | None,
+                  listed: str | None, stall_timeout: float) -> Box:
+        """Join the job on box i and set up its datapath."""
+        local = self.local if i == 0 else local_end(address, control_port, iface)
+        control = ControlClient(address, control_port)
+        try:
+            info = control.join(job, world, rank, local.ip, port, local.mac, join_timeout,
+                                token=token, boxes=listed)
+            return Box(address, control, info, self._make_backend(i, info, local, control,
+                                                                  stall_timeout))
+        except BaseException as e:
+            control.close()
+            if listed is not None and isinstance(e, (ControlError, OSError)):
+                raise type(e)(f"box {address}: {e}") from None
+            raise
+
+    def _make_backend(self, i: int, info: JobInfo, local: LocalEnd, control: ControlClient,
+                      stall_timeout: float) -> Backend:
+        args = (info, local, control.abort)
+        kw = {"stall_timeout": stall_timeout, "window": self._window, "verbose": self._verbose}
+        if self.backend_name == "afxdp" and i > 0:
+            # One AF_XDP datapath a host and interface for now: the job's
+            # other boxes stream over udp (docs/scale-out.md).
+            if self._verbose:
+                print(f"switchml-xdp: box {info.switch_ip} on udp (box {self.switches[0]} has the "
+                      f"AF_XDP datapath)", file=sys.stderr)
+        elif self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
             try:
-                return AfxdpBackend(*args, stall_timeout=stall_timeout, window=self._window,
-                                    verbose=self._verbose)
+                return AfxdpBackend(*args, **kw)
             except (RuntimeError, OSError) as e:
                 if self._requested_backend != "auto":
                     raise
@@ -123,8 +160,7 @@ class Worker:
                           "backend auto -> udp", file=sys.stderr)
                 self.backend_name = "udp"
         from .udp_backend import UdpBackend
-        return UdpBackend(*args, stall_timeout=stall_timeout, window=self._window,
-                          verbose=self._verbose)
+        return UdpBackend(*args, **kw)
 
     # --- the API -------------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", precision: str = "32") -> np.ndarray:
@@ -206,14 +242,20 @@ class Worker:
 
     @property
     def precisions(self) -> tuple[str, ...]:
-        """The precisions this Worker's datapath streams (allreduce's `precision`)."""
-        return self._backend.precisions
+        """The precisions this Worker's datapath streams (allreduce's `precision`):
+        over several boxes, those every box's datapath streams."""
+        return tuple(p for p in self._backend.precisions
+                     if all(p in b.backend.precisions for b in self._boxes))
 
     def _reduce(self, array: np.ndarray, call: Call) -> np.ndarray:
         with self._lock:
-            self._control.abort.raise_if_set(self.info.name)
+            for box in self._boxes:
+                box.control.abort.raise_if_set(self.info.name)
             t0 = time.perf_counter()
-            self._backend.allreduce(streamed(array), call)
+            if self._split is not None:
+                self._split.reduce(streamed(array), call)
+            else:
+                self._backend.allreduce(streamed(array), call)
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0
@@ -223,21 +265,27 @@ class Worker:
         return array
 
     def stats(self) -> dict:
-        """Counters of this worker: tensors, elements, packets, retransmissions."""
-        return {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
-                "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
-                "slots": self.info.slots, **self._stats, **self._backend.stats()}
+        """Counters of this worker: tensors, elements, packets, retransmissions
+        (over several boxes: their sums, and each box's under "boxes")."""
+        out = {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
+               "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
+               "slots": self.info.slots, **self._stats, **self._backend.stats()}
+        if self._split is not None:
+            per_box = [box.stats() for box in self._boxes]
+            for key in STAT_KEYS:
+                out[key] = sum(b.get(key, 0) for b in per_box)
+            out["boxes"] = per_box
+        return out
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._executor.shutdown(wait=True)
-        try:
-            self._control.leave()
-        finally:
-            self._control.close()
-            self._backend.close()
+        if self._split is not None:
+            self._split.close()
+        for box in self._boxes:
+            box.close()
 
     def __enter__(self) -> Worker:
         return self

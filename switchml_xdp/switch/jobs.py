@@ -78,6 +78,7 @@ class Job:
     state: str = "joining"        # joining -> running -> ended
     created: float = field(default_factory=time.time)
     failure: str | None = None    # why a job ended before it started (told to its joiners)
+    boxes: str | None = None      # the boxes its ranks join, as its first rank listed them
 
     @property
     def protected(self) -> bool:
@@ -152,7 +153,8 @@ class JobTable:
         job = self.jobs.get(name)
         if job is None:
             job = Job(name, None, world, port, None, 0,
-                      token_hash=token_digest(token) if token is not None else None)
+                      token_hash=token_digest(token) if token is not None else None,
+                      boxes=msg.get("boxes"))
         else:
             # The token first: a stranger learns nothing more of the job.
             job.check_token(token)
@@ -161,6 +163,10 @@ class JobTable:
                                    f"wait for it to end or use another name")
             if job.world != world:
                 raise ControlError(f"job {name!r} has world {job.world}, this worker says {world}")
+            if job.boxes != msg.get("boxes"):
+                raise ControlError(f"job {name!r}: its ranks list different boxes: "
+                                   f"{job.boxes or 'this one only'} and, from rank {rank}, "
+                                   f"{msg.get('boxes') or 'this one only'}")
         if rank in job.members:
             m = job.members[rank]
             raise ControlError(f"rank {rank} of job {name!r} already joined from {m.ip}:{m.port}")

@@ -135,6 +135,7 @@ class Field:
     default: object = REQUIRED
 
 
+MAX_BOXES_LEN = 1024   # a comma-separated list of box addresses
 TOKEN = Field(Nullable(Text(MAX_TOKEN_LEN)), None)
 JOB = Field(Text(MAX_JOB_NAME_LEN, JOB_NAME_RE, "letters, digits, '.', '_' and '-'"))
 
@@ -150,6 +151,9 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "ip": Field(Ipv4()),
         "mac": Field(Mac(), ""),
         "k": Field(Nullable(Integer(1, wire.MAX_K)), None),
+        # A job over several boxes: every box its rank joins, as the rank
+        # lists them (the same on every rank, or the join is refused).
+        "boxes": Field(Nullable(Text(MAX_BOXES_LEN)), None),
     },
     "resume": {"job": JOB, "token": TOKEN, "job_id": Field(Integer(1, wire.MAX_JOBS - 1)),
                "rank": Field(Integer(0, wire.MAX_WORLD - 1))},

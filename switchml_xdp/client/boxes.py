@@ -1,0 +1,181 @@
+"""A job over several boxes: each tensor split over them by their capacity.
+
+`Worker(switch=["10.0.0.1", "10.0.0.2"], ...)` joins the job on every box
+(one token; on each its own key, slots and stream), then streams part of each
+tensor through each box at once, every box on its own thread with its own
+window, pacing, retransmissions and statistics (its own backend).
+
+The split is the same on every rank by construction: it depends only on the
+tensor's length, k and what the boxes said at join (their capacity in bits/s:
+switch/capacity.py), never on a rank's timing. Parts are whole blocks of k
+elements, each box's count of blocks in proportion to its capacity (equal
+parts where a box does not say); so every block is quantized and summed as
+through one box, and the result is the same, bit for bit
+(docs/scale-out.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .backend import Backend
+from .calls import Call
+from .control import ControlClient, ControlError, JobInfo
+
+MAX_BOXES = 8
+
+
+def parse_switches(switch: str | Sequence[str]) -> list[str]:
+    """The boxes of `switch`: one address, "A,B,..." or a list of them, in
+    order; ValueError (one line) for none, a duplicate or too many."""
+    items = switch.split(",") if isinstance(switch, str) else list(switch)
+    boxes = [str(b).strip() for b in items]
+    if not boxes or any(not b for b in boxes):
+        raise ValueError(f"switch must name one box or several, comma-separated, not {switch!r}")
+    if len(boxes) > MAX_BOXES:
+        raise ValueError(f"a job spans at most {MAX_BOXES} boxes, not {len(boxes)}")
+    seen: dict[str, str] = {}
+    for b in boxes:
+        key = _address_of(b)
+        if key in seen:
+            raise ValueError(f"box {b} is given twice ({seen[key]} and {b} are one address): "
+                             "list every box once")
+        seen[key] = b
+    return boxes
+
+
+def _address_of(box: str) -> str:
+    """What a box is, to tell duplicates: its IPv4 address (names resolved)."""
+    try:
+        return str(ipaddress.IPv4Address(box))
+    except ValueError:
+        try:
+            return socket.gethostbyname(box)
+        except OSError:
+            return box   # unresolvable: the join says so, naming it
+
+
+def block_shares(blocks: int, capacities: Sequence[int | None]) -> list[int]:
+    """Blocks of k elements for each box, summing to `blocks`: in proportion
+    to the capacities (equal where one is unknown), the remainder to the
+    largest fractional parts, ties to the earlier box. Integers only, so
+    every rank computes the same."""
+    n = len(capacities)
+    caps = list(capacities) if all(c for c in capacities) else [1] * n
+    total = sum(caps)
+    shares = [blocks * c // total for c in caps]
+    rest = blocks - sum(shares)
+    by_fraction = sorted(range(n), key=lambda i: (-(blocks * caps[i] % total), i))
+    for i in by_fraction[:rest]:
+        shares[i] += 1
+    return shares
+
+
+def split(n: int, k: int, capacities: Sequence[int | None]) -> list[tuple[int, int]]:
+    """Each box's elements [start, end) of an n-element tensor."""
+    shares = block_shares(-(-n // k), capacities)
+    out, start = [], 0
+    for s in shares:
+        end = min(n, start + s * k)
+        out.append((start, end))
+        start = end
+    return out
+
+
+@dataclasses.dataclass
+class Box:
+    """One box of the job, as this rank holds it."""
+    address: str
+    control: ControlClient
+    info: JobInfo
+    backend: Backend
+
+    def stats(self) -> dict:
+        return {"box": self.address, "capacity_bps": self.info.capacity_bps,
+                "backend": self.backend.name, **self.backend.stats()}
+
+    def close(self) -> None:
+        """Leave the job on this box and release its datapath."""
+        try:
+            self.control.leave()
+        except Exception:  # noqa: BLE001 - a box that is gone: nothing to leave
+            pass
+        finally:
+            self.control.close()
+            self.backend.close()
+
+
+def check_same_k(boxes: list[Box]) -> None:
+    """Every box of a job must aggregate the same k (a block is one packet on
+    each): ControlError naming what each says."""
+    ks = {b.info.k for b in boxes}
+    if len(ks) > 1:
+        said = ", ".join(f"{b.address} k={b.info.k}" for b in boxes)
+        raise ControlError(f"the job's boxes aggregate different k ({said}): start every box "
+                           "with the same -k")
+
+
+class BoxError(RuntimeError):
+    """A call failed on one box: says which (the failure's own type where
+    callers tell them apart is kept: see `named`)."""
+
+
+def named(box: Box, call: Call, e: BaseException) -> BaseException:
+    """The error of `call` on `box`, as the same type, naming the box."""
+    msg = f"box {box.address}: {e}"
+    try:
+        out = type(e)(msg)
+    except Exception:  # noqa: BLE001 - a type that does not take one message
+        out = BoxError(msg)
+    return out
+
+
+class BoxSplit:
+    """Streams each call's parts through every box at once."""
+
+    def __init__(self, boxes: list[Box]):
+        self.boxes = boxes
+        self.k = boxes[0].info.k
+        self.capacities = [b.info.capacity_bps for b in boxes]
+        self._pool = ThreadPoolExecutor(max_workers=len(boxes) - 1, thread_name_prefix="swml-box")
+
+    def reduce(self, flat: np.ndarray, call: Call) -> None:
+        """Reduce the 1-D array `flat` in place: part i through box i. A
+        failure on any box fails the call, naming the box (the first box's
+        in list order where several fail); every box finishes its part first,
+        so no box is left mid-stream."""
+        parts = split(flat.size, self.k, self.capacities)
+        jobs: list[tuple[Box, Future | None]] = []
+        mine = None
+        for box, (a, b) in zip(self.boxes, parts):
+            if a == b:
+                continue
+            # Each part a call of its own on its box: its count in its tag.
+            sub = dataclasses.replace(call, count=b - a, shard=0)
+            if mine is None:
+                mine = (box, flat[a:b], sub)     # on this thread, after the others start
+                continue
+            jobs.append((box, self._pool.submit(box.backend.allreduce, flat[a:b], sub)))
+        errors: list[tuple[Box, BaseException]] = []
+        if mine is not None:
+            try:
+                mine[0].backend.allreduce(mine[1], mine[2])
+            except BaseException as e:  # noqa: BLE001 - the others finish first
+                errors.append((mine[0], e))
+        for box, fut in jobs:
+            try:
+                fut.result()
+            except BaseException as e:  # noqa: BLE001 - reported below, naming the box
+                errors.append((box, e))
+        if errors:
+            order = {id(b): i for i, b in enumerate(self.boxes)}
+            box, e = min(errors, key=lambda be: order[id(be[0])])
+            raise named(box, call, e) from e
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
