@@ -43,6 +43,27 @@ class IPv4Address(click.ParamType):
             self.fail(f"{text!r} is neither an IPv4 address nor a host name with one", param, ctx)
 
 
+class Boxes(click.ParamType):
+    """One switch box or several, comma-separated: IPv4 addresses or host
+    names (as IPv4Address takes them), each once."""
+    name = "IPV4[,IPV4...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        from ..client.boxes import parse_switches
+
+        try:
+            boxes = parse_switches(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        addresses = [IPv4Address().convert(b, param, ctx) for b in boxes]
+        try:
+            return parse_switches(addresses)   # two names of one address
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 class Parsed(click.ParamType):
     """A value that `parse` reads from its text, whose ValueError becomes
     click's one-line error; a value that already is a `done` (a default) passes."""

@@ -10,7 +10,7 @@ import click
 from .. import wire
 from ..bench import allreduce_bench
 from . import join_progress
-from .common import CONTEXT, IPv4Address, Sweep, allreduce_options, version_option
+from .common import CONTEXT, Boxes, Sweep, allreduce_options, version_option
 
 
 @click.group(context_settings=CONTEXT)
@@ -20,8 +20,10 @@ def main() -> None:
 
 
 @main.command(epilog=allreduce_bench.COLUMNS_HELP)
-@click.option("--switch", "switch_ip", required=True, type=IPv4Address(),
-              help="the switch's IPv4 address (or a host name that has one)")
+@click.option("--switch", "boxes", required=True, type=Boxes(),
+              help="the switch's IPv4 address (or a host name that has one); several boxes "
+                   "comma-separated: the job joins each, and every tensor is split over them by "
+                   "their capacity (docs/scale-out.md)")
 @click.option("--job", required=True, help="job name (the same on every rank)")
 @click.option("--rank", required=True, type=click.IntRange(0, None),
               help="this worker's rank, 0..WORLD-1 (each rank of the job once)")
@@ -50,7 +52,7 @@ def main() -> None:
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, op, precision,
+def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, precision,
           backend, iface, port, control_port, join_timeout, token, verify, as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
 
@@ -63,6 +65,7 @@ def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, o
 
     if rank >= world:
         raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")
+    switch_ip = boxes[0]   # where the join's progress is asked
     waiting = contextlib.nullcontext()
     if not quiet and world > 1:
         others = world - 1
@@ -73,7 +76,7 @@ def bench(switch_ip, job, rank, world, size, sweep, iterations, warmup, dtype, o
                                        lambda line: click.echo(line, err=True))
     try:
         with waiting:   # the join returns when every rank has joined
-            w = Worker(switch_ip, job, rank, world, iface=iface, backend=backend, port=port,
+            w = Worker(boxes, job, rank, world, iface=iface, backend=backend, port=port,
                        control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
                        token=token)
         with w:

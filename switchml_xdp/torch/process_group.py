@@ -103,8 +103,8 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         job = opts.job or self._agree_job_name(store, rank, group_id)
         token = self._agree_token(store, rank)
         join_timeout = max(10.0, min(timeout.total_seconds(), 300.0))
-        # The address the switch would see: ranks that share it share a host.
-        here = local_end(opts.switch, opts.control_port, opts.iface)
+        # The address the (first) switch would see: ranks that share it share a host.
+        here = local_end(opts.switch.split(",")[0].strip(), opts.control_port, opts.iface)
         self.layout: HostLayout = agree_layout(store, rank, size, here.ip)
         self.local: LocalGroup | None = None
         self.worker: Worker | None = None
