@@ -103,6 +103,25 @@ def test_three_shaped_boxes_each_serve_and_leave_nothing(prefix):
     _assert_gone(prefix, boxes)
 
 
+def test_worker_and_box_rates_together(prefix):
+    """Into a box: each worker's class under one parent at the box's rate,
+    guaranteed its share and capped at the lower of the two rates; out of a
+    box: TBF with the queue asked for."""
+    with Lab(workers=2, prefix=prefix, boxes=2, rate_mbit=100, box_rate_mbit=BOX_RATE,
+             queue_packets=32) as lab:
+        for b in lab.switches:
+            classes = _tc(lab.bridge_ns, "class", "show", "dev", b.peer)
+            assert f"class htb 1:1 root rate {BOX_RATE}Mbit ceil {BOX_RATE}Mbit" in classes
+            share = f"parent 1:1 leaf 2{{}}: prio 0 rate {BOX_RATE // 2}Mbit ceil {BOX_RATE}Mbit"
+            for i in range(len(lab.workers)):
+                assert share.format(i) in classes, classes
+            out = lab.run(b, ["tc", "qdisc", "show", "dev", b.iface]).stdout
+            assert f"rate {BOX_RATE}Mbit" in out and "limit 32p" in out, out
+        w = lab.workers[0]
+        assert "rate 100Mbit" in _tc(lab.bridge_ns, "qdisc", "show", "dev", w.peer)
+    _assert_gone(prefix, lab.switches)
+
+
 def test_up_with_boxes_starts_a_switch_on_each(prefix):
     env = {k: v for k, v in os.environ.items() if k != "SUDO_UID"}
     r = subprocess.run(LAB_CLI + ["up", "-n", "2", "--prefix", prefix, "--boxes", "2",
