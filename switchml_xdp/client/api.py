@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import net, wire
 from .backend import STAT_KEYS, Backend, LocalEnd
-from .boxes import Box, BoxSplit, check_same_k, parse_switches
+from .boxes import Box, BoxSplit, check_same_k, named, parse_switches
 from .calls import Call, CallMismatch, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
 from .plans import streamed
@@ -250,7 +250,12 @@ class Worker:
     def _reduce(self, array: np.ndarray, call: Call) -> np.ndarray:
         with self._lock:
             for box in self._boxes:
-                box.control.abort.raise_if_set(self.info.name)
+                try:
+                    box.control.abort.raise_if_set(self.info.name)
+                except BaseException as e:
+                    if self._split is None:
+                        raise
+                    raise named(box, call, e) from None
             t0 = time.perf_counter()
             if self._split is not None:
                 self._split.reduce(streamed(array), call)
