@@ -30,7 +30,7 @@ from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, box_host, bridge_iface, bridge_ns, check_names, new_prefix, worker_host
 from .errors import LabError
-from .shaping import check_queue, check_rate, shape_links
+from .shaping import box_rates, check_queue, check_rate, shape_links
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,11 @@ class Lab:
         `swml-switch up --fanout unicast`; not with loss, whose injector
         takes the switch's port). boxes: how many switch hosts
         (lab.switches; lab.switch is the first), box_rate_mbit the rate of
-        each one's link, both ways (lab/shaping.py)."""
+        each one's link, both ways, or a list of one each (lab/shaping.py)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
-        check_rate(box_rate_mbit, "box rate")
+        box_rates(box_rate_mbit, boxes)
         check_queue(queue_packets)
         if queue_packets is not None and rate_mbit is None and box_rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")

@@ -31,6 +31,20 @@ def check_rate(rate_mbit: float | None, what: str = "rate") -> None:
         raise LabError(f"{what} must be in (0, {MAX_RATE_MBIT}] Mbit/s, not {rate_mbit!r}")
 
 
+def box_rates(box_rate_mbit: float | Sequence[float] | None, boxes: int) -> list[float | None]:
+    """Each box's link rate: one for all, or one each (as many as boxes)."""
+    if box_rate_mbit is None or isinstance(box_rate_mbit, (int, float)):
+        for_each = [box_rate_mbit] * boxes
+    else:
+        for_each = list(box_rate_mbit)
+        if len(for_each) != boxes:
+            raise LabError(f"box rates: one for all boxes or one each ({boxes}), "
+                           f"not {len(for_each)}")
+    for r in for_each:
+        check_rate(r, "box rate")
+    return for_each
+
+
 def check_queue(queue_packets: int | None) -> None:
     if queue_packets is not None and not 1 <= queue_packets <= MAX_QUEUE_PACKETS:
         raise LabError(f"queue must be 1..{MAX_QUEUE_PACKETS} packets, not {queue_packets!r}")
@@ -102,9 +116,10 @@ def _quantum(rate: int) -> int:
 
 def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequence[Host],
                 workers: Sequence[Host], rate_mbit: float | None,
-                queue_packets: int | None = None, box_rate_mbit: float | None = None) -> None:
+                queue_packets: int | None = None,
+                box_rate_mbit: float | Sequence[float] | None = None) -> None:
     """Every worker gets rate_mbit up and rate_mbit down, whatever sends;
-    every box (switch host) box_rate_mbit both ways. Either may be None
+    every box (switch host) box_rate_mbit both ways (or one rate each). Either may be None
     (that kind of link unshaped). `ipr_in(ns)` gives a netlink socket in
     namespace ns.
 
@@ -144,13 +159,13 @@ def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequ
         for w in workers:
             shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit, queue_packets)
             shape(br, net.link_index(w.peer, bridge_ns), rate_mbit, queue_packets)
-    for box in switches:
+    for box, box_rate in zip(switches, box_rates(box_rate_mbit, len(switches))):
         port = net.link_index(box.peer, bridge_ns)
         if rate_mbit is not None:
             shape_per_source(br, port, rate_mbit, [w.ip for w in workers], queue_packets,
-                             total_mbit=box_rate_mbit)
-        elif box_rate_mbit is not None:
-            shape(br, port, box_rate_mbit, queue_packets)
-        if box_rate_mbit is not None:
-            shape(ipr_in(box.ns), net.link_index(box.iface, box.ns), box_rate_mbit,
+                             total_mbit=box_rate)
+        elif box_rate is not None:
+            shape(br, port, box_rate, queue_packets)
+        if box_rate is not None:
+            shape(ipr_in(box.ns), net.link_index(box.iface, box.ns), box_rate,
                   queue_packets or SWITCH_QDISC_PACKETS)
