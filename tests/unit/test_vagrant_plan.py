@@ -194,7 +194,7 @@ def test_provisioned_commands_agree_with_the_plan(workers, tmp_path):
     assert sw["mode"] == (None if cfg["mode"] == "auto" else cfg["mode"])
     ranks = []
     for m, w in seen.values():
-        assert w["switch_ip"] == sw_m["net"]["ip"]   # the address the switch VM was given
+        assert w["boxes"] == [sw_m["net"]["ip"]]   # the address the switch VM was given
         assert w["rank"] == int(m["flags"]["--rank"])
         assert w["world"] == workers
         assert w["job"] == CLUSTER["job"]
