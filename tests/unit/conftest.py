@@ -15,7 +15,8 @@ from switchml_xdp.client.udp_backend import UdpBackend
 def fake():
     made = []
 
-    def make(answer, seq_base=0, k=8, slots=4, stall_timeout=5.0, auth=wire.AUTH_HEADER):
+    def make(answer, seq_base=0, k=8, slots=4, stall_timeout=5.0, auth=wire.AUTH_HEADER,
+             policy=None):
         sw = FakeSwitch(answer)
         info = JobInfo(name="fake", job_id=3, world=1, rank=0, k=k, slots=slots,
                        switch_ip="127.0.0.1", switch_mac="00:00:00:00:00:00", switch_port=sw.port,
@@ -23,7 +24,7 @@ def fake():
                        heartbeat_s=1.0, key=0x0123456789ABCDEF, seq_base=seq_base,
                        result_key=RESULT_KEY, auth=auth)
         be = UdpBackend(info, LocalEnd("127.0.0.1", "lo", "00:00:00:00:00:00"), AbortSignal(),
-                        stall_timeout=stall_timeout, verbose=False)
+                        policy=policy, stall_timeout=stall_timeout, verbose=False)
         made.append((sw, be))
         return sw, be
 
