@@ -180,9 +180,11 @@ def test_join_reply_fields(lab8, switch):
             gip, gmac = wire.group_of_job(rep["job_id"])
             assert rep["group"] == {"ip": gip, "mac": gmac, "port": PORT}
             assert gip == f"239.77.{rep['job_id'] >> 8}.{rep['job_id'] & 255}"
+            # capacity: the veth's link speed (veth says 10 Gbit/s; docs/scale-out.md)
             assert rep["switch"] == {"iface": switch.iface, "ip": lab8.switch.ip,
                                      "mac": lab8.switch.mac, "port": wire.DEFAULT_PORT,
-                                     "fanout": "multicast", "auth": "header"}
+                                     "fanout": "multicast", "auth": "header",
+                                     "capacity_bps": 10 * 10**9}
             # The result key: the same for every rank, never the data key's.
             assert rep["auth"] == "header" and len(bytes.fromhex(rep["result_key"])) == 16
             assert rep["result_key"] == replies[0]["result_key"] != rep["key"]
