@@ -58,9 +58,11 @@ def _run(lab, argv_of, iterations: int, warmup: int) -> tuple[float, str]:
 
 
 def measure_boxes(workers: int, rates: list[float], rate_mbit: float, size: int, iterations: int,
-                  warmup: int, capacities: list[float] | None = None) -> tuple[float, str]:
+                  warmup: int, capacities: list[float] | None = None,
+                  last_box_loss: float = 0.0) -> tuple[float, str]:
     """TAT through len(rates) boxes whose ports have `rates` (Mbit/s), each
-    told `capacities` (default: its rate)."""
+    told `capacities` (default: its rate); `last_box_loss`: random loss of
+    data frames both ways on the last box's link only."""
     from ..lab import Lab
     from ..lab.cluster import SwitchProcess
 
@@ -68,6 +70,8 @@ def measure_boxes(workers: int, rates: list[float], rate_mbit: float, size: int,
     with Lab(workers=workers, rate_mbit=rate_mbit, boxes=len(rates), box_rate_mbit=rates) as lab:
         switches = [SwitchProcess(lab, ["-k", str(K), "--capacity", f"{int(c)}M"], box=b)
                     for b, c in enumerate(caps)]
+        if last_box_loss:
+            lab.set_loss(last_box_loss, hosts=[lab.switches[-1].name])
         try:
             boxes = ",".join(s.ip for s in lab.switches)
 
@@ -106,6 +110,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--size", default="16MiB")
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--box-loss", type=float, default=None,
+                    help="one row more: the largest box count with this loss (e.g. 0.01) on its "
+                         "last box's link only, both ways")
     ap.add_argument("--no-gloo", action="store_true")
     ap.add_argument("--json", default=None, help="write the rows here too")
     a = ap.parse_args(argv)
@@ -126,6 +133,13 @@ def main(argv: list[str] | None = None) -> dict:
         tat, impl = measure_boxes(n, rates, a.rate, size, a.iterations, a.warmup)
         one = one or (tat if m == 1 else None)
         row(f"swml, {m} box{'es' if m > 1 else ''} of {a.rate:g} Mbit/s", tat,
+            bound_s(size, n, a.rate, rates), impl, one)
+    if a.box_loss:
+        m = max(int(x) for x in a.boxes.split(","))
+        rates = [a.rate] * m
+        tat, impl = measure_boxes(n, rates, a.rate, size, a.iterations, a.warmup,
+                                  last_box_loss=a.box_loss)
+        row(f"swml, {m} boxes, {100 * a.box_loss:g}% loss on one", tat,
             bound_s(size, n, a.rate, rates), impl, one)
     if a.box_rates:
         rates = [float(x) for x in a.box_rates.split(",")]
