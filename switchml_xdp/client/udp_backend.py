@@ -79,7 +79,9 @@ class UdpBackend(Backend):
         self._data_vt = wire.ver_type(wire.TYPE_DATA)
         self._result_vt = wire.ver_type(wire.TYPE_RESULT)
         self._call_fields = (0, 0, 0, 0)  # the current call's op, tag, first seq, first packet
-        self._owners = np.zeros(0, np.uint8)  # the current call's DATA `owner`s (plans.shard_owners)
+        # The current call's DATA `owner` byte of each packet (plans.shard_owners),
+        # as bytes: indexed per packet sent, an int without numpy's scalar cost.
+        self._owners = b""
         self._authentic = wire.result_checker(info.result_key, info.auth)
         # A header-only RESULT's authenticator covers its header alone, whatever `auth`.
         self._authentic_header = wire.result_checker(info.result_key, wire.AUTH_HEADER)
@@ -122,7 +124,8 @@ class UdpBackend(Backend):
         plan = make_plan(flat, self.info.k, self.info.slots, self.info.world, call.op_code,
                          call.fmt)
         self._select_fmt(call.fmt)
-        self._owners = shard_owners(plan, flat.size, self.info.k, call.shard, self.info.world)
+        self._owners = shard_owners(plan, flat.size, self.info.k, call.shard,
+                                    self.info.world).tobytes()
         start = self.next_index
         try:
             self.run(plan, call)

@@ -66,22 +66,22 @@ class SwitchReduceScatter:
         """Reduce `flat` (a copy: the caller's input is left as it was), then
         copy this rank's shard into `output`."""
         shard = flat.view(self.size(), -1)[self.rank()]
-        if self._sharded(flat):
-            def keep():
-                output.detach().copy_(shard.view_as(output))
-                return [output]
 
+        def keep():
+            output.detach().copy_(shard.view_as(output))
+            return [output]
+
+        if self._sharded(flat):
             name = op_name(op)
             return self._through_switch(flat, SWITCH_OPS[name], keep, avg=name == "AVG",
                                         outputs=(output,), what="reduce_scatter",
                                         reduce=self._scatter_among_hosts)
 
-        def keep_shard(fut):
+        def keep_after(fut):
             fut.value()   # re-raises the call's error
-            output.detach().copy_(shard.view_as(output))
-            return [output]
+            return keep()
 
-        return FutureWork(self._reduce([flat], op).get_future().then(keep_shard))
+        return FutureWork(self._reduce([flat], op).get_future().then(keep_after))
 
     def _sharded(self, flat: torch.Tensor) -> bool:
         """Whether the Worker's reduce_scatter can take the call: one rank a
