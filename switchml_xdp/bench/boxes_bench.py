@@ -28,22 +28,20 @@ import sys
 from pathlib import Path
 
 from .allreduce_bench import parse_size
-from .constants import GLOO_PORT, SWML_HEADERS, TCP_FRAME, TCP_MSS
+from .constants import GLOO_PORT, boxes_bound_s, gloo_bound_mbps
 from .rank_group import RankGroup
 
 K = 256
 
 
 def bound_s(size: int, workers: int, rate_mbit: float, box_rates: list[float]) -> float:
-    """max(S / worker rate, N S / sum of the boxes' rates), every packet
-    carrying k float32 elements behind 74 bytes of headers."""
-    wire = size * (SWML_HEADERS + 4 * K) / (4 * K) * 8
-    return max(wire / (rate_mbit * 1e6), workers * wire / (sum(box_rates) * 1e6))
+    """The job's bound through these boxes at this bench's k (constants.py)."""
+    return boxes_bound_s(size, workers, rate_mbit, box_rates, K)
 
 
 def gloo_bound_s(size: int, workers: int, rate_mbit: float) -> float:
     """Ring allreduce: 2(N-1)/N of the tensor each way over every worker link."""
-    return 2 * (workers - 1) / workers * size * TCP_FRAME / TCP_MSS * 8 / (rate_mbit * 1e6)
+    return size * 8 / (gloo_bound_mbps(rate_mbit, workers) * 1e6)
 
 
 def _tat(ranks: list[dict]) -> float:

@@ -4,6 +4,8 @@ header-adjusted bound on a shaped link. Shared by the orchestrator
 (lab_bench.py), the report and the plots; imports nothing of the bench."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .. import wire
 
 # The 16-bit pair compares like with like: the switch's 16-bit block format
@@ -53,6 +55,19 @@ def swml_bound_mbps(rate_mbit: float, k: int, wire_bytes: int = 4) -> float:
     plus 74 bytes of headers, and a worker sends every element once and
     receives it once, each way at the rate."""
     return rate_mbit * 4 * k / (SWML_HEADERS + wire_bytes * k)
+
+
+def boxes_bound_s(size: int, workers: int, rate_mbit: float, box_rates: Sequence[float | None],
+                  k: int, wire_bytes: int = 4) -> float:
+    """A job's time through boxes whose ports have `box_rates` (Mbit/s, None:
+    unshaped): max(S / worker rate, N S / the boxes' rates summed), each
+    packet carrying k elements of wire_bytes behind the headers. A worker
+    sends and receives its S; the boxes take in N S between them."""
+    wire_bits = size / 4 / k * (SWML_HEADERS + wire_bytes * k) * 8
+    worker_s = wire_bits / (rate_mbit * 1e6)
+    if any(r is None for r in box_rates):
+        return worker_s
+    return max(worker_s, workers * wire_bits / (sum(box_rates) * 1e6))
 
 
 def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4) -> float:
