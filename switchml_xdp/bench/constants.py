@@ -48,6 +48,24 @@ GLOO_BOUND_DEFINITION = (
     f"rate x {TCP_MSS}/{TCP_FRAME} x N / (2(N-1)): ring allreduce moves 2(N-1)/N of the tensor "
     f"over each link direction, TCP segments of {TCP_MSS} bytes in {TCP_FRAME}-byte frames")
 
+BOXES_BOUND_DEFINITION = (
+    "through M boxes whose ports run at R_1..R_M: the swml bound at min(rate, (R_1 + ... + R_M) / "
+    "N), i.e. max(S / rate, N x S / (R_1 + ... + R_M)) header-adjusted: the boxes take in every "
+    "worker's tensor between them (an unshaped box port: the workers' links alone)")
+# What a `swml-lab bench` result's figures mean (its JSON's meta, its Markdown's end).
+DEFINITIONS = {
+    "tat": "tensor aggregation time of one iteration: the slowest rank's allreduce, "
+           "timed from a barrier; medians over iterations",
+    "goodput": "tensor bits / TAT (per worker)",
+    "bound_swml": SWML_BOUND_DEFINITION,
+    "bound_boxes": BOXES_BOUND_DEFINITION,
+    "bound_gloo": GLOO_BOUND_DEFINITION,
+    "cpu": "/proc/stat over the timed allreduces (rank 0's windows), whole machine, "
+           "100% = all cores busy",
+    "loss": "per worker link and direction: swml UDP via the lab's loss injector, "
+            "Gloo TCP via xdp/swml_tcp_loss.c",
+}
+
 
 def swml_bound_mbps(rate_mbit: float, k: int, wire_bytes: int = 4) -> float:
     """Most float32 tensor bytes a second a worker can reduce through the
@@ -57,17 +75,22 @@ def swml_bound_mbps(rate_mbit: float, k: int, wire_bytes: int = 4) -> float:
     return rate_mbit * 4 * k / (SWML_HEADERS + wire_bytes * k)
 
 
+def worker_share_mbit(rate_mbit: float, workers: int,
+                      box_rates: Sequence[float | None] = ()) -> float:
+    """The link rate one worker's stream gets through the boxes: its own link's,
+    or its share of the boxes' ports summed where that is less (a box takes
+    in every worker's part; None or no boxes: unshaped)."""
+    if not box_rates or any(r is None for r in box_rates):
+        return rate_mbit
+    return min(rate_mbit, sum(box_rates) / workers)
+
+
 def boxes_bound_s(size: int, workers: int, rate_mbit: float, box_rates: Sequence[float | None],
                   k: int, wire_bytes: int = 4) -> float:
-    """A job's time through boxes whose ports have `box_rates` (Mbit/s, None:
-    unshaped): max(S / worker rate, N S / the boxes' rates summed), each
-    packet carrying k elements of wire_bytes behind the headers. A worker
-    sends and receives its S; the boxes take in N S between them."""
-    wire_bits = size / 4 / k * (SWML_HEADERS + wire_bytes * k) * 8
-    worker_s = wire_bits / (rate_mbit * 1e6)
-    if any(r is None for r in box_rates):
-        return worker_s
-    return max(worker_s, workers * wire_bits / (sum(box_rates) * 1e6))
+    """A job's time through boxes whose ports have `box_rates` (Mbit/s):
+    max(S / worker rate, N S / the boxes' rates summed), header-adjusted."""
+    share = worker_share_mbit(rate_mbit, workers, box_rates)
+    return size * 8 / (swml_bound_mbps(share, k, wire_bytes) * 1e6)
 
 
 def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4) -> float:
@@ -80,12 +103,13 @@ def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4) -> floa
 
 
 def bound_mbps(system: str, rate_mbit: float, k: int | None, workers: int,
-               collective: str = "allreduce") -> float:
+               collective: str = "allreduce", box_rates: Sequence[float | None] = ()) -> float:
     """A collective's link bound, in float32 tensor Mbit/s a worker. A ring's
     reduce_scatter is the first half of its allreduce, (N-1)/N of the tensor
-    each way; through the switch a worker still sends the whole tensor."""
+    each way; through the switch a worker still sends the whole tensor, over
+    boxes whose ports have `box_rates` (boxes_bound_s)."""
     wire_bytes = BYTES_PER_ELEMENT.get(system, 4)
     if system in GLOO_SYSTEMS:
         ring = gloo_bound_mbps(rate_mbit, workers, wire_bytes)
         return 2 * ring if collective == "reduce_scatter" else ring
-    return swml_bound_mbps(rate_mbit, k, wire_bytes)
+    return swml_bound_mbps(worker_share_mbit(rate_mbit, workers, box_rates), k, wire_bytes)

@@ -54,10 +54,9 @@ from .constants import (
     DEFAULT_SYSTEMS,
     DEFAULT_WARMUP,
     DEFAULT_WORKERS,
-    GLOO_BOUND_DEFINITION,
+    DEFINITIONS,
     GLOO_PORT,
     GLOO_SYSTEMS,
-    SWML_BOUND_DEFINITION,
     SWML_HEADERS,
     SYSTEMS,
     bound_mbps,
@@ -65,7 +64,7 @@ from .constants import (
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
 from .lab_switch import switch_counters, userspace_switch
 from .rank_group import RankError, RankGroup
-from .report import SKIPPED, markdown, row_line
+from .report import SKIPPED, boxes_label, markdown, row_line
 
 __all__ = ["SYSTEMS", "DEFAULT_RATE_MBIT", "BenchConfig", "Bench", "run_bench"]
 
@@ -93,6 +92,8 @@ class BenchConfig:
     wait_quiet: float = 0.0    # before each measurement, wait up to this long for a quiet machine
     fanout: str = "multicast"  # the XDP switch's `--fanout` (the user-space one has multicast only)
     collective: str = "allreduce"  # or "reduce_scatter": each rank keeps its shard
+    boxes: Sequence[int] = (1,)    # box counts: a lab each, the swml systems over all its boxes
+    box_rate_mbit: float | None = None   # every box's port, each way (None: unshaped)
 
 
 class Bench:
@@ -100,13 +101,15 @@ class Bench:
         self.cfg, self.out = cfg, out
         self.results: list[dict] = []
         self.unavailable: dict[str, str] = {}
+        self.boxes = cfg.boxes[0]     # the current lab's
 
     # -- one measurement -------------------------------------------------------
     def _record(self, system: str, workers: int, k: int | None, loss: float,
                 ranks: list[dict] | None, impl: str | None = None, status: str = "ok",
                 extra: dict | None = None) -> dict:
         cfg = self.cfg
-        bound = bound_mbps(system, cfg.rate_mbit, k, workers, cfg.collective)
+        box_rates = [cfg.box_rate_mbit] * self.boxes
+        bound = bound_mbps(system, cfg.rate_mbit, k, workers, cfg.collective, box_rates)
         row = {"system": system, "workers": workers, "k": k, "loss": loss,
                "rate_mbit": cfg.rate_mbit, "size_bytes": cfg.size, "iterations": cfg.iterations,
                "warmup": cfg.warmup, "bound_mbps": round(bound, 3),
@@ -132,6 +135,8 @@ class Bench:
                 "counters": counters,
                 "gauges": [r.get("gauges") for r in ranks],
             })
+        if system not in GLOO_SYSTEMS:
+            row.update(boxes=self.boxes, box_rate_mbit=cfg.box_rate_mbit)
         if k is not None and system != "gloo":
             row["job_slots"] = self.job_slots(k)
         if extra:
@@ -203,16 +208,20 @@ class Bench:
                 torch_reason = f"torch not installed ({e})"
                 self.unavailable["gloo"] = torch_reason
 
-        for n in cfg.workers:
+        for n, m in ((n, m) for n in cfg.workers for m in cfg.boxes):
             queue = f" ({cfg.queue_packets}-packet queues)" if cfg.queue_packets else ""
             self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way{queue}, "
-                     f"{cfg.size / 2**20:g} MiB float32 {cfg.collective}, fan-out {cfg.fanout}, "
+                     f"{boxes_label(m, cfg.box_rate_mbit)}, {cfg.size / 2**20:g} MiB float32 "
+                     f"{cfg.collective}, fan-out {cfg.fanout}, "
                      f"{cfg.warmup} warm-up + {cfg.iterations} iterations")
-            with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets) as lab:
+            self.boxes = m
+            with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
+                     boxes=m, box_rate_mbit=cfg.box_rate_mbit) as lab:
                 lab.set_loss(0.0)          # attach the loss injector once
                 for k in cfg.ks:
                     self._swml_systems(lab, k)
-                for system in (s for s in GLOO_SYSTEMS if s in cfg.systems):
+                # Gloo's ring uses no box: one run a worker count, the peer of every box count.
+                for system in (s for s in GLOO_SYSTEMS if s in cfg.systems and m == cfg.boxes[0]):
                     if torch_reason:
                         for loss in cfg.losses:
                             self._record(system, n, None, loss, None, status=f"unavailable: {torch_reason}")
@@ -226,7 +235,8 @@ class Bench:
         cfg = self.cfg
 
         def argv_of(rank, host):
-            argv = ["--system", "swml", "--backend", backend, "--switch", lab.switch.ip,
+            argv = ["--system", "swml", "--backend", backend,
+                    "--switch", ",".join(box.ip for box in lab.switches),
                     "--job", job, "--rank", str(rank), "--world", str(len(lab.workers)),
                     "--size", str(cfg.size), "--k", str(k), "--precision", precision,
                     "--collective", cfg.collective]
@@ -268,7 +278,10 @@ class Bench:
 
         wanted = [s for s in ("swml-afxdp", "swml-udp", "swml-afxdp16") if s in cfg.systems]
         if wanted:
-            with SwitchProcess(lab, [*self._switch_args(k), "--fanout", cfg.fanout]) as sw:
+            with contextlib.ExitStack() as stack:
+                sws = [stack.enter_context(SwitchProcess(
+                    lab, [*self._switch_args(k), "--fanout", cfg.fanout], box=b))
+                    for b in range(len(lab.switches))]
                 for system in wanted:
                     backend = "udp" if system == "swml-udp" else "afxdp"
                     precision = "16" if system.endswith("16") else "32"
@@ -281,20 +294,21 @@ class Bench:
                     self._phase(lab, system, k, self._swml_args(lab, backend, job, k, precision),
                                 set_loss, self._counter_deltas(lab))
                     lab.set_loss(0.0)
-                assert sw.proc.poll() is None, "the switch died:\n" + "\n".join(sw.output[-20:])
+                for sw in sws:
+                    assert sw.proc.poll() is None, "a switch died:\n" + "\n".join(sw.output[-20:])
         if "userspace" in cfg.systems:
             backend = "udp" if "swml-afxdp" in self.unavailable else "afxdp"
-            try:
-                us = userspace_switch(lab, self._switch_args(k))
-            except RuntimeError as e:
-                for loss in cfg.losses:
-                    self._record("userspace", n, k, loss, None, status=f"unavailable: {e}")
-                return
-            with us:
-                pid = us.proc.pid
+            with contextlib.ExitStack() as stack:
+                try:
+                    pids = [stack.enter_context(userspace_switch(lab, self._switch_args(k), b)).proc.pid
+                            for b in range(len(lab.switches))]
+                except RuntimeError as e:
+                    for loss in cfg.losses:
+                        self._record("userspace", n, k, loss, None, status=f"unavailable: {e}")
+                    return
 
                 def switch_cpu(snap=None):
-                    now = (time.monotonic(), proc_cpu_s(pid), switch_counters(lab))
+                    now = (time.monotonic(), sum(map(proc_cpu_s, pids)), switch_counters(lab))
                     if snap is None:
                         return now
                     c0, c1 = snap[2], now[2]
@@ -356,17 +370,8 @@ class Bench:
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
                         "python": platform.python_version(), "quiet_before": quiet},
-            "definitions": {
-                "tat": "tensor aggregation time of one iteration: the slowest rank's allreduce, "
-                       "timed from a barrier; medians over iterations",
-                "goodput": "tensor bits / TAT (per worker)",
-                "bound_swml": SWML_BOUND_DEFINITION,
-                "bound_gloo": GLOO_BOUND_DEFINITION,
-                "cpu": "/proc/stat over the timed allreduces (rank 0's windows), whole machine, "
-                       "100% = all cores busy",
-                "loss": "per worker link and direction: swml UDP via the lab's loss injector, "
-                        "Gloo TCP via xdp/swml_tcp_loss.c",
-            },
+            "boxes": list(cfg.boxes), "box_rate_mbit": cfg.box_rate_mbit,
+            "definitions": DEFINITIONS,
         }
 
     def write(self, doc: dict) -> dict[str, Path]:

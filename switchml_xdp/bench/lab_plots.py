@@ -6,13 +6,24 @@
                           bounds (swml: one per k; Gloo: ring's, per N)
     tat_vs_loss.png       median TAT against loss, every system, one panel per
                           worker count (largest k)
+    tat_vs_boxes.png      (a run of several box counts) median TAT against the
+                          boxes, one panel per worker count (largest k, no
+                          loss), with each box count's bound and Gloo's ring
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .constants import LABELS, SYSTEMS, bound_mbps, gloo_bound_mbps, swml_bound_mbps
-from .report import find_row
+from .constants import (
+    GLOO_SYSTEMS,
+    LABELS,
+    SYSTEMS,
+    bound_mbps,
+    boxes_bound_s,
+    gloo_bound_mbps,
+    swml_bound_mbps,
+)
+from .report import box_counts, find_row
 
 STYLE = {
     "swml-afxdp": dict(color="tab:blue", marker="o"),
@@ -72,23 +83,24 @@ def _save(fig, title: str, meta: dict, path: Path) -> Path:
 
 
 def _measured(res: list[dict], s: str, at, field: str, scale: float = 1.0) -> list[tuple]:
-    """(x, row[field] * scale) of system s's row at each (x, (workers, k, loss)) of `at`."""
+    """(x, row[field] * scale) of system s's row at each (x, (workers, k, loss[, boxes])) of `at`."""
     rows = ((x, find_row(res, s, *where)) for x, where in at)
     return [(x, r[field] * scale) for x, r in rows if r]
 
 
 def plot_tat_vs_workers(doc: dict, path: Path) -> Path:
     meta, res = doc["meta"], doc["results"]
-    ks, ws = meta["ks"], meta["workers"]
+    ks, ws, boxes = meta["ks"], meta["workers"], box_counts(meta)[0]
+    box_rates = [meta.get("box_rate_mbit")] * boxes
     fig, axes = _panels(len(ks), 5.5, 4.2)
     for ax, k in zip(axes, ks):
-        _lines(ax, meta, lambda s: _measured(res, s, [(n, (n, k, 0.0)) for n in ws],
+        _lines(ax, meta, lambda s: _measured(res, s, [(n, (n, k, 0.0, boxes)) for n in ws],
                                              "tat_median_s", 1e3))
         for s, ls in (("swml-afxdp", "--"), ("gloo", ":")):
             if s in meta["systems"]:
                 collective = meta.get("collective", "allreduce")
-                ideal = [meta["size_bytes"] * 8e3
-                         / (bound_mbps(s, meta["rate_mbit"], k, n, collective) * 1e6) for n in ws]
+                ideal = [meta["size_bytes"] * 8e3 / (bound_mbps(
+                    s, meta["rate_mbit"], k, n, collective, box_rates) * 1e6) for n in ws]
                 ax.plot(ws, ideal, ls, color=STYLE[s]["color"], alpha=0.6,
                         label=f"link bound, {'swml' if s != 'gloo' else 'ring'}")
         _by_workers(ax, k, ws)
@@ -103,8 +115,8 @@ def plot_goodput_vs_bound(doc: dict, path: Path) -> Path:
     ks, ws, rate = meta["ks"], meta["workers"], meta["rate_mbit"]
     fig, axes = _panels(len(ks), 5.5, 4.2)
     for ax, k in zip(axes, ks):
-        _lines(ax, meta, lambda s: _measured(res, s, [(n, (n, k, 0.0)) for n in ws],
-                                             "goodput_mbps"))
+        _lines(ax, meta, lambda s: _measured(res, s, [(n, (n, k, 0.0, box_counts(meta)[0]))
+                                                       for n in ws], "goodput_mbps"))
         ax.axhline(rate, color="black", lw=0.8, label=f"link rate {rate:g} Mbit/s")
         ax.axhline(swml_bound_mbps(rate, k), color=STYLE["swml-afxdp"]["color"], ls="--",
                    label=f"swml bound (4k/(4k+58)) {swml_bound_mbps(rate, k):.0f}")
@@ -124,7 +136,8 @@ def plot_tat_vs_loss(doc: dict, path: Path) -> Path:
     xs = list(range(len(losses)))
     fig, axes = _panels(len(ws), 4.3, 4.0)
     for ax, n in zip(axes, ws):
-        _lines(ax, meta, lambda s: _measured(res, s, [(x, (n, k, p)) for x, p in zip(xs, losses)],
+        _lines(ax, meta, lambda s: _measured(res, s, [(x, (n, k, p, box_counts(meta)[0]))
+                                                       for x, p in zip(xs, losses)],
                                              "tat_median_s", 1e3))
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{p * 100:g}%" for p in losses])
@@ -137,10 +150,39 @@ def plot_tat_vs_loss(doc: dict, path: Path) -> Path:
     return _save(fig, f"Aggregation time vs loss, k = {k} for swml", meta, path)
 
 
+def plot_tat_vs_boxes(doc: dict, path: Path) -> Path:
+    meta, res = doc["meta"], doc["results"]
+    k, ws, counts = max(meta["ks"]), meta["workers"], box_counts(meta)
+    fig, axes = _panels(len(ws), 5.5, 4.0)
+    for ax, n in zip(axes, ws):
+        _lines(ax, meta, lambda s: [] if s in GLOO_SYSTEMS else _measured(
+            res, s, [(m, (n, k, 0.0, m)) for m in counts], "tat_median_s", 1e3))
+        bounds = [boxes_bound_s(meta["size_bytes"], n, meta["rate_mbit"],
+                                [meta.get("box_rate_mbit")] * m, k) * 1e3 for m in counts]
+        ax.plot(counts, bounds, "--", color=STYLE["swml-afxdp"]["color"], alpha=0.6,
+                label="link bound, swml")
+        for s in (s for s in GLOO_SYSTEMS if s in meta["systems"]):
+            row = find_row(res, s, n, None, 0.0)
+            if row:
+                ax.axhline(row["tat_median_s"] * 1e3, label=LABELS[s], **{
+                    key: v for key, v in STYLE[s].items() if key != "marker"})
+        ax.set(title=f"{n} workers", xlabel="boxes", xticks=counts)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("tensor aggregation time (ms)")
+    axes[0].set_ylim(bottom=0)
+    axes[-1].legend(fontsize=8)
+    rate = meta.get("box_rate_mbit")
+    return _save(fig, f"Aggregation time vs boxes ({f'{rate:g} Mbit/s' if rate else 'unshaped'}), "
+                      f"k = {k}", meta, path)
+
+
 def plot_all(doc: dict, out_dir: Path) -> dict[str, Path]:
     out_dir = Path(out_dir)
-    return {
+    plots = {
         "tat_vs_workers": plot_tat_vs_workers(doc, out_dir / "tat_vs_workers.png"),
         "goodput_vs_bound": plot_goodput_vs_bound(doc, out_dir / "goodput_vs_bound.png"),
         "tat_vs_loss": plot_tat_vs_loss(doc, out_dir / "tat_vs_loss.png"),
     }
+    if len(box_counts(doc["meta"])) > 1:
+        plots["tat_vs_boxes"] = plot_tat_vs_boxes(doc, out_dir / "tat_vs_boxes.png")
+    return plots

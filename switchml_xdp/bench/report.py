@@ -3,7 +3,14 @@ README.md quotes under "Measured"), the Markdown table, and the line printed
 for each result; the PNG plots are lab_plots.py."""
 from __future__ import annotations
 
-from .constants import FOREIGN_WARN_PCT, GLOO_SYSTEMS, LABELS, SYSTEMS, swml_bound_mbps
+from .constants import (
+    FOREIGN_WARN_PCT,
+    GLOO_SYSTEMS,
+    LABELS,
+    SYSTEMS,
+    boxes_bound_s,
+    swml_bound_mbps,
+)
 
 SKIPPED = "skipped"   # status of the cells after a failed one of the same rank group
 
@@ -12,9 +19,22 @@ def disturbed(r: dict) -> bool:
     return (r.get("foreign_cpu_pct") or 0) >= FOREIGN_WARN_PCT or bool(r.get("other_netns"))
 
 
+def boxes_label(boxes: int, rate_mbit: float | None) -> str:
+    """"2 boxes of 100 Mbit/s": a run's boxes and their ports' rate."""
+    return (f"{boxes} box{'es' if boxes > 1 else ''} "
+            + (f"of {rate_mbit:g} Mbit/s" if rate_mbit else "unshaped"))
+
+
+def box_counts(meta: dict) -> list[int]:
+    """The run's box counts (runs before `--boxes`: one box)."""
+    return list(meta.get("boxes") or [1])
+
+
 def row_line(r: dict) -> str:
     """One result as the bench prints it while it runs."""
     where = f"N={r['workers']} k={r['k'] or '-':>3} loss={r['loss'] * 100:g}%"
+    if r.get("boxes", 1) > 1:
+        where += f" boxes={r['boxes']}"
     if r["status"] != "ok":
         return f"  {LABELS[r['system']]:<22} {where:<24} {r['status']}"
     cpu = r["cpu"]
@@ -31,18 +51,22 @@ def row_line(r: dict) -> str:
             f"{cpu_s}" + (f"  retx {retx}" if retx is not None else ""))
 
 
-def find_row(results, system, workers, k, loss):
-    for r in results:
-        if (r["system"] == system and r["workers"] == workers and r["loss"] == loss
-                and (system in GLOO_SYSTEMS or r["k"] == k) and r["status"] == "ok"):
-            return r
-    return None
+def _matches(r: dict, system, workers, k, loss, boxes: int) -> bool:
+    """Gloo's rows match every k and box count: it uses neither."""
+    return (r["system"] == system and r["workers"] == workers and r["loss"] == loss
+            and (system in GLOO_SYSTEMS or (r["k"] == k and r.get("boxes", 1) == boxes)))
 
 
-def best_swml(results, workers, k, loss):
+def find_row(results, system, workers, k, loss, boxes: int = 1, ok: bool = True):
+    """The row of one cell; ok: only one that ran to the end."""
+    return next((r for r in results if _matches(r, system, workers, k, loss, boxes)
+                 and (r["status"] == "ok" or not ok)), None)
+
+
+def best_swml(results, workers, k, loss, boxes: int = 1):
     """The swml row the comparison uses: afxdp when it ran, else udp."""
-    return (find_row(results, "swml-afxdp", workers, k, loss)
-            or find_row(results, "swml-udp", workers, k, loss))
+    return (find_row(results, "swml-afxdp", workers, k, loss, boxes)
+            or find_row(results, "swml-udp", workers, k, loss, boxes))
 
 
 def summary(doc: dict) -> dict:
@@ -51,12 +75,18 @@ def summary(doc: dict) -> dict:
     loss inflation."""
     res, meta = doc["results"], doc["meta"]
     ws, losses = sorted(meta["workers"]), sorted(meta["losses"])
+    first, *more = box_counts(meta)
     out = {}
     for k in meta["ks"]:
         s: dict = {"ratio_swml_gloo": {}, "swml_bound_fraction": {}, "swml_system": {},
-                   "loss_inflation": {"swml": {}, "gloo": {}}}
+                   "loss_inflation": {"swml": {}, "gloo": {}}, "boxes_speedup": {}}
         for n in ws:
-            sw, gl = best_swml(res, n, k, 0.0), find_row(res, "gloo", n, None, 0.0)
+            sw, gl = best_swml(res, n, k, 0.0, first), find_row(res, "gloo", n, None, 0.0)
+            for m in more:
+                sw_m = best_swml(res, n, k, 0.0, m)
+                if sw and sw_m:
+                    s["boxes_speedup"].setdefault(n, {})[m] = round(
+                        sw["tat_median_s"] / sw_m["tat_median_s"], 3)
             if sw:
                 s["swml_system"][n] = sw["system"]
                 s["swml_bound_fraction"][n] = sw["bound_fraction"]
@@ -64,19 +94,27 @@ def summary(doc: dict) -> dict:
                 s["ratio_swml_gloo"][n] = round(sw["tat_median_s"] / gl["tat_median_s"], 3)
             for name, row0 in (("swml", sw), ("gloo", gl)):
                 for p in losses[1:]:
-                    row = best_swml(res, n, k, p) if name == "swml" else find_row(res, "gloo", n, None, p)
+                    row = (best_swml(res, n, k, p, first) if name == "swml"
+                           else find_row(res, "gloo", n, None, p))
                     if row and row0:
                         s["loss_inflation"][name].setdefault(n, {})[p] = round(
                             row["tat_median_s"] / row0["tat_median_s"], 3)
         lo, hi = ws[0], ws[-1]
         for name in ("swml", "gloo"):
-            a = best_swml(res, lo, k, 0.0) if name == "swml" else find_row(res, "gloo", lo, None, 0.0)
-            b = best_swml(res, hi, k, 0.0) if name == "swml" else find_row(res, "gloo", hi, None, 0.0)
+            a, b = ((best_swml(res, n, k, 0.0, first) if name == "swml"
+                     else find_row(res, "gloo", n, None, 0.0)) for n in (lo, hi))
             if a and b and lo != hi:
                 s[f"scaling_{name}"] = {"from": lo, "to": hi,
                                         "ratio": round(b["tat_median_s"] / a["tat_median_s"], 3)}
         out[k] = s
     return out
+
+
+def _boxes_cell(meta: dict, workers: int, boxes: int, k: int) -> str:
+    """A row's boxes and its own bound (constants.boxes_bound_s)."""
+    bound = boxes_bound_s(meta["size_bytes"], workers, meta["rate_mbit"],
+                          [meta.get("box_rate_mbit")] * boxes, k)
+    return f"{boxes_label(boxes, meta.get('box_rate_mbit'))}, bound {bound * 1e3:.0f} ms"
 
 
 def _cell(r: dict | None) -> str:
@@ -125,8 +163,11 @@ def failures(doc: dict) -> list[str]:
     lines = ["## Failures", ""]
     for r in failed:
         where = f"N={r['workers']}, k={r['k'] or '-'}, loss {r['loss'] * 100:g}%"
+        if r.get("boxes", 1) > 1:
+            where += f", {r['boxes']} boxes"
         skipped = [x for x in doc["results"] if _skipped(x) and x["system"] == r["system"]
-                   and x["workers"] == r["workers"] and x["k"] == r["k"]]
+                   and x["workers"] == r["workers"] and x["k"] == r["k"]
+                   and x.get("boxes", 1) == r.get("boxes", 1)]
         line = f"- {LABELS[r['system']]}, {where}: {r['status'].removeprefix('failed: ')}"
         if detail := _failure_detail(r):
             line += f". {detail[0].upper()}{detail[1:]}"
@@ -161,20 +202,22 @@ def markdown(doc: dict) -> str:
         lines.append(f"- {LABELS[name]}: unavailable: {why}")
     if meta.get("unavailable"):
         lines.append("")
+    counts = box_counts(meta)
+    by_boxes = len(counts) > 1 or bool(meta.get("box_rate_mbit"))
     for k in meta["ks"]:
         lines += [f"## k = {k} ({4 * k} B payload a packet; swml bound "
                   f"{swml_bound_mbps(meta['rate_mbit'], k):.1f} Mbit/s)", "",
-                  "| N | loss | " + " | ".join(LABELS[s] for s in systems) + " | swml/gloo |",
-                  "|---|---|" + "---|" * len(systems) + "---|"]
-        for n in meta["workers"]:
-            for p in meta["losses"]:
-                rows = {s: find_row(res, s, n, k, p) or next(
-                    (r for r in res if r["system"] == s and r["workers"] == n and r["loss"] == p
-                     and (s in GLOO_SYSTEMS or r["k"] == k)), None) for s in systems}
-                sw, gl = best_swml(res, n, k, p), find_row(res, "gloo", n, None, p)
-                ratio = f"{sw['tat_median_s'] / gl['tat_median_s']:.2f}" if sw and gl else "–"
-                lines.append(f"| {n} | {p * 100:g}% | " + " | ".join(_cell(rows[s]) for s in systems)
-                             + f" | {ratio} |")
+                  "| N | " + ("boxes | " if by_boxes else "") + "loss | "
+                  + " | ".join(LABELS[s] for s in systems) + " | swml/gloo |",
+                  "|---|" + ("---|" if by_boxes else "") + "---|" + "---|" * len(systems) + "---|"]
+        for n, m, p in ((n, m, p) for n in meta["workers"] for m in counts for p in meta["losses"]):
+            rows = {s: find_row(res, s, n, k, p, m) or find_row(res, s, n, k, p, m, ok=False)
+                    for s in systems}
+            sw, gl = best_swml(res, n, k, p, m), find_row(res, "gloo", n, None, p)
+            ratio = f"{sw['tat_median_s'] / gl['tat_median_s']:.2f}" if sw and gl else "–"
+            lines.append(f"| {n} | " + (f"{_boxes_cell(meta, n, m, k)} | " if by_boxes else "")
+                         + f"{p * 100:g}% | " + " | ".join(_cell(rows[s]) for s in systems)
+                         + f" | {ratio} |")
         lines.append("")
     lines += ["## Figures of merit", ""]
     for k, s in summary(doc).items():
@@ -190,6 +233,11 @@ def markdown(doc: dict) -> str:
             sc = s.get(f"scaling_{name}")
             if sc:
                 lines.append(f"- {name} TAT({sc['to']})/TAT({sc['from']}): {sc['ratio']:.2f}")
+        if s["boxes_speedup"]:
+            lines.append(f"- swml TAT with {counts[0]} box{'es' if counts[0] > 1 else ''} / with "
+                         "more: " + "; ".join(
+                             f"N={n}: " + ", ".join(f"{m} boxes {v:.2f}x" for m, v in d.items())
+                             for n, d in s["boxes_speedup"].items()))
         for name in ("swml", "gloo"):
             infl = s["loss_inflation"][name]
             if infl:

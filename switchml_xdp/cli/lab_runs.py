@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from switchml_xdp import wire
+from switchml_xdp.lab.addressing import MAX_BOXES
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
@@ -136,11 +137,17 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_
               "buffer) [default: TBF's 20 ms]")
 @click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
               help="the XDP switch's `--fanout` (the lab keeps multicast: this measures the cost)")
+@click.option("--boxes", default="1", show_default=True, callback=list_of(int, "boxes"),
+              help="box counts, comma-separated (e.g. 1,2,3): for each, a lab of that many boxes "
+                   "and the swml systems over all of them, a row each with its own bound "
+                   "(docs/scale-out.md); Gloo runs once, the peer of every row")
+@click.option("--box-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
+              metavar="MBIT", help="every box's port, each way [default: unshaped]")
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter"]), default="allreduce",
               show_default=True, help="what is timed; reduce_scatter: each rank keeps its shard "
               "(with --fanout unicast the switch sends each rank only its shard's sums)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, wait_quiet, fanout, collective):
+          env, wait_quiet, fanout, boxes, box_rate, collective):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -159,6 +166,9 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
                                  f"{', '.join(lab_bench.SYSTEMS)}", param_hint="--systems")
     if not workers or min(workers) < 1 or max(workers) > 64:
         raise click.BadParameter("worker counts must be in 1..64", param_hint="--workers")
+    if not boxes or min(boxes) < 1 or max(boxes) > MAX_BOXES or len(set(boxes)) < len(boxes):
+        raise click.BadParameter(f"box counts must be in 1..{MAX_BOXES}, each once",
+                                 param_hint="--boxes")
     if any(not 1 <= k <= wire.MAX_K for k in ks):
         raise click.BadParameter(f"k must be in 1..{wire.MAX_K}", param_hint="--elements")
     try:
@@ -178,7 +188,8 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         iterations=iterations, warmup=warmup, losses=losses, ks=ks, systems=systems,
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
-        wait_quiet=wait_quiet, fanout=fanout, collective=collective,
+        wait_quiet=wait_quiet, fanout=fanout, collective=collective, boxes=boxes,
+        box_rate_mbit=box_rate,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)
