@@ -170,7 +170,8 @@ class AfxdpBackend(Backend):
                 self._port_sock = None
 
     def _on_abort(self, reason: str) -> None:
-        self._abort[0] = 1
+        with self._lock:
+            self._abort[0] = 1
 
     # --- the datapath ------------------------------------------------------------
     def allreduce(self, flat: np.ndarray, call: Call) -> None:
@@ -186,8 +187,10 @@ class AfxdpBackend(Backend):
                                   flat.dtype == np.float32, call.op_code)
         check_length(call, npackets, self.info.k)
         with self._call_lock:
-            if self._closed:
-                raise RuntimeError("the afxdp backend is closed")
+            with self._lock:    # the C loop's flag follows the signal: an interrupt is one call's
+                if self._closed:
+                    raise RuntimeError("the afxdp backend is closed")
+                self._abort[0] = self.abort_signal.reason is not None
             # call.tag covers the precision (calls.call_tag) as on the udp
             # backend, so mixed ranks that disagree on it see DISAGREE.
             # shard > 0 (a reduce_scatter): only this rank's shard of flat is

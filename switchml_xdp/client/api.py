@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import net, wire
 from .backend import STAT_KEYS, Backend, LocalEnd
+from .box_watch import BOX_TIMEOUT_S, BoxSignal
 from .boxes import Box, BoxSplit, check_same_k, named, parse_switches
 from .calls import Call, CallMismatch, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
@@ -62,7 +63,7 @@ class Worker:
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
                  stall_timeout: float = STALL_TIMEOUT_S, verbose: bool = True, token: str | None = None,
-                 window: WindowPolicy | None = None):
+                 window: WindowPolicy | None = None, box_timeout: float = BOX_TIMEOUT_S):
         """token: the job's secret, the same on every rank; without it, nothing
         that changes the job is accepted by the switch (docs/security.md).
         None: an open job, which anyone who reaches the switch can disturb.
@@ -71,7 +72,11 @@ class Worker:
         the job's slots at once, no pacing).
         switch: one box's address, or several ("A,B" or a list): the job
         joins every box, and each tensor is split over them by their
-        capacity (client/boxes.py; box i's UDP port is port + i)."""
+        capacity (client/boxes.py; box i's UDP port is port + i).
+        box_timeout: a box that stops answering (no result, and no answer
+        on its control connection) fails the call within this many seconds
+        as BoxLost, naming it (client/box_watch.py); a box that answers is
+        waited for up to stall_timeout (a slow peer rank)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:
@@ -98,7 +103,7 @@ class Worker:
             raise
         first = self._boxes[0]
         self._control, self.info, self._backend = first.control, first.info, first.backend
-        self._split = BoxSplit(self._boxes) if len(self._boxes) > 1 else None
+        self._split = BoxSplit(self._boxes, box_timeout)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-r{rank}")
         self._lock = threading.Lock()
         self._calls = 0  # calls made on this Worker: part of each call's tag
@@ -129,17 +134,18 @@ class Worker:
         try:
             info = control.join(job, world, rank, local.ip, port, local.mac, join_timeout,
                                 token=token, boxes=listed)
-            return Box(address, control, info, self._make_backend(i, info, local, control,
-                                                                  stall_timeout))
+            signal = BoxSignal(control.abort)
+            return Box(address, control, info, self._make_backend(i, info, local, signal,
+                                                                  stall_timeout), signal)
         except BaseException as e:
             control.close()
             if listed is not None and isinstance(e, (ControlError, OSError)):
                 raise type(e)(f"box {address}: {e}") from None
             raise
 
-    def _make_backend(self, i: int, info: JobInfo, local: LocalEnd, control: ControlClient,
+    def _make_backend(self, i: int, info: JobInfo, local: LocalEnd, signal: BoxSignal,
                       stall_timeout: float) -> Backend:
-        args = (info, local, control.abort)
+        args = (info, local, signal)
         kw = {"stall_timeout": stall_timeout, "window": self._window, "verbose": self._verbose}
         if self.backend_name == "afxdp" and i > 0:
             # One AF_XDP datapath a host and interface for now: the job's
@@ -249,18 +255,17 @@ class Worker:
 
     def _reduce(self, array: np.ndarray, call: Call) -> np.ndarray:
         with self._lock:
+            self._split.begin()
             for box in self._boxes:
                 try:
                     box.control.abort.raise_if_set(self.info.name)
                 except BaseException as e:
-                    if self._split is None:
+                    e.lost_boxes = (box.address,)
+                    if len(self._boxes) == 1:
                         raise
                     raise named(box, call, e) from None
             t0 = time.perf_counter()
-            if self._split is not None:
-                self._split.reduce(streamed(array), call)
-            else:
-                self._backend.allreduce(streamed(array), call)
+            self._split.reduce(streamed(array), call)
             self._stats["tensors"] += 1
             self._stats["elements"] += array.size
             self._stats["seconds"] += time.perf_counter() - t0
@@ -269,13 +274,20 @@ class Worker:
             return array.reshape(-1)[mine:mine + call.shard]
         return array
 
+    def interrupt(self, reason: str) -> None:
+        """Stop the call in progress, if any: it fails with CallInterrupted
+        (`reason`) unless it finishes first or a box is lost. For a caller
+        that learned elsewhere that the call cannot finish (the torch
+        backend: another rank lost a box, torch/box_failover.py)."""
+        self._split.interrupt(reason)
+
     def stats(self) -> dict:
         """Counters of this worker: tensors, elements, packets, retransmissions
         (over several boxes: their sums, and each box's under "boxes")."""
         out = {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
                "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
                "slots": self.info.slots, **self._stats, **self._backend.stats()}
-        if self._split is not None:
+        if len(self._boxes) > 1:
             per_box = [box.stats() for box in self._boxes]
             for key in STAT_KEYS:
                 out[key] = sum(b.get(key, 0) for b in per_box)
@@ -287,8 +299,7 @@ class Worker:
             return
         self._closed = True
         self._executor.shutdown(wait=True)
-        if self._split is not None:
-            self._split.close()
+        self._split.close()
         for box in self._boxes:
             box.close()
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import socket
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from .backend import Backend
+from .box_watch import BoxSignal, BoxWatch, PartWatch
 from .calls import Call
 from .control import ControlClient, ControlError, JobInfo
 
@@ -94,6 +96,13 @@ class Box:
     control: ControlClient
     info: JobInfo
     backend: Backend
+    signal: BoxSignal      # the backend's abort signal: the job's, or one call's interrupt
+    lost: bool = False     # its last call found it lost (box_watch.py): close() asks it nothing
+
+    def watch_part(self) -> PartWatch:
+        """What the watch reads of this box during a call: its results, its answers."""
+        return PartWatch(lambda: self.backend.stats()["results"], self.control.ping,
+                         lambda: self.control.pongs, time.monotonic())
 
     def stats(self) -> dict:
         return {"box": self.address, "capacity_bps": self.info.capacity_bps,
@@ -102,7 +111,8 @@ class Box:
     def close(self) -> None:
         """Leave the job on this box and release its datapath."""
         try:
-            self.control.leave()
+            if not self.lost:     # a lost box would hold the leave for its timeout
+                self.control.leave()
         except Exception:  # noqa: BLE001 - a box that is gone: nothing to leave
             pass
         finally:
@@ -125,6 +135,26 @@ class BoxError(RuntimeError):
     callers tell them apart is kept: see `named`)."""
 
 
+class BoxLost(BoxError, TimeoutError):
+    """A box stopped answering during a call (box_watch.py): the message
+    names the first in list order, `boxes` every box lost in the call. A
+    TimeoutError, as a stall is."""
+
+    def __init__(self, message: str, boxes: Sequence[str] = ()):
+        super().__init__(message)
+        self.boxes = tuple(boxes)
+
+
+class CallInterrupted(RuntimeError):
+    """The call was stopped by Worker.interrupt (the torch backend's, when
+    another rank lost a box): says why."""
+
+
+def lost_boxes(error: BaseException) -> tuple[str, ...]:
+    """The boxes a failed call found gone (lost, or the job aborted there)."""
+    return tuple(getattr(error, "lost_boxes", ()))
+
+
 def named(box: Box, call: Call, e: BaseException) -> BaseException:
     """The error of `call` on `box`, as the same type, naming the box."""
     msg = f"box {box.address}: {e}"
@@ -135,47 +165,89 @@ def named(box: Box, call: Call, e: BaseException) -> BaseException:
     return out
 
 
-class BoxSplit:
-    """Streams each call's parts through every box at once."""
+def _part(watch: BoxWatch, box: Box, part: np.ndarray, call: Call) -> BaseException | None:
+    try:
+        box.backend.allreduce(part, call)
+        return None
+    except BaseException as e:  # noqa: BLE001 - reported by BoxSplit.reduce, naming the box
+        return e
+    finally:
+        watch.done(box.address)
 
-    def __init__(self, boxes: list[Box]):
+
+class BoxSplit:
+    """Streams each call's parts through every box at once (one box: its
+    whole call), watched for a lost box (box_watch.py)."""
+
+    def __init__(self, boxes: list[Box], box_timeout: float):
         self.boxes = boxes
         self.k = boxes[0].info.k
         self.capacities = [b.info.capacity_bps for b in boxes]
-        self._pool = ThreadPoolExecutor(max_workers=len(boxes) - 1, thread_name_prefix="swml-box")
+        self.watch = BoxWatch(box_timeout)
+        self._pool = (ThreadPoolExecutor(max_workers=len(boxes) - 1, thread_name_prefix="swml-box")
+                      if len(boxes) > 1 else None)
+        self.interrupted: str | None = None   # why Worker.interrupt stopped the call in progress
+
+    def begin(self) -> None:
+        """A call begins: a box's interrupt was for the call before."""
+        self.interrupted = None
+        for box in self.boxes:
+            box.signal.clear()
+
+    def interrupt(self, reason: str) -> None:
+        """Stop the call in progress on every box (CallInterrupted)."""
+        self.interrupted = reason
+        for box in self.boxes:
+            box.signal.interrupt(f"interrupted: {reason}")
 
     def reduce(self, flat: np.ndarray, call: Call) -> None:
         """Reduce the 1-D array `flat` in place: part i through box i. A
-        failure on any box fails the call, naming the box (the first box's
-        in list order where several fail); every box finishes its part first,
-        so no box is left mid-stream."""
-        parts = split(flat.size, self.k, self.capacities)
-        jobs: list[tuple[Box, Future | None]] = []
-        mine = None
-        for box, (a, b) in zip(self.boxes, parts):
-            if a == b:
-                continue
-            # Each part a call of its own on its box: its count in its tag.
-            sub = dataclasses.replace(call, count=b - a, shard=0)
-            if mine is None:
-                mine = (box, flat[a:b], sub)     # on this thread, after the others start
-                continue
-            jobs.append((box, self._pool.submit(box.backend.allreduce, flat[a:b], sub)))
+        failure on any box fails the call, naming the box (a lost box first,
+        else the first box's in list order where several fail); every box
+        finishes its part first, so no box is left mid-stream."""
+        work = []
+        if self._pool is None:
+            work.append((self.boxes[0], flat, call))
+        else:
+            for box, (a, b) in zip(self.boxes, split(flat.size, self.k, self.capacities)):
+                if a != b:   # each part a call of its own on its box: its count in its tag
+                    work.append((box, flat[a:b], dataclasses.replace(call, count=b - a, shard=0)))
+        self.watch.begin({box.address: (box.watch_part(), box.signal) for box, _, _ in work})
+        jobs: list[tuple[Box, Future]] = [
+            (box, self._pool.submit(_part, self.watch, box, part, sub)) for box, part, sub in work[1:]]
         errors: list[tuple[Box, BaseException]] = []
-        if mine is not None:
-            try:
-                mine[0].backend.allreduce(mine[1], mine[2])
-            except BaseException as e:  # noqa: BLE001 - the others finish first
-                errors.append((mine[0], e))
-        for box, fut in jobs:
-            try:
-                fut.result()
-            except BaseException as e:  # noqa: BLE001 - reported below, naming the box
-                errors.append((box, e))
+        if work:    # the first part on this thread, after the others start
+            e = _part(self.watch, *work[0])
+            if e is not None:
+                errors.append((work[0][0], e))
+        errors += [(box, fut.result()) for box, fut in jobs if fut.result() is not None]
+        lost = self.watch.end()
         if errors:
-            order = {id(b): i for i, b in enumerate(self.boxes)}
-            box, e = min(errors, key=lambda be: order[id(be[0])])
-            raise named(box, call, e) from e
+            raise self._failure(errors, lost, call)
+
+    def _failure(self, errors: list[tuple[Box, BaseException]], lost: dict[str, str],
+                 call: Call) -> BaseException:
+        """The error the call raises: a lost box, else the first box's error."""
+        order = {id(b): i for i, b in enumerate(self.boxes)}
+        errors.sort(key=lambda be: order[id(be[0])])
+        gone = [b.address for b, _ in errors if b.address in lost or b.signal.for_good]
+        for box, _ in errors:
+            box.lost = box.address in lost
+        box, e = next(((b, e) for b, e in errors if b.address in lost), errors[0])
+        if box.address in lost:
+            out: BaseException = BoxLost(f"box {box.address}: {lost[box.address]}", gone)
+        elif self.interrupted is not None and not box.signal.for_good:
+            out = CallInterrupted(self.interrupted)
+        elif self._pool is None:
+            out = e     # one box: its error as it is
+        else:
+            out = named(box, call, e)
+        out.lost_boxes = tuple(gone)
+        if out is not e:
+            out.__cause__ = e
+        return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self.watch.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

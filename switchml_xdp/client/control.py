@@ -87,6 +87,7 @@ class ControlClient:
         self._resume_msg: dict = {}
         self._token: dict = {}   # {"token": ...} on every request of a job that has one
         self.left_ranks: set[int] = set()
+        self.pongs = 0   # answers to heartbeats (ping)
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None
         self._heartbeat: threading.Thread | None = None
@@ -140,6 +141,7 @@ class ControlClient:
         if msg.get("op") == "heartbeat":
             if not msg.get("ok"):
                 self.abort.set(f"the switch refused a heartbeat: {msg.get('error')}")
+            self.pongs += 1     # the box answers: box_watch.py tells a live box by it
             return
         with self._reply_ready:
             self._replies.append(msg)
@@ -228,10 +230,16 @@ class ControlClient:
         while not self._closed.wait(period):
             if self.abort_reason:
                 return
-            try:
-                self._send({"op": "heartbeat", **self._token})
-            except OSError:
-                pass  # the reader notices the broken connection and resumes on a new one
+            self.ping()  # unsent: the reader notices the broken connection and resumes on a new one
+
+    def ping(self) -> bool:
+        """Ask the box for a sign of life now: a heartbeat, whose answer
+        counts in `pongs`; False if it could not be sent."""
+        try:
+            self._send({"op": "heartbeat", **self._token})
+        except OSError:
+            return False
+        return True
 
     def status(self) -> dict:
         if self._reader is not None:  # joined: the reader thread owns the connection's input
