@@ -87,7 +87,7 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
         bar.close()
     after = worker.stats()
     med = statistics.median(times)
-    return {
+    row = {
         "rank": info.rank, "world": info.world, "backend": after["backend"], "dtype": dtype,
         "op": op, "precision": precision,
         "bytes": n * 4, "elements": n, "k": info.k, "slots": info.slots, "iterations": iterations,
@@ -100,6 +100,11 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
         "verified": (iterations + warmup - bad) if verify else None,
         "verify_failures": bad if verify else None,
     }
+    if "boxes" in after:   # a job over several boxes: each box's part of the timed calls
+        row["boxes"] = [{**{key: b[key] for key in ("box", "backend", "capacity_bps")},
+                         **{key: b[key] - a[key] for key in ("packets_sent", "retransmissions")}}
+                        for a, b in zip(before["boxes"], after["boxes"])]
+    return row
 
 
 #: What the columns of format_table mean: printed under the table and in `--help`.

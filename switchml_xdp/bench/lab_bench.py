@@ -267,10 +267,13 @@ class Bench:
         return slots
 
     def _switch_args(self, k: int) -> list[str]:
-        return ["--elements", str(k), "--job-slots", str(self.job_slots(k))]
+        from ..lab.box_runs import capacity_args
+
+        return ["--elements", str(k), "--job-slots", str(self.job_slots(k)),
+                *capacity_args(self.cfg.box_rate_mbit)]
 
     def _swml_systems(self, lab, k: int) -> None:
-        from ..lab.cluster import SwitchProcess
+        from ..lab.box_runs import switches_on_every_box
 
         cfg = self.cfg
         n = len(lab.workers)
@@ -279,9 +282,7 @@ class Bench:
         wanted = [s for s in ("swml-afxdp", "swml-udp", "swml-afxdp16") if s in cfg.systems]
         if wanted:
             with contextlib.ExitStack() as stack:
-                sws = [stack.enter_context(SwitchProcess(
-                    lab, [*self._switch_args(k), "--fanout", cfg.fanout], box=b))
-                    for b in range(len(lab.switches))]
+                sws = switches_on_every_box(stack, lab, [*self._switch_args(k), "--fanout", cfg.fanout])
                 for system in wanted:
                     backend = "udp" if system == "swml-udp" else "afxdp"
                     precision = "16" if system.endswith("16") else "32"

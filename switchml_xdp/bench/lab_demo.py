@@ -7,6 +7,7 @@ run_vm_demo: the VM lab (switchml_xdp/lab/vm.py), each rank in a worker VM.
 Both labs know nothing of the benchmark's results: this module formats them."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,27 +16,33 @@ import sys
 import time
 
 from ..lab import Lab, LabError
-from ..lab.cluster import SwitchProcess
+from ..lab.box_runs import box_lines, switches_on_every_box
 from .allreduce_bench import COLUMNS_LEGEND, format_table
 
 
 def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, backend: str,
-             verify: bool, rate: float | None, out=print, fanout: str = "multicast") -> list[dict]:
+             verify: bool, rate: float | None, out=print, fanout: str = "multicast",
+             boxes: int = 1, box_rate: float | None = None) -> list[dict]:
     """fanout: the switch's --fanout; "unicast" also takes multicast off the lab's
-    bridge (Lab(multicast=False)), to show it working where there is none."""
+    bridge (Lab(multicast=False)), to show it working where there is none.
+    boxes: the job over that many boxes, each port shaped to box_rate Mbit/s."""
     unicast = fanout == "unicast"
-    with Lab(workers=workers, rate_mbit=rate, multicast=not unicast) as lab:
-        out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} workers on a bridge"
-            + (f", links shaped to {rate:g} Mbit/s" if rate else "")
+    with Lab(workers=workers, rate_mbit=rate, multicast=not unicast, boxes=boxes,
+             box_rate_mbit=box_rate) as lab:
+        addresses = ",".join(box.ip for box in lab.switches)
+        out(f"lab {lab.prefix}: {'boxes' if boxes > 1 else 'switch'} {addresses} + {workers} "
+            f"workers on a bridge" + (f", links shaped to {rate:g} Mbit/s" if rate else "")
+            + (f", box ports to {box_rate:g} Mbit/s" if box_rate else "")
             + (", no multicast" if unicast else ""))
-        with SwitchProcess(lab, ["--fanout", fanout]) as sw:
-            out(sw.ready_line)
+        with contextlib.ExitStack() as stack:
+            for sw in switches_on_every_box(stack, lab, ["--fanout", fanout], box_rate):
+                out(sw.ready_line)
             procs = []
             # The job's token, through the environment (argv is visible to every user).
             env = {**os.environ, "SWML_TOKEN": secrets.token_hex(16)}
             for rank, host in enumerate(lab.workers):
                 argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench",
-                        "--switch", lab.switch.ip, "--job", "demo", "--rank", str(rank),
+                        "--switch", addresses, "--job", "demo", "--rank", str(rank),
                         "--world", str(workers), "--size", str(size), "--iterations", str(iterations),
                         "--warmup", str(warmup), "--dtype", dtype, "--backend", backend, "--json"]
                 if verify:
@@ -72,7 +79,9 @@ def summary(results: list[dict], workers: int, wall: float) -> list[str]:
             f"k={r0['k']}, {r0['slots']} slots, backend {r0['backend']}: "
             f"median tensor aggregation time {med * 1e3:.1f} ms, "
             f"goodput {r0['bytes'] * 8 / med / 1e9:.3f} Gbit/s per worker, "
-            f"{r0['elements'] / med:.3g} ATE/s; wall {wall:.1f} s"]
+            f"{r0['elements'] / med:.3g} ATE/s; wall {wall:.1f} s",
+            *box_lines([r.get("boxes") for r in results], "all ranks' timed calls")]
+
 
 
 def run_vm_demo(workers: int, size: str, iterations: int, warmup: int, dtype: str, verify: bool,

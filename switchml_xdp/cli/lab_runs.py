@@ -16,19 +16,22 @@ from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import allreduce_options
-from .lab_options import lab_errors, lab_options, list_of
+from .lab_options import box_options, lab_errors, lab_options, list_of
 
 
 @click.command()
 @lab_options
+@box_options
 @allreduce_options("16MiB", iterations=5, warmup=1)
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="check every element of every result")
 @click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
               help="the switch's `--fanout`; with unicast the lab carries no multicast from the "
                    "switch, as a cloud VPC")
-def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify, fanout):
-    """Switch + WORKERS workers in a lab, running an allreduce benchmark.
+def demo(workers, prefix, rate, boxes, box_rate, size, iterations, warmup, dtype, backend, verify,
+         fanout):
+    """Switch + WORKERS workers in a lab, running an allreduce benchmark
+    (with --boxes: one job over every box, and each box's share printed).
 
     Every argument is checked before anything is built."""
     from switchml_xdp.bench.lab_demo import run_demo
@@ -40,7 +43,7 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
     with lab_errors():
         try:
             run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo,
-                     fanout=fanout)
+                     fanout=fanout, boxes=boxes, box_rate=box_rate)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
 
@@ -62,6 +65,12 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
               help="The swml worker's datapath.")
 @click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
               metavar="MBIT", help="Shape every worker link to MBIT Mbit/s each way (TBF).")
+@box_options
+@click.option("--kill-box", type=click.IntRange(0, MAX_BOXES - 1), default=None, metavar="B",
+              help="Power box B off (0: sw, 1: sw1, ...; its link down, its daemon killed) "
+                   "--kill-after seconds into the swml run, and print when each rank warned.")
+@click.option("--kill-after", type=click.FloatRange(0, None, min_open=True), default=None,
+              metavar="SECONDS", help="When --kill-box strikes, from the swml ranks' start.")
 @click.option("--ranks-per-host", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Ranks on each lab host, as torchrun --nproc_per_node: the swml run then "
                    "reduces each host's ranks first and streams one leader a host (the swml "
@@ -73,13 +82,18 @@ def demo(workers, prefix, rate, size, iterations, warmup, dtype, backend, verify
               help="Where to save the loss and accuracy curves.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Also save both runs' curves as JSON.")
-def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_host, fsdp2,
-          png, json_path):
+def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, box_rate, kill_box,
+          kill_after, ranks_per_host, fsdp2, png, json_path):
     """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
 
     Same seeds both times; prints final accuracy and time per epoch of both and
     saves a PNG of the loss and accuracy curves (needs the torch extra,
-    scikit-learn and matplotlib)."""
+    scikit-learn and matplotlib). With --boxes, the swml run goes over every
+    box (SWML_SWITCH, the swml process group) and prints each box's share."""
+    if (kill_box is None) != (kill_after is None):
+        raise click.UsageError("--kill-box and --kill-after go together")
+    if kill_box is not None and kill_box >= boxes:
+        raise click.BadParameter(f"the lab has boxes 0..{boxes - 1}", param_hint="--kill-box")
     try:
         import matplotlib  # noqa: F401 - (imported to fail here, with the hint below)
         import sklearn  # noqa: F401 - (the same)
@@ -89,10 +103,13 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, ranks_per_
     except ImportError as e:
         raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
     cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb,
-                      ranks_per_host=ranks_per_host, parallel="fsdp2" if fsdp2 else "ddp")
+                      ranks_per_host=ranks_per_host, parallel="fsdp2" if fsdp2 else "ddp",
+                      boxes=boxes)
+    kill = (kill_box, kill_after) if kill_box is not None else None
     with lab_errors():
         try:
-            run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo)
+            run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo,
+                             box_rate=box_rate, kill=kill)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
 

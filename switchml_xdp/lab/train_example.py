@@ -15,6 +15,7 @@ the whole comparison.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -43,6 +44,7 @@ class TrainConfig:
     # "ddp", or "fsdp2": the model sharded with fully_shard over the run's group
     # (the swml process group in the swml run), its gradients reduce-scattered.
     parallel: str = "ddp"
+    boxes: int = 1             # >1: the swml run over that many boxes (SWML_SWITCH), via the group
 
 
 # --------------------------------------------------------------------- rank side
@@ -122,9 +124,11 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         xtr, ytr, xte, yte = load_digits_split(cfg)
         model = make_model(cfg)
         swml = None
-        if mode == "swml" and (cfg.ranks_per_host > 1 or cfg.parallel == "fsdp2"):
+        if mode == "swml" and (cfg.ranks_per_host > 1 or cfg.parallel == "fsdp2" or cfg.boxes > 1):
             # Several ranks a host: one Worker a host, through the swml
-            # process group, which reduces each host's ranks first.
+            # process group, which reduces each host's ranks first. Several
+            # boxes: the group is where training outlives a lost box
+            # (docs/scale-out.md).
             from switchml_xdp.torch import SwmlOptions
 
             swml = dist.new_group(backend="swml", pg_options=SwmlOptions(
@@ -147,7 +151,8 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
         loss_fn = torch.nn.CrossEntropyLoss()
         per_rank = len(xtr) // world
-        curves = {"epoch": [], "train_loss": [], "test_loss": [], "test_acc": [], "epoch_s": []}
+        curves = {"epoch": [], "train_loss": [], "test_loss": [], "test_acc": [], "epoch_s": [],
+                  "epoch_end_t": []}
         for epoch in range(cfg.epochs):
             g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
             order = torch.randperm(len(xtr), generator=g)[: per_rank * world]
@@ -174,6 +179,7 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
             curves["test_loss"].append(test_loss)
             curves["test_acc"].append(acc)
             curves["epoch_s"].append(elapsed.item())
+            curves["epoch_end_t"].append(time.time())
         # Every rank must hold the same parameters at the end.
         flat = torch.cat([full(p).detach().reshape(-1) for p in model.parameters()])
         spread = flat.clone()
@@ -187,7 +193,8 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         if streamer is not None:
             st = streamer.stats()
             result["worker"] = {k: st[k] for k in ("backend", "k", "slots", "tensors", "elements",
-                                                   "packets_sent", "retransmissions") if k in st}
+                                                   "packets_sent", "retransmissions", "boxes")
+                                if k in st}
             result["worker"]["job_world"] = streamer.info.world
             result["buckets"] = hook_state.buckets if hook_state else swml.switch_calls
             result["fallback_buckets"] = (hook_state.fallback_buckets if hook_state
@@ -204,12 +211,16 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
 @click.option("--world", type=int, required=True, help="ranks in all")
 @click.option("--mode", type=click.Choice(MODES), required=True, help="how gradients are reduced")
 @click.option("--master", required=True, help="address of rank 0 (Gloo's rendezvous)")
-@click.option("--switch", default=None, help="the switch's address (swml modes)")
+@click.option("--switch", default=None, envvar="SWML_SWITCH",
+              help="the switch's address, or the boxes' A,B,... (swml modes) [default: $SWML_SWITCH]")
 @click.option("--job", default=None, help="the swml job name")
 @click.option("--backend", default="auto", show_default=True, help="the swml worker backend")
 @click.option("--config", default="{}", show_default=True, help="TrainConfig fields as JSON")
 def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
     """One rank of `swml-lab train`."""
+    from .lost_box import report_warnings
+
+    report_warnings(rank)
     cfg = TrainConfig(**json.loads(config))
     result = train_rank(rank, world, mode, master, switch, job, backend, cfg)
     if result is not None:
@@ -219,8 +230,10 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
 # ----------------------------------------------------------------------- driver
 
 def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float) -> dict:
-    """All ranks of one training run as processes in their namespaces; rank 0's result."""
+    """All ranks of one training run as processes in their namespaces; rank 0's
+    result, with every rank's warnings. The ranks find the boxes in SWML_SWITCH."""
     from .cluster import RanksFailed, rank_result, run_rank_processes
+    from .lost_box import warning_records
 
     per_host = cfg.ranks_per_host
     world = len(lab.workers) * per_host
@@ -229,10 +242,10 @@ def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout:
         placements.append((lab.workers[rank // per_host], [
             sys.executable, "-m", "switchml_xdp.lab.train_example", "--rank", str(rank),
             "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
-            "--switch", lab.switch.ip, "--job", job, "--backend", backend,
-            "--config", json.dumps(cfg.__dict__)]))
+            "--job", job, "--backend", backend, "--config", json.dumps(cfg.__dict__)]))
+    boxes = ",".join(box.ip for box in lab.switches)
     try:
-        outs = run_rank_processes(lab, placements, timeout)
+        outs = run_rank_processes(lab, placements, timeout, env={"SWML_SWITCH": boxes})
     except RanksFailed as e:
         raise RuntimeError(f"{mode} training failed: {e}") from None
     result = rank_result(outs[0][0])
@@ -240,6 +253,7 @@ def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout:
         raise RuntimeError(f"rank 0 ({mode}) printed no result")
     notes = [ln for ln in outs[0][1].splitlines() if ln.startswith("switchml-xdp:")]
     result["notes"] = notes
+    result["warnings"] = [w for stdout, _ in outs for w in warning_records(stdout)]
     return result
 
 
@@ -296,37 +310,65 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
                    else "gloo ring allreduce (DDP built-in)")
         rows.append((mode, f"{r['test_acc'][-1]:.2f}%", f"{r['train_loss'][-1]:.4f}",
                      f"{time_per_epoch(r) * 1e3:.1f} ms", how))
+    from .box_runs import box_lines
+
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
-    return ["  ".join(v.ljust(w) for v, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+    boxes = results["swml"].get("worker", {}).get("boxes")
+    return (["  ".join(v.ljust(w) for v, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+            + box_lines([boxes], "swml run, rank 0's calls"))
 
 
 def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: str = "auto",
                      png: str = "swml-train.png", json_path: str | None = None,
-                     rate: float | None = None, timeout: float = 900.0, out=print) -> dict:
-    """The whole comparison: lab, switch, both runs, summary, plot. Returns both results."""
-    from .cluster import SwitchProcess
+                     rate: float | None = None, timeout: float = 900.0, out=print,
+                     box_rate: float | None = None, kill: tuple[int, float] | None = None) -> dict:
+    """The whole comparison: lab, switches, both runs, summary, plot. Returns
+    both results. cfg.boxes boxes, their ports shaped to box_rate Mbit/s;
+    kill=(box, seconds): that box powered off that long into the swml run
+    (lost_box.py), and when each rank warned after it in results["swml"]["lost_box"]."""
+    from .box_runs import switches_on_every_box
+    from .lost_box import BoxKiller, report_lines
     from .namespace_lab import Lab
 
     cfg = cfg or TrainConfig()
     results: dict[str, dict] = {}
-    with Lab(workers=workers, rate_mbit=rate) as lab:
-        out(f"lab {lab.prefix}: switch {lab.switch.ip} + {workers} hosts x "
-            f"{cfg.ranks_per_host} rank(s)"
-            + (f", links shaped to {rate:g} Mbit/s" if rate else ""))
-        with SwitchProcess(lab) as sw:
+    with Lab(workers=workers, rate_mbit=rate, boxes=cfg.boxes, box_rate_mbit=box_rate) as lab, \
+            contextlib.ExitStack() as stack:
+        out(f"lab {lab.prefix}: {'boxes' if cfg.boxes > 1 else 'switch'} "
+            f"{','.join(box.ip for box in lab.switches)} + {workers} hosts x "
+            f"{cfg.ranks_per_host} rank(s)" + (f", links shaped to {rate:g} Mbit/s" if rate else "")
+            + (f", box ports to {box_rate:g} Mbit/s" if box_rate else ""))
+        switches = switches_on_every_box(stack, lab, box_rate=box_rate)
+        for sw in switches:
             out(sw.ready_line)
-            for mode in MODES:
-                out(f"training with {mode}: {cfg.epochs} epochs, batch {cfg.batch} x "
-                    f"{workers * cfg.ranks_per_host} ranks ...")
-                t0 = time.monotonic()
-                job = f"train-{secrets.token_hex(4)}"
+        for mode in MODES:
+            out(f"training with {mode}: {cfg.epochs} epochs, batch {cfg.batch} x "
+                f"{workers * cfg.ranks_per_host} ranks ...")
+            t0 = time.monotonic()
+            job = f"train-{secrets.token_hex(4)}"
+            killer = (BoxKiller(lab, kill[0], kill[1], switches[kill[0]].proc.kill, out).start()
+                      if kill and mode == "swml" else None)
+            try:
                 results[mode] = _run_mode(lab, mode, cfg, backend, job, timeout)
-                for note in results[mode].pop("notes", []):
-                    out("  " + note)
-                out(f"  done in {time.monotonic() - t0:.1f} s")
+            except RuntimeError as e:
+                if killer and killer.killed_at:
+                    raise RuntimeError(f"{e}\n({killer.describe()})") from None
+                raise
+            finally:
+                if killer:
+                    killer.cancel()
+            for note in results[mode].pop("notes", []):
+                out("  " + note)
+            out(f"  done in {time.monotonic() - t0:.1f} s")
+            if killer:
+                results[mode]["lost_box"] = killer.report(results[mode]["warnings"],
+                                                          workers * cfg.ranks_per_host)
     out("")
     for line in summary_lines(results):
         out(line)
+    if "lost_box" in results["swml"]:
+        for line in report_lines(results["swml"]["lost_box"]):
+            out(line)
     diff = results["swml"]["test_acc"][-1] - results["gloo"]["test_acc"][-1]
     n_test = results["gloo"]["test_samples"]
     out(f"\naccuracy difference swml - gloo: {diff:+.2f} points (test set of {n_test} images; "
