@@ -281,6 +281,12 @@ class Worker:
         backend: another rank lost a box, torch/box_failover.py)."""
         self._split.interrupt(reason)
 
+    def forget(self, boxes) -> None:
+        """Boxes that close() asks nothing (found lost elsewhere: a leave
+        would wait for its timeout)."""
+        for box in self._boxes:
+            box.lost = box.lost or box.address in boxes
+
     def stats(self) -> dict:
         """Counters of this worker: tensors, elements, packets, retransmissions
         (over several boxes: their sums, and each box's under "boxes")."""

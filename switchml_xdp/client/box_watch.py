@@ -7,10 +7,13 @@ waits for a slow peer sees exactly what a rank behind a dead box sees. The
 box's control connection tells them apart: a live box answers it whatever
 the ranks do. So a box whose part of the call made no progress (no new
 result) for half of `box_timeout` is asked (a heartbeat, which the daemon
-answers at once); a box that does not answer within the rest of
-`box_timeout` -- its link down, its host off, its daemon gone and not back
--- is lost: its part of the call is interrupted and fails as BoxLost. A box
-that answers is alive and waited for as long as the stall timeout says.
+answers at once); a box that has not answered by 90% of `box_timeout`
+after its last result -- its link down, its host off, its daemon gone and
+not back -- is lost: its part of the call is interrupted and fails as
+BoxLost (the last 10% leave room for the watch's tick and the call's
+unwinding, so the call fails within `box_timeout` of the box's silence).
+A box that answers is alive and waited for as long as the stall timeout
+says.
 
 Interrupting a part is for that call only (BoxSignal): the box's stream
 resyncs as after any failed call, and the next call asks it again, so a box
@@ -75,7 +78,7 @@ class PartWatch:
         self.probe: tuple[float, int] | None = None     # (when asked, pongs then)
         self.done = False
 
-    def verdict(self, now: float, probe_after: float, box_timeout: float) -> str | None:
+    def verdict(self, now: float, probe_after: float, lost_after: float) -> str | None:
         """None while the part is fine, else why the box is lost."""
         seen = self.results()
         if seen != self.seen:
@@ -89,7 +92,7 @@ class PartWatch:
                 self.probe = (now, self.pongs())
                 self.ping()
             return None
-        if now - self.last_progress >= box_timeout:
+        if now - self.last_progress >= lost_after:
             return (f"no result for {now - self.last_progress:.1f} s and no answer on its "
                     f"control connection for {now - self.probe[0]:.1f} s: the box is lost")
         return None
@@ -104,6 +107,7 @@ class BoxWatch:
             raise ValueError(f"box_timeout must be a positive number of seconds, not {box_timeout!r}")
         self.box_timeout = float(box_timeout)
         self.probe_after = self.box_timeout / 2
+        self.lost_after = self.box_timeout * 0.9
         self._lock = threading.Lock()
         self._parts: dict[str, tuple[PartWatch, BoxSignal]] = {}
         self.lost: dict[str, str] = {}    # this call's lost boxes: address -> why
@@ -136,7 +140,7 @@ class BoxWatch:
                 for address, (part, signal) in self._parts.items():
                     if part.done or address in self.lost:
                         continue
-                    why = part.verdict(now, self.probe_after, self.box_timeout)
+                    why = part.verdict(now, self.probe_after, self.lost_after)
                     if why is not None:
                         self.lost[address] = why
                         signal.interrupt(f"box {address} lost: {why}")

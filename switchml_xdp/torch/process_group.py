@@ -41,21 +41,18 @@ SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT (the port
 a group tries first), SWML_SHM_BYTES (shared memory per rank of a host,
 default 4 MiB). Subgroups (new_group): each its own job and port, picked by
 the group (group_setup.py; docs/pytorch.md, "Subgroups").
-Gloo's device is GLOO_SOCKET_IFNAME's interface if set, else the interface
-that routes to the switch.
+Gloo's device: GLOO_SOCKET_IFNAME's interface if set, else the switch's route's.
 
-Several ranks on one host (torchrun --nproc_per_node=R): the ranks that
-share a host reduce into their lowest rank through shared memory;
-only that leader joins the switch's job (rank = host index, world = number of
-hosts) and streams; the result goes back to the host's ranks (hosts.py).
+Several ranks on one host (torchrun --nproc_per_node=R) reduce into their lowest
+rank through shared memory; only that leader joins the switch's job (rank =
+host index, world = number of hosts) and streams; the result goes back (hosts.py).
 CUDA tensors take the same road from their staged host copies: each rank
 quantizes for the whole group's size, and the int32 payloads add up on the
 leader's host (exact in any order), so no NCCL is needed.
 
 Switch and Gloo work are separate channels: a switch all_reduce issued with
 async_op=True runs on the group's own thread while later Gloo collectives
-proceed. Calls through the switch run in the order they are made, the same on
-every rank.
+proceed. Calls through the switch run in the order made, the same on every rank.
 """
 from __future__ import annotations
 
@@ -73,6 +70,7 @@ from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptio
 
 from ..client.api import Worker, local_end
 from ..client.port import release_held
+from .box_failover import WorkerRecipe, failover_for
 from .compile_opaque import compile_opaque
 from .gloo_side import GlooSide
 from .group_setup import SetupPhases, agree_port
@@ -119,12 +117,10 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
                 if self.layout.is_leader:
                     port = agree_port(store, self.layout, opts.port, phases.timeout_s)
             with phases.phase("joined"):
+                recipe = WorkerRecipe(opts, job, token, self.layout.host_index, self.layout.n_hosts,
+                                      port, timeout.total_seconds())
                 if self.layout.is_leader:
-                    self.worker = Worker(opts.switch, job, self.layout.host_index, self.layout.n_hosts,
-                                         iface=opts.iface, backend=opts.backend, port=port,
-                                         control_port=opts.control_port, join_timeout=join_timeout,
-                                         stall_timeout=timeout.total_seconds(),
-                                         verbose=opts.verbose, token=token)
+                    self.worker = recipe.make(opts.switch, join_timeout)
                 if rank == 0:
                     store.set(_K_KEY, str(self.worker.info.k))
             # Every rank quantizes its own GPU tensors (staging.py): with the job's block size.
@@ -138,6 +134,7 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         self._pipeline = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"swml-pg{rank}")
         try:
             self._open_gloo(store, rank, size, timeout, opts.gloo_iface, here.iface)
+            self.failover = failover_for(self, store, recipe, timeout, here.iface)  # lost boxes
         except BaseException:
             self._close_switch_side()
             raise
@@ -197,9 +194,10 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
                 refuse_for_host(self.worker, flat, op)    # the call fails on every host
                 raise
         error = None
-        if self.worker is not None:
+        through = getattr(self, "failover", None) or self.worker   # box_failover.py
+        if through is not None:
             try:
-                self.worker.allreduce(flat.detach().numpy(), op)
+                through.allreduce(flat.detach().numpy(), op)
             except BaseException as e:  # noqa: BLE001 - shared with the host below
                 error = e
         if self.local is not None:
@@ -357,6 +355,8 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
     # -- life cycle -------------------------------------------------------------
     def _close_switch_side(self) -> None:
         try:
+            if getattr(self, "failover", None) is not None:
+                self.failover.close()
             if self.worker is not None:
                 self.worker.close()
         finally:

@@ -1,0 +1,119 @@
+"""A lost box (client/box_watch.py; docs/scale-out.md, "Failures"): in a lab
+of two boxes, a job streams calls through both; box 1's link goes down, or
+its daemon is killed with its data plane, in the middle of a call. Every
+rank's call fails within 2 s of that, as BoxLost naming box 1, with the
+stall timeout left at its 30 s default; a daemon that stops cleanly fails
+it at once (the job aborted there), naming the box."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from requires import NO_LAB
+
+if NO_LAB:
+    pytest.skip(f"lab tests: {NO_LAB}", allow_module_level=True)
+
+from switchml_xdp.lab import Lab
+from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
+
+K = 256
+NOTICED_S = 2.0     # the default box_timeout: the bound on every rank
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with Lab(workers=2, boxes=2) as lab:
+        yield lab
+
+
+def link(lab, box: int, state: str) -> None:
+    host = lab.switches[box]
+    lab.run(host, ["ip", "link", "set", "dev", host.iface, state])
+
+
+def lose_box_1_mid_call(lab, job: str, lose) -> list:
+    """Both ranks stream calls through both boxes until one fails; `lose()`
+    runs once they are streaming. Returns each rank's (error, seconds from
+    lose() to the error)."""
+    from switchml_xdp import Worker
+
+    addresses = [b.ip for b in lab.switches]
+    streaming = threading.Barrier(3)
+    lost_at = {}
+
+    def body(rank, host):
+        with Worker(addresses, job, rank, 2, backend="udp", verbose=False) as w:
+            x = np.ones(200 * K, np.float32)
+            w.allreduce(x)
+            streaming.wait(30)
+            while True:
+                try:
+                    w.allreduce(x)
+                except Exception as e:  # noqa: BLE001 - the test looks at it
+                    return e, time.monotonic() - lost_at["t"]
+
+    def loser():
+        streaming.wait(30)
+        time.sleep(0.5)
+        lost_at["t"] = time.monotonic()
+        lose()
+
+    t = threading.Thread(target=loser)
+    t.start()
+    try:
+        return run_ranks(lab, lab.workers[:2], body, timeout=60)
+    finally:
+        t.join()
+
+
+def check_lost(lab, out) -> None:
+    from switchml_xdp.client.boxes import BoxLost
+
+    box1 = lab.switches[1].ip
+    for rank, (error, seconds) in enumerate(out):
+        assert isinstance(error, BoxLost) and isinstance(error, TimeoutError), (rank, repr(error))
+        assert str(error).startswith(f"box {box1}: ") and error.boxes == (box1,), (rank, error)
+        assert seconds < NOTICED_S, (rank, seconds)
+        print(f"[box lost] rank {rank}: {type(error).__name__} {seconds * 1000:.0f} ms after: {error}")
+
+
+def test_a_box_whose_link_goes_down_fails_every_ranks_call_within_2_s(lab):
+    with SwitchProcess(lab, box=0), SwitchProcess(lab, box=1):
+        try:
+            out = lose_box_1_mid_call(lab, "link-down", lambda: link(lab, 1, "down"))
+        finally:
+            link(lab, 1, "up")
+    check_lost(lab, out)
+
+
+def test_a_box_killed_with_its_data_plane_fails_every_ranks_call_within_2_s(lab):
+    """SIGKILL: no word to the workers; then its data plane goes too (the
+    pins a killed daemon leaves for its restart are removed), as on a box
+    that is powered off."""
+    with SwitchProcess(lab, box=0), SwitchProcess(lab, box=1) as sw1:
+        def kill():
+            sw1.proc.kill()
+            host = lab.switches[1]
+            lab.run(host, ["ip", "link", "set", "dev", host.iface, "xdp", "off"])
+            sw1.proc.wait()
+            sw1.stop()      # its leftovers: the pins
+        out = lose_box_1_mid_call(lab, "killed", kill)
+    check_lost(lab, out)
+
+
+def test_a_box_stopped_cleanly_fails_every_ranks_call_at_once_naming_it(lab):
+    """A daemon that stops says so: the job is aborted there (JobAborted),
+    and the error lists the box among the call's lost boxes."""
+    from switchml_xdp.client.abort import JobAborted
+    from switchml_xdp.client.boxes import lost_boxes
+
+    box1 = lab.switches[1].ip
+    with SwitchProcess(lab, box=0), SwitchProcess(lab, box=1) as sw1:
+        out = lose_box_1_mid_call(lab, "stopped", sw1.stop)
+    for rank, (error, seconds) in enumerate(out):
+        assert isinstance(error, JobAborted) and str(error).startswith(f"box {box1}: "), repr(error)
+        assert lost_boxes(error) == (box1,) and seconds < NOTICED_S, (rank, seconds)
