@@ -96,6 +96,13 @@ def link_mac(iface: str, netns: str | None = None) -> str:
         return ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
 
 
+def link_master(iface: str, netns: str | None = None) -> str | None:
+    """The name of the device `iface` is enslaved to (its bridge), or None."""
+    with _link(iface, netns) as (ipr, index):
+        master = ipr.get_links(index)[0].get_attr("IFLA_MASTER")
+        return ipr.get_links(master)[0].get_attr("IFLA_IFNAME") if master else None
+
+
 def link_has_carrier(iface: str, netns: str | None = None) -> bool:
     """Whether `iface` is up with a carrier: frames it sends reach the wire."""
     with _link(iface, netns) as (ipr, index):

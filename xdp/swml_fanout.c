@@ -62,6 +62,13 @@ static __always_inline void swml_count(u32 reason)
 #define SWML_UDP_LEN_OFF (SWML_UDP_OFF + __builtin_offsetof(struct udphdr, len))
 #define SWML_SWML_OFF (SWML_UDP_OFF + SWML_UDP_LEN)
 
+/* This CPU's per-port counters (swml_maps.h); NULL if the map has no row. */
+static __always_inline struct swml_port_stats *swml_port_stats(void)
+{
+	u32 zero = 0;
+	return port_stats.lookup(&zero);
+}
+
 /* What swml_copy_to did: counted once a RESULT, after its loop (a counter
  * update each copy would add branches that a 64-rank loop multiplies past
  * what Debian 12's verifier (6.1) explores: tests/vm). */
@@ -70,10 +77,12 @@ struct swml_copies {
 };
 
 /* Re-address the frame to `rank` of the job (its learnt MAC, its IP and
- * port: where its shadow replies go) and send a clone out of `ifindex`.
+ * port: where its shadow replies go) and send a clone out of the box's port
+ * its DATA comes in on (learnt with the MAC), counted in `ps`.
  * *prev_ip is what the IP checksum covers now. */
 static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 rank,
-					 __be32 *prev_ip, u32 ifindex, struct swml_copies *n)
+					 __be32 *prev_ip, struct swml_port_stats *ps,
+					 struct swml_copies *n)
 {
 	u32 idx = job_id * SWML_MAX_WORLD + rank;
 	struct swml_member *m = members.lookup(&idx);
@@ -94,9 +103,12 @@ static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 
 	*prev_ip = to.ip;
 	/* 0 or a negative errno: its sign bit, shifted down, is the failure
 	 * (no branch: see struct swml_copies) */
-	u32 failed = (u64)bpf_clone_redirect(skb, ifindex, 0) >> 63;
+	u32 failed = (u64)bpf_clone_redirect(skb, to.ifindex, 0) >> 63;
 	n->failed += failed;
 	n->sent += 1 - failed;
+	/* out of the port the rank's DATA comes in on */
+	ps->tx_packets[to.port_index & (SWML_MAX_PORTS - 1)] += 1 - failed;
+	ps->tx_bytes[to.port_index & (SWML_MAX_PORTS - 1)] += (1 - failed) * skb->len;
 }
 
 /* Add n (no branch on it: the verifier would then tell apart every count a
@@ -136,11 +148,12 @@ static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct
 					     u32 job_id, u32 first)
 {
 	struct swml_copies n = {};
+	struct swml_port_stats *ps = swml_port_stats();
 	__be32 prev_ip = 0; /* what the IP checksum covers now: the frame's destination */
 	__u8 flags = 0;
 	u32 world = job->world;
 
-	if (first >= world || first >= SWML_MAX_WORLD ||
+	if (!ps || first >= world || first >= SWML_MAX_WORLD ||
 	    bpf_skb_load_bytes(skb, SWML_IP_DADDR_OFF, &prev_ip, sizeof(prev_ip)) ||
 	    bpf_skb_load_bytes(skb, SWML_SWML_OFF + __builtin_offsetof(struct swml_hdr, flags),
 			       &flags, sizeof(flags)))
@@ -149,7 +162,7 @@ static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct
 	for (u32 i = 0; i < SWML_FANOUT_CHUNK; i++) {
 		if (first + i >= world)
 			break;
-		swml_copy_to(skb, job_id, first + i, &prev_ip, skb->ifindex, &n);
+		swml_copy_to(skb, job_id, first + i, &prev_ip, ps, &n);
 	}
 	swml_count_n(SWML_CNT_UNICAST_COPIES, n.sent);
 	swml_count_n(SWML_CNT_UNICAST_HEADER_ONLY, flags & SWML_FLAG_HEADER_ONLY ? n.sent : 0);
@@ -185,9 +198,12 @@ int swml_fanout(struct __sk_buff *skb)
 			   sizeof(owner));
 	if (owner && owner <= job->world) {
 		struct swml_copies whole = {};
+		struct swml_port_stats *ps = swml_port_stats();
 		__be32 prev_ip = job->group_ip;
 
-		swml_copy_to(skb, job_id, owner - 1, &prev_ip, skb->ifindex, &whole);
+		if (!ps)
+			return TC_ACT_SHOT; /* cannot happen: an array's row 0 */
+		swml_copy_to(skb, job_id, owner - 1, &prev_ip, ps, &whole);
 		swml_count_n(SWML_CNT_UNICAST_COPIES, whole.sent);
 		swml_count_n(SWML_CNT_UNICAST_NO_MAC, whole.no_mac);
 		swml_count_n(SWML_CNT_UNICAST_CLONE_FAILED, whole.failed);

@@ -36,6 +36,24 @@ struct swml_member {
 			next hop's MAC where the worker is routed); all zero until then.
 			Never from the join's `mac` field, which nobody vouches for. */
 	__be16 port;
+	/* Learnt with `mac`, from the same packet: the box's port it came in on
+	 * (its ifindex, and its place in the box's port list), where the rank's
+	 * unicast RESULTs go out on a box with several ports. */
+	__u32 ifindex;
+	__u32 port_index;
+};
+
+/* The ports of one box (`swml-switch up eth1 eth2 ...`): at most this many. */
+#define SWML_MAX_PORTS 8
+
+/* port_stats[0] (per CPU): what each port of the box carried of the switch's
+ * own traffic, by its place in the port list: DATA in (every frame to us, as
+ * counted under SWML_CNT_RX), RESULTs and shadow replies out. */
+struct swml_port_stats {
+	__u64 rx_packets[SWML_MAX_PORTS];
+	__u64 rx_bytes[SWML_MAX_PORTS];
+	__u64 tx_packets[SWML_MAX_PORTS];
+	__u64 tx_bytes[SWML_MAX_PORTS];
 };
 
 /* --fanout unicast: what the switch program (XDP) leaves in a completed RESULT's

@@ -209,6 +209,43 @@ static __always_inline int swml_to_us(const struct ethhdr *eth, const struct iph
 	       *(const __u16 *)(eth->h_dest + 4) == (__u16)SWML_SWITCH_MAC_LO;
 }
 
+/* One frame of `len` bytes in (tx 0) or out (tx 1) of the box's port
+ * `index` (struct swml_port_stats). */
+static __always_inline void swml_port_count(u32 index, u64 len, int tx)
+{
+	u32 zero = 0;
+	struct swml_port_stats *ps = port_stats.lookup(&zero);
+	if (!ps)
+		return;
+	if (tx) {
+		ps->tx_packets[index & (SWML_MAX_PORTS - 1)] += 1;
+		ps->tx_bytes[index & (SWML_MAX_PORTS - 1)] += len;
+	} else {
+		ps->rx_packets[index & (SWML_MAX_PORTS - 1)] += 1;
+		ps->rx_bytes[index & (SWML_MAX_PORTS - 1)] += len;
+	}
+}
+
+#if SWML_PORTS > 1 && !defined(SWML_FANOUT_UNICAST)
+/* The box's ports, filled by the control plane: where a multicast RESULT goes
+ * on a box with several ports. Not pinned: the program holds it, and a
+ * daemon that adopts the data plane loads a program with its own. */
+BPF_DEVMAP(result_ports, SWML_MAX_PORTS);
+
+/* A completed RESULT (addressed to the job's group) out of every port of the
+ * box, one copy each (BPF_F_BROADCAST): the members sit behind different
+ * ports, each port's segment carries the group to its own. A port without a
+ * member of the job gets its copy too: with jobs confined to some ports,
+ * --fanout unicast sends only where the members are. */
+static __always_inline int swml_to_every_port(u64 len)
+{
+#pragma unroll
+	for (u32 i = 0; i < SWML_PORTS; i++)
+		swml_port_count(i, len, 1);
+	return result_ports.redirect_map(0, BPF_F_BROADCAST);
+}
+#endif
+
 #ifdef SWML_FANOUT_UNICAST
 /* Hand a completed RESULT (already rewritten, to the job's group) to the tc
  * fan-out: the mark goes in front of the frame, as XDP metadata, which the
@@ -255,6 +292,8 @@ int swml_switch(struct xdp_md *ctx)
 
 	/* 2. Ours from here on: every outcome below is counted. */
 	swml_count(SWML_CNT_RX);
+	u32 port_index = SWML_PORT_INDEX(ctx->ingress_ifindex) & (SWML_MAX_PORTS - 1);
+	swml_port_count(port_index, data_end - data, 0);
 	if (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT))
 		return swml_drop(SWML_CNT_BAD_IP);
 	h = (void *)(udp + 1);
@@ -338,13 +377,18 @@ int swml_switch(struct xdp_md *ctx)
 		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	}
 #ifdef SWML_FANOUT_UNICAST
-	/* The packet passed every check: its source MAC is where the rank's
-	 * unicast RESULTs go. Every rank of a round has sent one before the round
-	 * completes, so the fan-out finds all of them learnt. Written only when
-	 * it changed: a store a packet would bounce the entry between CPUs. */
+	/* The packet passed every check: its source MAC and the port it came in
+	 * on are where the rank's unicast RESULTs go. Every rank of a round has
+	 * sent one before the round completes, so the fan-out finds all of them
+	 * learnt. Written only when they changed: a store a packet would bounce
+	 * the entry between CPUs. */
 	if (*(const __u32 *)m->mac != *(const __u32 *)eth->h_source ||
-	    *(const __u16 *)(m->mac + 4) != *(const __u16 *)(eth->h_source + 4))
+	    *(const __u16 *)(m->mac + 4) != *(const __u16 *)(eth->h_source + 4) ||
+	    m->ifindex != ctx->ingress_ifindex) {
+		m->ifindex = ctx->ingress_ifindex;
+		m->port_index = port_index;
 		__builtin_memcpy(m->mac, eth->h_source, ETH_ALEN);
+	}
 #endif
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
@@ -360,7 +404,13 @@ int swml_switch(struct xdp_md *ctx)
 #ifdef SWML_FANOUT_UNICAST
 	if (outcome == SWML_CNT_COMPLETED)
 		return swml_to_fanout(ctx, job_id);
+#elif SWML_PORTS > 1
+	if (outcome == SWML_CNT_COMPLETED)
+		return swml_to_every_port(data_end - data);
 #endif
+	/* A shadow reply goes back the way its DATA came, and so does a
+	 * one-port box's RESULT. */
+	swml_port_count(port_index, data_end - data, 1);
 	return XDP_TX;
 
 pass:

@@ -32,5 +32,20 @@ BPF_TABLE_PINNED("array", u32, struct swml_slot, slots, SWML_SLOTS, SWML_PIN_DIR
 BPF_TABLE_PINNED("percpu_array", u32, u64, counters, SWML_CNT_NUM, SWML_PIN_DIR "/counters");
 BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX_JOBS,
 		 SWML_PIN_DIR "/job_stats");
+BPF_TABLE_PINNED("percpu_array", u32, struct swml_port_stats, port_stats, 1,
+		 SWML_PIN_DIR "/port_stats");
+
+/* The box's ports (swml_maps.h): SWML_PORTS of them, and SWML_PORT_INDEX(ifindex)
+ * the place of a port in the list, both compiled in by the control plane
+ * (switchml_xdp/switch/xdp_dataplane.py); one port unless it says more. */
+#ifndef SWML_PORTS
+#define SWML_PORTS 1
+#endif
+#ifndef SWML_PORT_INDEX
+#define SWML_PORT_INDEX(ifindex) 0
+#endif
+#if SWML_PORTS < 1 || SWML_PORTS > SWML_MAX_PORTS
+#error "SWML_PORTS must be 1 .. SWML_MAX_PORTS"
+#endif
 
 #endif /* SWML_TABLES_H */

@@ -135,11 +135,20 @@ def job_lines(st: dict, j: dict, job_rate: dict | None) -> list[str]:
     return lines
 
 
+def port_lines(st: dict) -> list[str]:
+    """Per port of the box (xdp/swml_maps.h, struct swml_port_stats): the
+    switch's frames in and out, where the data plane counts them."""
+    rows = st.get("port_stats") or []
+    lines = [f"  port {str(r['port'])}: in {r['rx_packets']} packets, {r['rx_bytes']} bytes; "
+             f"out {r['tx_packets']} packets, {r['tx_bytes']} bytes" for r in rows]
+    return [ln for line in lines for ln in wrap(line, "", "      ")]
+
+
 def format_text(st: dict, show_all: bool = False) -> str:
     """One switch, in lines of at most 80 columns."""
     st = escaped_sample(st)
     rates = st.get("rates") or {}
-    lines = headline(st)
+    lines = headline(st) + port_lines(st)
     if st["jobs"]:
         lines.append(JOB_HEAD)
         for j in st["jobs"]:

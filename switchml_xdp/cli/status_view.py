@@ -64,6 +64,9 @@ def _from_pins(st: dict) -> bool:
     try:
         st["counters"] = maps.read_counters()
         st["job_stats"] = daemon.read_job_stats(maps)
+        ports = st.get("ports") or [st["iface"]]
+        st["port_stats"] = [{"port": p, **row}
+                            for p, row in zip(ports, maps.read_port_stats(len(ports)))]
         st["active_job_ids"] = [j for j in range(1, wire.MAX_JOBS) if maps.job_active(j)]
         if st.get("fanout") == "unicast":
             # Where each rank's unicast RESULTs go: learnt by the data plane
@@ -100,6 +103,7 @@ def collect_status(iface: str | None = None) -> list[dict]:
         elif st["alive"] and (reply := _daemon_status(st)) is not None:
             st["counters"] = reply["counters"]
             st["job_stats"] = reply.get("job_stats")
+            st["port_stats"] = reply.get("port_stats")
             st["jobs"] = reply["jobs"]
             st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
         elif st["alive"] and "note" not in st:

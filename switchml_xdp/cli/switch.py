@@ -24,6 +24,7 @@ def main() -> None:
 @main.command()
 @config_option
 @click.argument("iface", required=False)
+@click.argument("more_ports", nargs=-1, metavar="[IFACE ...]")
 @click.option("--elements", "-k", type=click.IntRange(1, wire.MAX_K), default=wire.DEFAULT_K,
               show_default=True, help="int32 elements a packet (fixed for the switch)")
 @click.option("--slots", type=click.IntRange(1, 65535), default=wire.DEFAULT_SLOTS,
@@ -68,9 +69,14 @@ def main() -> None:
                    "boxes gives each a share of every tensor in proportion (docs/scale-out.md) "
                    "[default: the port's link speed as the kernel reports it]")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
-def up(config, iface, elements, slots, job_slots, port, control_port, dataplane, mode, fanout,
+def up(config, iface, more_ports, elements, slots, job_slots, port, control_port, dataplane, mode, fanout,
        auth, lease, require_token, initial_seq, metrics, capacity, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C.
+
+    A box with several ports: `up eth1 eth2 ...`, the ports members of one
+    bridge that holds the box's address; one slot pool for all, each member's
+    RESULTs out of its own port (docs/scale-out.md). The first names the box
+    (`status`, `down`).
 
     Options may also come from a TOML file (--config; /etc/swml/switch.toml is
     read when it exists): its keys are the long option names and `iface`, e.g.
@@ -83,7 +89,7 @@ def up(config, iface, elements, slots, job_slots, port, control_port, dataplane,
                         format="swml-switch: %(message)s")
     try:
         dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode,
-                                   fanout)
+                                   fanout, [iface, *more_ports])
         daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
                    metrics=metrics, auth=auth, capacity_bps=capacity)
     except daemon.SwitchError as e:

@@ -34,6 +34,7 @@ def _long_names(command: click.Command) -> dict[str, click.Parameter]:
             if opt.startswith("--"):
                 names[opt[2:]] = p
     names.pop("config", None)
+    names.pop("more_ports", None)   # the box's other ports: the command line's only
     names.pop("help", None)
     return names
 

@@ -93,6 +93,20 @@ def box_host(prefix: str, b: int) -> Host:
                 _mac(0, 0, 1 + b), f"{prefix}-bs{tail}")
 
 
+def port_host(prefix: str, j: int) -> Host:
+    """Port `j` (1 .. MAX_PORTS-1) of the lab's switch, Lab(ports=P): a veth
+    in the switch's namespace, to segment j's bridge; it has no address of
+    its own (the box's bridge holds the switch's, lab/box_ports.py). Its
+    MACs are group 2's."""
+    return Host(f"swp{j}", f"{prefix}-sw", f"{prefix}-sp{j}", SWITCH_IP, _mac(0, 2, j),
+                f"{prefix}-bsp{j}")
+
+
+def segment_bridge(prefix: str, j: int) -> str:
+    """The bridge of segment j (in the bridge namespace): the lab's bridge for 0."""
+    return f"{prefix}-br{j}"
+
+
 def box_index(host: Host) -> int | None:
     """Which box `host` is, or None for a worker."""
     m = re.fullmatch(r"sw(\d*)", host.name)
@@ -115,6 +129,8 @@ def peer_mac(host: Host) -> str:
     b = box_index(host)
     if b is not None:
         return _mac(1, 0, 1 + b)
+    if host.name.startswith("swp"):
+        return _mac(1, 2, int(host.name[3:]))
     return _mac(1, 1, int(host.name[1:]))
 
 

@@ -35,7 +35,8 @@ class SwitchProcess:
         self.lab = lab
         self.host = _box(lab, box)
         self.iface = self.host.iface
-        argv = switch_argv(self.iface, args)
+        ports = [p.iface for p in lab.box_ports] if box == 0 else []   # Lab(ports=P)
+        argv = switch_argv(self.iface, [*ports, *args])
         self.started = time.monotonic()
         self.proc = lab.popen(self.host, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, bufsize=1,

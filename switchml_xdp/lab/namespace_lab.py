@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pyroute2 import IPRoute
 
 from .. import bpf
-from . import addressing, lifecycle, netns, wiring
+from . import addressing, box_ports, lifecycle, netns, wiring
 from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, box_host, bridge_iface, bridge_ns, check_names, new_prefix, worker_host
@@ -59,7 +59,7 @@ class Lab:
                  loss_port: int | None = None, igmp: bool = False,
                  queue_packets: int | None = None, multicast: bool = True,
                  query_interval_s: float | None = None, boxes: int = 1,
-                 box_rate_mbit: float | None = None):
+                 box_rate_mbit: float | None = None, ports: int = 1):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of
         duplicating, data-port UDP frames on every worker link in both
         directions; giving either (or loss_port) attaches the loss injector at
@@ -76,11 +76,14 @@ class Lab:
         `swml-switch up --fanout unicast`; not with loss, whose injector
         takes the switch's port). boxes: how many switch hosts
         (lab.switches; lab.switch is the first), box_rate_mbit the rate of
-        each one's link, both ways, or a list of one each (lab/shaping.py)."""
+        each one's link, both ways, or a list of one each (lab/shaping.py).
+        ports: the switch as a box with that many ports, each on its own
+        segment (lab/box_ports.py); box_rate_mbit is then each port's."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
-        box_rates(box_rate_mbit, boxes)
+        box_ports.check_ports(ports, boxes, igmp)
+        box_rates(box_rate_mbit, max(boxes, ports))
         check_queue(queue_packets)
         if queue_packets is not None and rate_mbit is None and box_rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")
@@ -109,6 +112,7 @@ class Lab:
         self.bridge = bridge_iface(self.prefix)
         self.switches = [box_host(self.prefix, b) for b in range(boxes)]
         self.switch = self.switches[0]
+        self.box_ports = box_ports.extra_ports(self.prefix, ports)   # its ports after the first
         self.workers = [worker_host(self.prefix, i) for i in range(workers)]
         self._created: list[str] = []           # namespaces this object made
         self._procs: list[subprocess.Popen] = []
@@ -171,6 +175,7 @@ class Lab:
             "multicast": self.multicast,
             "switch": dataclasses.asdict(self.switch),
             "switches": [dataclasses.asdict(b) for b in self.switches],
+            "ports": 1 + len(self.box_ports),
             "workers": [dataclasses.asdict(w) for w in self.workers],
             "owner_pid": None if self.keep else os.getpid(),
             **lifecycle.owner_fields(),
@@ -192,7 +197,7 @@ class Lab:
                   multicast=state.get("multicast", True),
                   query_interval_s=state.get("query_interval_s"),
                   boxes=len(state.get("switches") or [state["switch"]]),
-                  box_rate_mbit=state.get("box_rate_mbit"))
+                  box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -314,14 +319,18 @@ class Lab:
         for ns in self.namespaces:
             self._make_namespace(ns)
         self._make_bridge()
+        box_ports.make_segments(self._ipr(self.bridge_ns), self.bridge_ns, self.prefix,
+                                1 + len(self.box_ports))
         for host in self.hosts:
             self._make_link(host)
+        box_ports.build(self._ipr, self)
         if self.loss is None and self.dup is None and self.loss_port is None:
             self._attach_pass_program()
         else:
             self._attach_loss_injector()
         if self.rate_mbit is not None or self.box_rate_mbit is not None:
-            shape_links(self._ipr, self.bridge_ns, self.switches, self.workers, self.rate_mbit,
+            shape_links(self._ipr, self.bridge_ns, self.switches + self.box_ports, self.workers,
+                        self.rate_mbit,
                         self.queue_packets, self.box_rate_mbit)
         if self.igmp:
             self._wait_for_querier()
@@ -358,15 +367,17 @@ class Lab:
             raise LabError(str(e)) from None
 
     def _make_link(self, host: Host) -> None:
+        segment = 0 if host in self.switches else box_ports.segment_of(
+            self.workers.index(host), 1 + len(self.box_ports))
         wiring.make_link(self._ipr(self.bridge_ns), self._ipr(host.ns), self.bridge_ns,
-                         self.bridge, host,
+                         addressing.segment_bridge(self.prefix, segment), host,
                          box_qdisc=host in self.switches and self.box_rate_mbit is None)
 
     def _attach_pass_program(self) -> None:
         try:
             self._pass = bpf.compile_program(wiring.PASS_SOURCE, wiring.PASS_PROG)
-            wiring.attach_pass_program(self._pass, self.bridge_ns, self.hosts, self.switches,
-                                       self.multicast)
+            wiring.attach_pass_program(self._pass, self.bridge_ns, self.hosts + self.box_ports,
+                                       self.switches + self.box_ports, self.multicast)
         except bpf.BpfError as e:
             raise LabError(f"cannot attach the lab's pass program: {e}") from e
 

@@ -54,11 +54,32 @@ for _ in $(seq 50); do [ -e "/sys/class/net/$SWML_IFACE" ] && break; sleep 0.1; 
 bash "$SWML_TUNE_NIC" || finish 2
 ip addr add "$SWML_IP/$SWML_PREFIXLEN" dev "$SWML_IFACE" || finish 2
 
+# A box with SWML_BOX_PORTS ports: the NIC and veths swp1.. (their peers
+# have no traffic), members of bridge swbox, which takes the NIC's address.
+box_ports() {
+  local ports=$SWML_IFACE j
+  [ "${SWML_BOX_PORTS:-1}" -gt 1 ] || { echo "$ports"; return; }
+  ip link add swbox type bridge || finish 2
+  ip link set swbox address "$(cat "/sys/class/net/$SWML_IFACE/address")"
+  ip addr del "$SWML_IP/$SWML_PREFIXLEN" dev "$SWML_IFACE"
+  ip link set "$SWML_IFACE" master swbox
+  for j in $(seq 1 $((SWML_BOX_PORTS - 1))); do
+    ip link add "swp$j" type veth peer name "swp${j}b" || finish 2
+    ip link set "swp$j" master swbox up
+    ip link set "swp${j}b" up
+    ports="$ports swp$j"
+  done
+  ip addr add "$SWML_IP/$SWML_PREFIXLEN" dev swbox
+  ip link set swbox up
+  echo "$ports"
+}
+
 run_switch() {
-  local out=$share/$vm.switch.out pid
+  local out=$share/$vm.switch.out pid ports
+  ports=$(box_ports)
   # --mode native: no silent fallback to generic XDP; this lab is about virtio's native path.
-  # shellcheck disable=SC2086  # SWML_SWITCH_ARGS: words on purpose
-  "$SWML_PYTHON" -m switchml_xdp.cli.switch up "$SWML_IFACE" --mode native $SWML_SWITCH_ARGS \
+  # shellcheck disable=SC2086  # SWML_SWITCH_ARGS, ports: words on purpose
+  "$SWML_PYTHON" -m switchml_xdp.cli.switch up $ports --mode native $SWML_SWITCH_ARGS \
     >"$out" 2>&1 &
   pid=$!
   local deadline=$((SECONDS + SWML_WAIT_S))

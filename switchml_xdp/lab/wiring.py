@@ -65,12 +65,13 @@ def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None,
 
 
 def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host, *,
-              box_qdisc: bool) -> None:
+              box_qdisc: bool, address: bool = True) -> None:
     """Veth from the bridge namespace straight into the host's (`br` and `ipr`
     their sockets): the pair never shows up in the namespace this process
     runs in. With box_qdisc (a box whose link is not shaped: a shaped one
     gets its shaper's queue, lab/shaping.py), the host's end gets a qdisc
-    (SWITCH_QDISC_PACKETS)."""
+    (SWITCH_QDISC_PACKETS). address=False: the host's end gets no IP (a
+    port of the box's bridge, lab/box_ports.py)."""
     fd = netns.netns_fd(host.ns)
     try:
         br.link("add", ifname=host.peer, kind="veth",
@@ -85,7 +86,8 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
     net.set_features(host.peer, {"tx-vlan-hw-insert": False}, bridge_ns)
     i = net.link_index(host.iface, host.ns)
     ipr.link("set", index=i, address=host.mac)
-    ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
+    if address:
+        ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
     ipr.link("set", index=i, state="up")
     if box_qdisc:
         ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)

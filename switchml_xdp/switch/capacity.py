@@ -58,6 +58,10 @@ def link_speed_bps(iface: str) -> int | None:
     return None if speed in _SPEED_UNKNOWN else speed * 10**6
 
 
-def capacity_bps(iface: str, configured: int | None) -> int | None:
-    """The box's capacity: what the operator configured, else the link speed."""
-    return configured if configured is not None else link_speed_bps(iface)
+def capacity_bps(ports: list[str], configured: int | None) -> int | None:
+    """The box's capacity: what the operator configured, else the sum of its
+    ports' link speeds (None where the kernel does not know one of them)."""
+    if configured is not None:
+        return configured
+    speeds = [link_speed_bps(p) for p in ports]
+    return None if None in speeds else sum(speeds)

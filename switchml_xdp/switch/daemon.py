@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from .. import net, wire
+from .. import wire
 from . import descriptors
 from .capacity import capacity_bps as box_capacity_bps
 from .control import ControlServer
@@ -25,6 +25,7 @@ from .data_port import hold_data_port
 from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, netns_inode
 from .jobs import JobTable
 from .metrics import MetricsError, MetricsServer, SwitchCollector
+from .ports import box_address
 from .state_files import (
     LockError,
     lock_holder,
@@ -49,12 +50,15 @@ class SwitchError(RuntimeError):
 
 
 def make_dataplane(name: str, iface: str, params: SwitchParams, mode: str | None = None,
-                   fanout: str | None = None) -> Dataplane:
-    """The data plane called `name` (a key of DATAPLANES); `mode` and a
-    unicast `fanout` are XDP's only."""
+                   fanout: str | None = None, ports: list[str] | None = None) -> Dataplane:
+    """The data plane called `name` (a key of DATAPLANES); `mode`, a
+    unicast `fanout` and several `ports` (iface first) are XDP's only."""
     try:
         if name == "xdp":
-            return XdpDataplane(iface, params, mode, fanout)
+            return XdpDataplane(iface, params, mode, fanout, ports)
+        if ports and len(ports) > 1:
+            raise SwitchError(f"a box with several ports needs the xdp data plane; the {name} "
+                              f"data plane serves one interface")
         if mode is not None:
             raise SwitchError(f"--mode is the XDP data plane's (native or generic); "
                               f"the {name} data plane has none")
@@ -76,16 +80,13 @@ def read_job_stats(maps) -> dict[str, dict[str, int]] | None:
     return {str(job_id): dict(stats) for job_id, stats in read().items()}
 
 
-def iface_address(iface: str) -> tuple[str, str]:
-    """(IPv4, MAC) of an interface in this network namespace."""
+def iface_address(ports: list[str]) -> tuple[str, str]:
+    """(IPv4, MAC) of the box whose ports these are, in this network
+    namespace: one port's own, or their bridge's (switch/ports.py)."""
     try:
-        mac = net.link_mac(iface)
-    except net.NetError as e:
+        return box_address(ports)[:2]
+    except DataplaneError as e:
         raise SwitchError(str(e)) from None
-    try:
-        return net.link_ipv4(iface), mac
-    except net.NetError as e:
-        raise SwitchError(f"{e}; the switch answers on its address") from None
 
 
 class Switch:
@@ -122,8 +123,8 @@ class Switch:
                               "(XDP, bpffs)")
         if not 1 <= self.control_port <= 65535:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
-        self.ip, self.mac = iface_address(self.iface)
-        self.capacity_bps = box_capacity_bps(self.iface, self.configured_capacity_bps)
+        self.ip, self.mac = iface_address(self.dp.ports)
+        self.capacity_bps = box_capacity_bps(self.dp.ports, self.configured_capacity_bps)
         descriptors.raise_limit()
         # Before anything is loaded: a second `up`, however close behind, stops here.
         try:
@@ -198,7 +199,8 @@ class Switch:
     def switch_info(self) -> dict:
         """What joiners are told of the switch (and `status` shows)."""
         return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port,
-                "fanout": self.dp.fanout, "auth": self.auth, "capacity_bps": self.capacity_bps}
+                "fanout": self.dp.fanout, "auth": self.auth, "capacity_bps": self.capacity_bps,
+                "ports": self.dp.ports}
 
     def write_state(self) -> None:
         st = {"iface": self.iface, "pid": os.getpid(), "params": asdict(self.params),
@@ -214,7 +216,9 @@ class Switch:
 
     def status_extra(self) -> dict:
         """What `status` adds to the jobs: counters and the data plane (no secrets)."""
+        ports = self.dp.maps.read_port_stats(len(self.dp.ports))
         return {"counters": self.dp.maps.read_counters(), "job_stats": read_job_stats(self.dp.maps),
+                "port_stats": [{"port": p, **row} for p, row in zip(self.dp.ports, ports)],
                 "dataplane": self.dp.name,
                 "mode": self.dp.mode, "params": asdict(self.params), **self.dp.status_extra()}
 

@@ -73,6 +73,7 @@ class Dataplane(abc.ABC):
     def __init__(self, iface: str, params: SwitchParams):
         params.validate()
         self.iface, self.params = iface, params
+        self.ports = [iface]   # the box's ports (switch/ports.py): one but for XDP's
         self.maps: DataplaneMaps | None = None
 
     @property

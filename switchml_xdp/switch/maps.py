@@ -19,6 +19,8 @@ from ..layout import ctype, dtype
 
 #: The per-job counters of the data plane (struct swml_job_stats), in order.
 JOB_STATS_FIELDS: tuple[str, ...] = dtype("swml_job_stats").names
+#: The per-port counters (struct swml_port_stats), each an array by port.
+PORT_STATS_FIELDS: tuple[str, ...] = dtype("swml_port_stats").names
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ class DataplaneMaps(abc.ABC):
     def read_counters(self) -> dict[str, int]:
         """Packets by outcome, one entry per name of wire.COUNTER_NAMES."""
 
+    def read_port_stats(self, ports: int) -> list[dict[str, int]]:
+        """Per port of the box, in its order: packets and bytes in and out
+        (PORT_STATS_FIELDS); empty where the data plane does not count them."""
+        return []
+
     @abc.abstractmethod
     def read_job_stats(self) -> dict[int, dict[str, int]]:
         """Per active job id: what the data plane did for it since it started,
@@ -98,13 +105,17 @@ class SwitchMaps(DataplaneMaps):
         self.counters = PinnedMap(f"{self.dir}/counters", ct.c_uint64, percpu=True)
         self.job_stats = PinnedMap(f"{self.dir}/job_stats", ctype("swml_job_stats"), percpu=True)
         self.slots = PinnedMap(f"{self.dir}/slots", self.Slot) if self.Slot else None
+        stats = f"{self.dir}/port_stats"   # not there: a data plane from before ports
+        self.port_stats = (PinnedMap(stats, ctype("swml_port_stats"), percpu=True)
+                           if os.path.exists(stats) else None)
 
     @staticmethod
     def exist(iface: str) -> bool:
         return os.path.exists(f"{pin_dir(iface)}/jobs")
 
     def close(self) -> None:
-        for m in (self.jobs, self.members, self.counters, self.job_stats, self.slots):
+        for m in (self.jobs, self.members, self.counters, self.job_stats, self.slots,
+                  self.port_stats):
             if m is not None:
                 m.close()
 
@@ -151,6 +162,13 @@ class SwitchMaps(DataplaneMaps):
     def read_counters(self) -> dict[str, int]:
         return {name: sum(v.value for v in self.counters.lookup(i))
                 for i, name in enumerate(wire.COUNTER_NAMES)}
+
+    def read_port_stats(self, ports: int) -> list[dict[str, int]]:
+        if self.port_stats is None:
+            return []
+        rows = self.port_stats.lookup(0)
+        return [{f: sum(getattr(r, f)[n] for r in rows) for f in PORT_STATS_FIELDS}
+                for n in range(ports)]
 
     def read_job_stats(self) -> dict[int, dict[str, int]]:
         out = {}

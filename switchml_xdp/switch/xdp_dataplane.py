@@ -11,6 +11,9 @@ replaces the old one in one netlink call: the data plane never stops).
 With --fanout unicast a second program works beside it: xdp/swml_fanout.c on
 the interface's tc ingress (bpf.tc_attach), which copies each completed
 RESULT to every member; it stays, goes and is adopted with the XDP program.
+
+A box with several ports (switch/ports.py) runs the one program on every
+port, with one set of maps; the first port names it (pins, state, `down`).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from .dataplane import (
     netns_inode,
 )
 from .maps import SwitchMaps
+from .ports import box_address, check_ports, port_defines
 
 PROG_NAME = "swml_switch"
 FANOUT_SOURCE = "swml_fanout.c"
@@ -41,11 +45,15 @@ class XdpDataplane(Dataplane):
     needs_root = True
 
     def __init__(self, iface: str, params: SwitchParams, mode: str | None = None,
-                 fanout: str | None = None):
+                 fanout: str | None = None, ports: list[str] | None = None):
         """mode: "native" or "generic"; None: native, falling back to generic
         (or the adopted data plane's mode). fanout: a name of FANOUTS; None:
-        the adopted data plane's, else multicast."""
+        the adopted data plane's, else multicast. ports: every port of the
+        box, `iface` first (default: `iface` alone)."""
         super().__init__(iface, params)
+        self.ports = check_ports(ports or [iface])
+        if self.ports[0] != iface:
+            raise DataplaneError(f"the first port is the box's name ({iface}), not {self.ports[0]}")
         if fanout is not None and fanout not in FANOUTS:
             raise DataplaneError(f"--fanout must be one of {', '.join(FANOUTS)}, not {fanout!r}")
         self.requested_mode = mode
@@ -57,6 +65,7 @@ class XdpDataplane(Dataplane):
         self._prog: bpf.Program | None = None
         self._fanout_prog: bpf.Program | None = None
         self._fanout_fd = -1
+        self._attached: list[str] = []   # the ports the program went on
 
     @property
     def label(self) -> str:
@@ -84,16 +93,20 @@ class XdpDataplane(Dataplane):
         pins = bpf.pin_dir(self.iface)
         if adopt is None:
             bpf.remove_pins(pins)  # stale: from another configuration or a clean stop
+        mac = box_address(self.ports)[1]
         try:
-            mac = net.link_mac(self.iface)
+            ifindexes = [net.link_index(p) for p in self.ports]
         except net.NetError as e:
             raise DataplaneError(str(e)) from None
         self._fanout = self.requested_fanout or (adopt or {}).get("fanout") or DEFAULT_FANOUT
-        defines = program_defines(self.params, pins, ip, mac, self._fanout)
+        defines = {**program_defines(self.params, pins, ip, mac, self._fanout),
+                   **port_defines(ifindexes)}
         try:
             bpf.ensure_bpffs(pins)
             # The maps are created and pinned, or re-opened where pinned already.
             self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
+            if len(self.ports) > 1 and self._fanout != "unicast":
+                fill_result_ports(self._prog, ifindexes)
         except bpf.BpfError as e:
             raise _load_error("the switch program", e) from None
         if self._fanout == "unicast":
@@ -110,27 +123,30 @@ class XdpDataplane(Dataplane):
         # The fan-out before the XDP program that marks frames for it; and,
         # going back to multicast, removed only once no XDP program marks any.
         try:
-            if self._fanout == "unicast":
-                self.fanout_prog_id = bpf.tc_attach(self.iface, self._fanout_fd, FANOUT_PROG)
-            self._mode = bpf.attach(self.iface, self._prog.fd,
-                                    self.requested_mode or (adopt or {}).get("mode"), replace=True)
-            self.prog_id = self._attachment().prog_id
-            if self._fanout != "unicast":
-                bpf.tc_detach(self.iface, name=FANOUT_PROG)
+            for port in self.ports:
+                if self._fanout == "unicast":
+                    self.fanout_prog_id = bpf.tc_attach(port, self._fanout_fd, FANOUT_PROG)
+                mode = bpf.attach(port, self._prog.fd,
+                                  self.requested_mode or (adopt or {}).get("mode"), replace=True)
+                self._mode = self._mode or mode   # the first port's: what `status` shows
+                self.prog_id = self.prog_id or self._attachment().prog_id
+                self._attached.append(port)
+                if self._fanout != "unicast":
+                    bpf.tc_detach(port, name=FANOUT_PROG)
         except bpf.BpfError as e:
             raise DataplaneError(str(e)) from None
 
     def close(self) -> None:
-        if self.prog_id:  # ours was attached: undo it all
+        for port in self._attached:  # ours was attached: undo it all
             try:
-                bpf.detach(self.iface, prog_id=self.prog_id)
+                bpf.detach(port, prog_id=self.prog_id)
             except bpf.XdpError as e:
                 log.warning("%s", e)
-        if self.fanout_prog_id:
-            try:
-                bpf.tc_detach(self.iface, name=FANOUT_PROG)
-            except bpf.BpfError as e:
-                log.warning("%s", e)
+            if self.fanout_prog_id:
+                try:
+                    bpf.tc_detach(port, name=FANOUT_PROG)
+                except bpf.BpfError as e:
+                    log.warning("%s", e)
         if self.maps is not None:
             self.maps.close()
         for prog in (self._prog, self._fanout_prog):
@@ -140,7 +156,8 @@ class XdpDataplane(Dataplane):
             bpf.remove_pins(bpf.pin_dir(self.iface))
 
     def state(self) -> dict:
-        return {**super().state(), "prog_id": self.prog_id, "fanout_prog_id": self.fanout_prog_id}
+        return {**super().state(), "prog_id": self.prog_id, "fanout_prog_id": self.fanout_prog_id,
+                "ports": self.ports}
 
     def _attachment(self) -> bpf.Attachment:
         try:
@@ -159,37 +176,52 @@ class XdpDataplane(Dataplane):
         pins. While the program may still be attached, the pins stay, so that
         `down` where the interface lives can finish the job."""
         did, failed = [], []
-        where = _netns_names_to_try(state)
-        for netns in where:
-            try:
-                att = bpf.attachment(iface, netns=netns)
-            except bpf.XdpError:
-                continue   # not there
-            where_text = f" in network namespace {netns}" if netns else ""
-            if att.prog_id and _is_ours(att.prog_id, state):
-                try:
-                    if bpf.detach(iface, netns=netns, prog_id=att.prog_id):
-                        did.append("detached XDP" + where_text)
-                except bpf.XdpError as e:
-                    failed.append(str(e))
-            elif att.prog_id:
-                did.append(f"left XDP program {att.prog_id} attached (not the switch's)")
-            try:
-                if bpf.tc_detach(iface, netns=netns, name=FANOUT_PROG):
-                    did.append("removed the unicast fan-out's tc filter" + where_text)
-            except bpf.BpfError as e:
-                failed.append(str(e))
-            break
-        else:
-            if state and state.get("netns_inode") not in (None, netns_inode()):
-                failed.append(f"{iface} is not in this network namespace and the switch's namespace "
-                              f"(inode {state['netns_inode']}) has no name under /run/netns: run "
-                              f"`swml-switch down {iface}` inside it to detach the program")
+        for port in (state or {}).get("ports") or [iface]:
+            _detach_leftover(port, state, did, failed)
         if failed:
             return did, failed + [f"pinned maps kept in {bpf.pin_dir(iface)}"]
         if bpf.remove_pins(bpf.pin_dir(iface)):
             did.append("removed pinned maps")
         return did, failed
+
+
+def _detach_leftover(iface: str, state: dict | None, did: list[str], failed: list[str]) -> None:
+    """remove_leftovers for one port of the box: what it did and could not do
+    go on `did` and `failed`."""
+    where = _netns_names_to_try(state)
+    for netns in where:
+        try:
+            att = bpf.attachment(iface, netns=netns)
+        except bpf.XdpError:
+            continue   # not there
+        where_text = f" in network namespace {netns}" if netns else ""
+        if att.prog_id and _is_ours(att.prog_id, state):
+            try:
+                if bpf.detach(iface, netns=netns, prog_id=att.prog_id):
+                    did.append(f"detached XDP from {iface}" + where_text)
+            except bpf.XdpError as e:
+                failed.append(str(e))
+        elif att.prog_id:
+            did.append(f"left XDP program {att.prog_id} attached (not the switch's)")
+        try:
+            if bpf.tc_detach(iface, netns=netns, name=FANOUT_PROG):
+                did.append("removed the unicast fan-out's tc filter" + where_text)
+        except bpf.BpfError as e:
+            failed.append(str(e))
+        break
+    else:
+        if state and state.get("netns_inode") not in (None, netns_inode()):
+            failed.append(f"{iface} is not in this network namespace and the switch's namespace "
+                          f"(inode {state['netns_inode']}) has no name under /run/netns: run "
+                          f"`swml-switch down {iface}` inside it to detach the program")
+
+
+def fill_result_ports(prog: bpf.Program, ifindexes: list[int]) -> None:
+    """The devmap a box with several ports sends a multicast RESULT out of
+    every port through (swml_switch.c, swml_to_every_port)."""
+    table = prog.table("result_ports")
+    for n, ifindex in enumerate(ifindexes):
+        table[table.Key(n)] = table.Leaf(ifindex)
 
 
 def load_fanout(prog: bpf.Program) -> int:

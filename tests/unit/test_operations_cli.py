@@ -168,6 +168,14 @@ def test_config_file_gives_the_options_and_the_command_line_wins(tmp_path, captu
     assert captured_up["params"].slots == 512 and captured_up["fanout"] == "multicast"
 
 
+def test_up_takes_the_ports_of_a_box_the_first_naming_it(captured_up):
+    r = CliRunner().invoke(switch_cli.main, ["up", "eth1", "eth2", "eth3", "--fanout", "unicast"])
+    assert r.exit_code == 0, r.output
+    assert captured_up["iface"] == "eth1" and captured_up["ports"] == ["eth1", "eth2", "eth3"]
+    r = CliRunner().invoke(switch_cli.main, ["up", "eth1"])
+    assert r.exit_code == 0 and captured_up["ports"] == ["eth1"], r.output
+
+
 @pytest.mark.parametrize("bad", ["0", "-1G", "40Q", "fast"])
 def test_a_bad_capacity_is_one_clear_error(captured_up, bad):
     r = CliRunner().invoke(switch_cli.main, ["up", "eth1", "--capacity", bad])
@@ -271,8 +279,9 @@ def captured_up(monkeypatch):
     """`swml-switch up` without a switch: what it would have run."""
     seen = {}
 
-    def make_dataplane(name, iface, params, mode, fanout):
-        seen.update(dataplane=name, iface=iface, params=params, mode=mode, fanout=fanout)
+    def make_dataplane(name, iface, params, mode, fanout, ports):
+        seen.update(dataplane=name, iface=iface, params=params, mode=mode, fanout=fanout,
+                    ports=ports)
         return object()
 
     def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None,

@@ -65,25 +65,48 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
     assert prefix.startswith("swv")
 
 
-@needs_vms
-@pytest.mark.timeout(900)
-def test_the_unicast_fanout_loads_and_serves_on_debian_12_s_kernel(capsys):
-    """The tc fan-out program (xdp/swml_fanout.c: copies, trimmed header-only
-    copies re-signed) passes Debian 12's verifier (6.1, stricter than the
-    host's) and gets every RESULT to the worker VM."""
+def _serve_one_worker_vm(capsys, switch_args: tuple[str, ...], box_ports: int = 1) -> dict:
+    """A switch VM (`swml-switch up ... SWITCH_ARGS`) and one worker VM that
+    reduces through it and checks every result; the switch's status."""
     from switchml_xdp.lab.vm import VmLab
 
     lines = []
-    with VmLab(workers=1, switch_args=("--fanout", "unicast"), out=lines.append) as lab:
+    with VmLab(workers=1, switch_args=switch_args, out=lines.append, box_ports=box_ports) as lab:
         results = lab.bench(size="16KiB", iterations=2, warmup=1, dtype="float32", verify=True)
         status = lab.switch_status()
     with capsys.disabled():
         print("\n" + "\n".join(lines) + f"\n{lab.switch_ready_line}")
     assert results[0]["verify_failures"] == 0 and results[0]["verified"] == 3, results
     [switch] = status["switches"]
+    return switch
+
+
+@needs_vms
+@pytest.mark.timeout(900)
+def test_the_unicast_fanout_loads_and_serves_on_debian_12_s_kernel(capsys):
+    """The tc fan-out program (xdp/swml_fanout.c: copies, trimmed header-only
+    copies re-signed) passes Debian 12's verifier (6.1, stricter than the
+    host's) and gets every RESULT to the worker VM."""
+    switch = _serve_one_worker_vm(capsys, ("--fanout", "unicast"))
     c = switch["counters"]
     assert switch["fanout"] == "unicast" and c["unicast_copies"] >= c["completed"] > 0, c
     assert c["unicast_no_meta"] == c["unicast_clone_failed"] == 0, c
+
+
+@needs_vms
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fanout", ["multicast", "unicast"])
+def test_a_box_with_two_ports_loads_and_serves_on_debian_12_s_kernel(capsys, fanout):
+    """The switch program built for a box of several ports (the devmap
+    broadcast of multicast RESULTs; unicast copies out of each member's
+    learnt port) passes Debian 12's verifier (6.1) and serves the worker VM
+    through one of the ports, counting per port."""
+    switch = _serve_one_worker_vm(capsys, ("--fanout", fanout), box_ports=2)
+    assert switch["ports"] == ["eth0", "swp1"], switch
+    nic, veth = switch["port_stats"]
+    c = switch["counters"]
+    assert nic["rx_packets"] == c["rx"] > 0 and veth["rx_packets"] == 0, switch["port_stats"]
+    assert nic["tx_packets"] >= c["completed"] > 0, switch["port_stats"]
 
 
 @needs_vms
