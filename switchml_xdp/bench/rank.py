@@ -53,7 +53,10 @@ class _SwmlRank:
     def counters(self) -> dict:
         s = self.w.stats()
         skip = {"rank", "world", "k", "slots", "job_id", "tensors", "elements", "seconds", *self.GAUGES}
-        return {k: v for k, v in s.items() if isinstance(v, int) and k not in skip}
+        out = {k: v for k, v in s.items() if isinstance(v, int) and k not in skip}
+        for i, box in enumerate(s.get("boxes", ())):   # a job over several boxes: each one's part
+            out[f"box{i}_packets_sent"] = box["packets_sent"]
+        return out
 
     def gauges(self) -> dict:
         s = self.w.stats()

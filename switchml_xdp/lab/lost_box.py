@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from .addressing import Host
 
 WARNING_MARK = "WARNING "
+# A path the driver gives the ranks: rank 0 creates it as its training begins.
+BEGAN_ENV = "SWML_LAB_TRAINING_BEGAN"
 
 
 def report_warnings(rank: int) -> None:
@@ -43,24 +45,33 @@ def warning_records(stdout: str) -> list[dict]:
 
 
 class BoxKiller:
-    """Powers box `box` of the lab off `after` seconds from start()."""
+    """Powers box `box` of the lab off `after` seconds from when `began()`
+    first holds (polled from start(); by default at once): e.g. from the
+    training's first step rather than from its processes' start, which
+    imports and rendezvous make uneven."""
 
     def __init__(self, lab, box: int, after: float, kill_daemon: Callable[[], object],
-                 out: Callable[[str], None] = print):
+                 out: Callable[[str], None] = print, began: Callable[[], bool] = lambda: True):
         if not 0 <= box < len(lab.switches):
             raise ValueError(f"the lab has boxes 0..{len(lab.switches) - 1}, not {box}")
         self.lab, self.host, self.after = lab, lab.switches[box], after
-        self.kill_daemon, self.out = kill_daemon, out
+        self.kill_daemon, self.out, self.began = kill_daemon, out, began
         self.killed_at: float | None = None      # time.time() of the link going down
-        self._timer: threading.Timer | None = None
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="box-killer")
         self._started = 0.0
 
     def start(self) -> BoxKiller:
-        self._started = time.time()
-        self._timer = threading.Timer(self.after, self._kill)
-        self._timer.daemon = True
-        self._timer.start()
+        self._thread.start()
         return self
+
+    def _run(self) -> None:
+        while not self.began():
+            if self._cancel.wait(0.05):
+                return
+        self._started = time.time()
+        if not self._cancel.wait(self.after):
+            self._kill()
 
     def _kill(self) -> None:
         host: Host = self.host
@@ -71,12 +82,13 @@ class BoxKiller:
 
     def describe(self) -> str:
         return (f"box {self.host.name} ({self.host.ip}) powered off "
-                f"{self.killed_at - self._started:.1f} s into the run")
+                f"{self.killed_at - self._started:.1f} s into the training")
 
     def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer.join()
+        """No kill from now on (one under way finishes first)."""
+        self._cancel.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def report(self, records: Sequence[dict], ranks: int) -> dict:
         """When each rank first warned after the kill (None: it did not)."""
@@ -98,7 +110,7 @@ def report_lines(report: dict) -> list[str]:
     waits = report["warned_after_s"]
     said = ", ".join(f"rank {r} after {s:.2f} s" if s is not None else f"rank {r} never"
                      for r, s in sorted(waits.items()))
-    lines = [f"box {report['box']} lost {report['after_s']:.1f} s into the swml run; "
+    lines = [f"box {report['box']} lost {report['after_s']:.1f} s into the swml training; "
              f"the ranks warned: {said}"]
     seen = set()
     for w in report["warnings"]:

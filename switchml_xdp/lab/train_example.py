@@ -21,10 +21,13 @@ import os
 import secrets
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 import click
+
+from .lost_box import BEGAN_ENV, BoxKiller, report_lines, report_warnings, warning_records
 
 MODES = ("gloo", "swml")
 RENDEZVOUS_PORT = {"gloo": 29510, "swml": 29520}
@@ -151,6 +154,9 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
         loss_fn = torch.nn.CrossEntropyLoss()
         per_rank = len(xtr) // world
+        began = os.environ.get(BEGAN_ENV)
+        if began and rank == 0:
+            open(began, "w").close()   # where `swml-lab train --kill-after` counts from
         curves = {"epoch": [], "train_loss": [], "test_loss": [], "test_acc": [], "epoch_s": [],
                   "epoch_end_t": []}
         for epoch in range(cfg.epochs):
@@ -218,8 +224,6 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
 @click.option("--config", default="{}", show_default=True, help="TrainConfig fields as JSON")
 def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
     """One rank of `swml-lab train`."""
-    from .lost_box import report_warnings
-
     report_warnings(rank)
     cfg = TrainConfig(**json.loads(config))
     result = train_rank(rank, world, mode, master, switch, job, backend, cfg)
@@ -229,11 +233,11 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
 
 # ----------------------------------------------------------------------- driver
 
-def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float) -> dict:
+def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float,
+              env: dict | None = None) -> dict:
     """All ranks of one training run as processes in their namespaces; rank 0's
     result, with every rank's warnings. The ranks find the boxes in SWML_SWITCH."""
     from .cluster import RanksFailed, rank_result, run_rank_processes
-    from .lost_box import warning_records
 
     per_host = cfg.ranks_per_host
     world = len(lab.workers) * per_host
@@ -245,7 +249,7 @@ def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout:
             "--job", job, "--backend", backend, "--config", json.dumps(cfg.__dict__)]))
     boxes = ",".join(box.ip for box in lab.switches)
     try:
-        outs = run_rank_processes(lab, placements, timeout, env={"SWML_SWITCH": boxes})
+        outs = run_rank_processes(lab, placements, timeout, env={"SWML_SWITCH": boxes, **(env or {})})
     except RanksFailed as e:
         raise RuntimeError(f"{mode} training failed: {e}") from None
     result = rank_result(outs[0][0])
@@ -327,7 +331,6 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
     kill=(box, seconds): that box powered off that long into the swml run
     (lost_box.py), and when each rank warned after it in results["swml"]["lost_box"]."""
     from .box_runs import switches_on_every_box
-    from .lost_box import BoxKiller, report_lines
     from .namespace_lab import Lab
 
     cfg = cfg or TrainConfig()
@@ -346,10 +349,14 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
                 f"{workers * cfg.ranks_per_host} ranks ...")
             t0 = time.monotonic()
             job = f"train-{secrets.token_hex(4)}"
-            killer = (BoxKiller(lab, kill[0], kill[1], switches[kill[0]].proc.kill, out).start()
-                      if kill and mode == "swml" else None)
+            killer = env = None
+            if kill and mode == "swml":
+                began = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "began")
+                env = {BEGAN_ENV: began}
+                killer = BoxKiller(lab, kill[0], kill[1], switches[kill[0]].proc.kill, out,
+                                   began=lambda: os.path.exists(began)).start()
             try:
-                results[mode] = _run_mode(lab, mode, cfg, backend, job, timeout)
+                results[mode] = _run_mode(lab, mode, cfg, backend, job, timeout, env)
             except RuntimeError as e:
                 if killer and killer.killed_at:
                     raise RuntimeError(f"{e}\n({killer.describe()})") from None

@@ -275,3 +275,14 @@ def test_a_kill_that_never_came_says_so():
     with pytest.raises(ValueError, match="boxes 0..1"):
         lost_box.BoxKiller(lab, 2, 1, lambda: None)
 
+
+
+def test_the_kill_counts_from_when_the_training_began():
+    lab, killed, began = _FakeLab(), threading.Event(), threading.Event()
+    killer = lost_box.BoxKiller(lab, 0, 0.05, killed.set, lambda line: None,
+                                began=began.is_set).start()
+    assert not killed.wait(0.5)          # its processes may take long to start training
+    began.set()
+    assert killed.wait(5)
+    killer.cancel()
+    assert killer.report([], 1)["after_s"] == pytest.approx(0.05, abs=0.2)
