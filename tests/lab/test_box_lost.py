@@ -117,3 +117,35 @@ def test_a_box_stopped_cleanly_fails_every_ranks_call_at_once_naming_it(lab):
     for rank, (error, seconds) in enumerate(out):
         assert isinstance(error, JobAborted) and str(error).startswith(f"box {box1}: "), repr(error)
         assert lost_boxes(error) == (box1,) and seconds < NOTICED_S, (rank, seconds)
+
+
+def test_an_interrupted_call_fails_on_every_datapath_and_the_next_is_right(lab):
+    """Worker.interrupt (the torch backend's, when another rank lost a box)
+    stops the call in the AF_XDP engine's C loop too, for that call only."""
+    from switchml_xdp import Worker
+    from switchml_xdp.client.afxdp_backend import unavailable_reason
+    from switchml_xdp.client.boxes import CallInterrupted
+
+    if unavailable_reason():
+        pytest.skip(f"AF_XDP: {unavailable_reason()}")
+    addresses = [b.ip for b in lab.switches]
+
+    def body(rank, host):
+        with Worker(addresses, "interrupted", rank, 2, backend=("afxdp", "udp")[rank],
+                    verbose=False) as w:
+            big = np.ones(16_000_000, np.float32)
+            threading.Timer(0.3, w.interrupt, ["the test stops it"]).start()
+            try:
+                w.allreduce(big)
+                stopped = None
+            except CallInterrupted as e:
+                stopped = str(e)
+            x = np.full(100 * K, rank + 1, np.int32)
+            w.allreduce(x)
+            return stopped, bool((x == 3).all())
+
+    with SwitchProcess(lab, box=0), SwitchProcess(lab, box=1):
+        out = run_ranks(lab, lab.workers[:2], body, timeout=60)
+    for rank, (stopped, right) in enumerate(out):
+        assert stopped == "the test stops it", (rank, stopped)
+        assert right, rank
