@@ -121,6 +121,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int,
        queue: int | None, no_multicast: bool, snooping: bool, query_interval: float | None,
        start_switch: bool, switch_args: str) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
+    from switchml_xdp.lab.box_runs import capacity_args
     from switchml_xdp.lab.cluster import start_background_switch
 
     args = tuple(shlex.split(switch_args))
@@ -145,7 +146,10 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int,
         ready = []
         if start_switch:
             try:
-                ready = [start_background_switch(lab, args, box=b) for b in range(boxes)]
+                # A shaped box tells joiners its rate, unless --switch-args says otherwise.
+                own = any(a.split("=", 1)[0] == "--capacity" for a in args)
+                told = [] if own else capacity_args(box_rate)
+                ready = [start_background_switch(lab, [*args, *told], box=b) for b in range(boxes)]
             except BaseException:
                 lab.close()
                 raise

@@ -133,6 +133,8 @@ def test_up_with_boxes_starts_a_switch_on_each(prefix):
     assert lab.box_rate_mbit == 80
     state = lifecycle.read_state(prefix)
     pids = [state[daemon_key(b)]["pid"] for b in range(2)]
+    # Each box tells joiners the rate its port is shaped to.
+    assert all(state[daemon_key(b)]["args"] == ["-k", "64", "--capacity", "80M"] for b in range(2))
     for pid in pids:
         os.kill(pid, 0)   # running, detached from `swml-lab up`, which has exited
     assert r.stdout.count("up on") == 2 and "box links to 80 Mbit/s" in r.stdout
