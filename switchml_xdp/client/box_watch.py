@@ -6,12 +6,13 @@ box gives nothing back for a slot until every rank sent it, so a rank that
 waits for a slow peer sees exactly what a rank behind a dead box sees. The
 box's control connection tells them apart: a live box answers it whatever
 the ranks do. So a box whose part of the call made no progress (no new
-result) for half of `box_timeout` is asked (a heartbeat, which the daemon
-answers at once); a box that has not answered by 90% of `box_timeout`
+result) for 40% of `box_timeout` is asked (a heartbeat, which the daemon
+answers at once); a box that has not answered by 80% of `box_timeout`
 after its last result -- its link down, its host off, its daemon gone and
 not back -- is lost: its part of the call is interrupted and fails as
-BoxLost (the last 10% leave room for the watch's tick and the call's
-unwinding, so the call fails within `box_timeout` of the box's silence).
+BoxLost (the last 20% leave room for the watch's tick and the call's
+unwinding on a loaded host, so the call fails within `box_timeout` of the
+box's silence).
 A box that answers is alive and waited for as long as the stall timeout
 says.
 
@@ -106,8 +107,8 @@ class BoxWatch:
         if not box_timeout > 0:
             raise ValueError(f"box_timeout must be a positive number of seconds, not {box_timeout!r}")
         self.box_timeout = float(box_timeout)
-        self.probe_after = self.box_timeout / 2
-        self.lost_after = self.box_timeout * 0.9
+        self.probe_after = self.box_timeout * 0.4
+        self.lost_after = self.box_timeout * 0.8
         self._lock = threading.Lock()
         self._parts: dict[str, tuple[PartWatch, BoxSignal]] = {}
         self.lost: dict[str, str] = {}    # this call's lost boxes: address -> why
