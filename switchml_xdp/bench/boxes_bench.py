@@ -2,7 +2,7 @@
 ports are the bottleneck (docs/scale-out.md):
 
     sudo python -m switchml_xdp.bench.boxes_bench [--workers 4] [--boxes 1,2,4]
-        [--rate 100] [--box-rates 100,100,200] [--size 16MiB] [--iterations 5]
+        [--ports 4] [--rate 100] [--box-rates 100,100,200] [--size 16MiB] [--iterations 5]
 
 For every box count M: a lab of N workers and M boxes, every worker link
 and every box port shaped to its rate (both ways), an XDP switch on each box
@@ -14,6 +14,8 @@ barrier), its bound, max(S / worker rate, N S / the boxes' rates summed),
 header-adjusted, the share of it reached, and the time against one box's.
 `--box-rates` gives each box its own rate: the split follows the boxes'
 capacities, and the row `equal split` times the same boxes told equal ones.
+`--ports P` adds a row of one box with P ports (Lab(ports=P): each port on
+a segment of its own, shaped to the rate), bound as P boxes are.
 
 The workers' own links: a worker sends S and receives S whatever M, so
 with M >= N the box ports stop being the limit. Where the two cores are
@@ -83,6 +85,21 @@ def measure_boxes(workers: int, rates: list[float], rate_mbit: float, size: int,
                 s.stop()
 
 
+def measure_ports(workers: int, ports: int, rate_mbit: float, size: int, iterations: int,
+                  warmup: int) -> tuple[float, str]:
+    """TAT through one box with `ports` ports, each shaped to rate_mbit."""
+    from ..lab import Lab
+    from ..lab.cluster import SwitchProcess
+
+    with Lab(workers=workers, rate_mbit=rate_mbit, ports=ports, box_rate_mbit=rate_mbit) as lab, \
+            SwitchProcess(lab, ["-k", str(K)]):
+        def argv_of(rank, host):
+            return ["--system", "swml", "--backend", "auto", "--switch", lab.switch.ip,
+                    "--job", f"ports{ports}", "--rank", str(rank), "--world", str(workers),
+                    "--size", str(size), "--k", str(K)]
+        return _run(lab, argv_of, iterations, warmup)
+
+
 def measure_gloo(workers: int, rate_mbit: float, size: int, iterations: int,
                  warmup: int) -> tuple[float, str]:
     from ..lab import Lab
@@ -103,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--boxes", default="1,2,4", help="box counts, each a row (equal rates)")
     ap.add_argument("--rate", type=float, default=100.0, help="every link's rate, Mbit/s")
+    ap.add_argument("--ports", default=None,
+                    help="port counts, each a row more: one box with that many ports")
     ap.add_argument("--box-rates", default=None,
                     help="one row more: boxes of these rates (Mbit/s), e.g. 100,100,200")
     ap.add_argument("--size", default="16MiB")
@@ -132,6 +151,10 @@ def main(argv: list[str] | None = None) -> dict:
         one = one or (tat if m == 1 else None)
         row(f"swml, {m} box{'es' if m > 1 else ''} of {a.rate:g} Mbit/s", tat,
             bound_s(size, n, a.rate, rates), impl, one)
+    for p in [int(x) for x in a.ports.split(",")] if a.ports else []:
+        tat, impl = measure_ports(n, p, a.rate, size, a.iterations, a.warmup)
+        row(f"swml, 1 box, {p} ports of {a.rate:g} Mbit/s", tat,
+            bound_s(size, n, a.rate, [a.rate] * p), impl, one)
     if a.box_loss:
         m = max(int(x) for x in a.boxes.split(","))
         rates = [a.rate] * m
