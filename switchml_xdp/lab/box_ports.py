@@ -70,7 +70,10 @@ def bridge_the_box(ipr: IPRoute, switch: Host, ports: list[Host], prefix: str) -
 
 
 def build(ipr_in: Callable[[str], IPRoute], lab) -> None:
-    """Wire lab.box_ports (Lab(ports=P)) once every host's link is made."""
+    """Wire lab.box_ports (Lab(ports=P)) once every host's link is made;
+    a switch of one port stays as it is."""
+    if not lab.box_ports:
+        return
     for port in lab.box_ports:
         wiring.make_link(ipr_in(lab.bridge_ns), ipr_in(port.ns), lab.bridge_ns,
                          segment_bridge(lab.prefix, int(port.name[3:])), port,

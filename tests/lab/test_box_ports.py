@@ -92,3 +92,10 @@ def test_ports_of_different_rates_shape_each_its_own_link():
                                  capture_output=True, text=True, check=True).stdout
             rates.append(out)
         assert "50Mbit" in rates[0] and "100Mbit" in rates[1], rates
+
+
+def test_a_switch_of_one_port_keeps_its_address_on_its_link():
+    with Lab(workers=1) as lab:
+        out = lab.run(lab.switch, ["ip", "-o", "-4", "addr", "show"]).stdout
+    [line] = [ln for ln in out.splitlines() if f" {lab.switch.ip}/" in ln]
+    assert line.split()[1] == lab.switch.iface and f"{lab.prefix}-sb" not in out, out
