@@ -25,6 +25,10 @@ struct swml_job {
 	__u64 result_key[2];
 	__u32 auth; /* SWML_AUTH_HEADER or SWML_AUTH_FULL */
 	__u32 pad;
+	/* Written by the switch program, zero from the control plane: bit p set
+	 * once a member's DATA came in on port p of the box (its place in the
+	 * port list), the ports a multicast RESULT of the job goes out of. */
+	__u64 port_mask;
 };
 
 /* members[job_id * SWML_MAX_WORLD + rank]: the address a rank must send from,

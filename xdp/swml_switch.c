@@ -227,22 +227,39 @@ static __always_inline void swml_port_count(u32 index, u64 len, int tx)
 }
 
 #if SWML_PORTS > 1 && !defined(SWML_FANOUT_UNICAST)
-/* The box's ports, filled by the control plane: where a multicast RESULT goes
- * on a box with several ports. Not pinned: the program holds it, and a
- * daemon that adopts the data plane loads a program with its own. */
-BPF_DEVMAP(result_ports, SWML_MAX_PORTS);
+/* The box's ports, filled by the control plane, each with swml_port_filter
+ * as its egress program: where a multicast RESULT goes on a box with several
+ * ports. Not pinned: the program holds it, and a daemon that adopts the
+ * data plane loads a program with its own. */
+BPF_XDP_REDIRECT_MAP("devmap", struct bpf_devmap_val, result_ports, SWML_MAX_PORTS);
 
 /* A completed RESULT (addressed to the job's group) out of every port of the
- * box, one copy each (BPF_F_BROADCAST): the members sit behind different
- * ports, each port's segment carries the group to its own. A port without a
- * member of the job gets its copy too: with jobs confined to some ports,
- * --fanout unicast sends only where the members are. */
-static __always_inline int swml_to_every_port(u64 len)
+ * box that has a member of the job (BPF_F_BROADCAST, then swml_port_filter
+ * on each copy): each port's segment carries the group to its own. */
+static __always_inline int swml_to_every_port(void)
 {
-#pragma unroll
-	for (u32 i = 0; i < SWML_PORTS; i++)
-		swml_port_count(i, len, 1);
 	return result_ports.redirect_map(0, BPF_F_BROADCAST);
+}
+
+/* A RESULT's copy on its way out of one port (a devmap egress program): sent
+ * where a member of its job came in, else dropped. The frame is the switch
+ * program's RESULT, its headers checked there; checked again for the
+ * verifier. */
+int swml_port_filter(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct swml_hdr *h = data + SWML_ETH_LEN + SWML_IP_LEN + SWML_UDP_LEN;
+
+	if ((void *)(h + 1) > data_end)
+		return XDP_DROP;
+	u32 job_id = bpf_ntohs(SWML_HDR(h, job));
+	struct swml_job *job = jobs.lookup(&job_id);
+	u32 port_index = SWML_PORT_INDEX(ctx->egress_ifindex) & (SWML_MAX_PORTS - 1);
+	if (!job || !((job->port_mask >> port_index) & 1))
+		return XDP_DROP;
+	swml_port_count(port_index, data_end - data, 1);
+	return XDP_PASS;
 }
 #endif
 
@@ -376,6 +393,13 @@ int swml_switch(struct xdp_md *ctx)
 		js->results += outcome == SWML_CNT_COMPLETED;
 		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	}
+#if SWML_PORTS > 1
+	/* The packet passed every check: a member sits behind its port. Set
+	 * only when new (a store a packet would bounce the entry between CPUs);
+	 * atomically, as another CPU may set another port's bit. */
+	if (!((job->port_mask >> port_index) & 1))
+		__sync_fetch_and_or(&job->port_mask, 1ULL << port_index);
+#endif
 #ifdef SWML_FANOUT_UNICAST
 	/* The packet passed every check: its source MAC and the port it came in
 	 * on are where the rank's unicast RESULTs go. Every rank of a round has
@@ -406,7 +430,7 @@ int swml_switch(struct xdp_md *ctx)
 		return swml_to_fanout(ctx, job_id);
 #elif SWML_PORTS > 1
 	if (outcome == SWML_CNT_COMPLETED)
-		return swml_to_every_port(data_end - data);
+		return swml_to_every_port();
 #endif
 	/* A shadow reply goes back the way its DATA came, and so does a
 	 * one-port box's RESULT. */

@@ -129,14 +129,17 @@ class Program:
         return self._fd
 
     def load(self, name: str, kind: str = "xdp") -> int:
-        """Load another function of the source, as "xdp" or "sched_cls" (tc); its fd."""
-        from bcc import BPF
+        """Load another function of the source, as "xdp", "xdp_devmap" (XDP
+        run on a frame leaving through a device map) or "sched_cls" (tc); its fd."""
+        from bcc import BPF, BPFAttachType
 
-        kinds = {"xdp": BPF.XDP, "sched_cls": BPF.SCHED_CLS}
+        kinds = {"xdp": (BPF.XDP, -1), "xdp_devmap": (BPF.XDP, BPFAttachType.XDP_DEVMAP),
+                 "sched_cls": (BPF.SCHED_CLS, -1)}
         if kind not in kinds:
             raise BpfError(f"program kind must be one of {', '.join(kinds)}, not {kind!r}")
+        prog_type, attach_type = kinds[kind]
         fn = _bpf_call(f"cannot load {name} from {self.source.name}", self._bpf.load_func,
-                       name.encode(), kinds[kind])
+                       name.encode(), prog_type, None, attach_type)
         return fn.fd
 
     def table(self, name: str):

@@ -36,6 +36,7 @@ PROG_NAME = "swml_switch"
 FANOUT_SOURCE = "swml_fanout.c"
 FANOUT_PROG = "swml_fanout"
 FANOUT_MORE_PROG = "swml_fanout_more"   # its tail call: the members past the first chunk
+PORT_FILTER_PROG = "swml_port_filter"   # a box of several ports: a RESULT's copy per port
 
 log = logging.getLogger("swml.switch")
 
@@ -218,10 +219,14 @@ def _detach_leftover(iface: str, state: dict | None, did: list[str], failed: lis
 
 def fill_result_ports(prog: bpf.Program, ifindexes: list[int]) -> None:
     """The devmap a box with several ports sends a multicast RESULT out of
-    every port through (swml_switch.c, swml_to_every_port)."""
+    every port with a member of its job through (swml_switch.c,
+    swml_to_every_port and its egress filter, swml_port_filter)."""
+    port_filter = prog.load(PORT_FILTER_PROG, "xdp_devmap")
     table = prog.table("result_ports")
     for n, ifindex in enumerate(ifindexes):
-        table[table.Key(n)] = table.Leaf(ifindex)
+        leaf = table.Leaf()
+        leaf.ifindex, leaf.bpf_prog.fd = ifindex, port_filter
+        table[table.Key(n)] = leaf
 
 
 def load_fanout(prog: bpf.Program) -> int:

@@ -64,6 +64,27 @@ def test_members_behind_different_ports_reduce_exactly_and_each_port_counts_its_
         assert c["unicast_clone_failed"] == c["unicast_no_mac"] == 0, c
 
 
+def test_a_job_behind_one_port_sends_no_result_out_of_the_others():
+    """Its multicast RESULTs leave only the ports its members came in on
+    (the job's learnt port mask, swml_port_filter)."""
+    from switchml_xdp import Worker
+    from switchml_xdp.lab.cluster import run_ranks
+
+    with Lab(workers=4, ports=2) as lab, SwitchProcess(lab):
+        hosts = [lab.workers[0], lab.workers[2]]   # both on segment 0
+
+        def body(rank, host):
+            with Worker(lab.switch.ip, "one-port", rank, 2, backend="udp", verbose=False) as w:
+                return w.allreduce(np.ones(SIZE, np.float32))
+
+        for r in run_ranks(lab, hosts, body):
+            np.testing.assert_array_equal(r, 2)
+        st = _status(lab)
+    c, (p0, p1) = st["counters"], st["port_stats"]
+    assert p0["tx_packets"] >= c["completed"] > 0 and p1["rx_packets"] == 0, st["port_stats"]
+    assert p1["tx_packets"] == 0, st["port_stats"]
+
+
 def test_down_takes_the_program_off_every_port_and_a_bad_port_list_is_one_error():
     with Lab(workers=2, ports=3) as lab:
         ports = [lab.switch.iface] + [p.iface for p in lab.box_ports]
