@@ -342,6 +342,15 @@ int swml_switch(struct xdp_md *ctx)
 	struct swml_member *m = members.lookup(&member_idx);
 	if (!m || m->ip != ip->saddr || m->port != udp->source)
 		return swml_drop(SWML_CNT_BAD_SOURCE);
+#if SWML_PORTS > 1
+	/* From the rank's own address: a member sits behind this port. Set
+	 * before the packet reaches its slot, so that the round it completes
+	 * (on whichever CPU) finds every member's port set; only when new (a
+	 * store a packet would bounce the entry between CPUs); atomically, as
+	 * another CPU may set another port's bit. */
+	if (!((job->port_mask >> port_index) & 1))
+		__sync_fetch_and_or(&job->port_mask, 1ULL << port_index);
+#endif
 	u32 rel_slot = bpf_ntohs(SWML_HDR(h, slot));
 	if (rel_slot >= job->slot_count)
 		return swml_drop(SWML_CNT_BAD_SLOT);
@@ -393,13 +402,6 @@ int swml_switch(struct xdp_md *ctx)
 		js->results += outcome == SWML_CNT_COMPLETED;
 		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	}
-#if SWML_PORTS > 1
-	/* The packet passed every check: a member sits behind its port. Set
-	 * only when new (a store a packet would bounce the entry between CPUs);
-	 * atomically, as another CPU may set another port's bit. */
-	if (!((job->port_mask >> port_index) & 1))
-		__sync_fetch_and_or(&job->port_mask, 1ULL << port_index);
-#endif
 #ifdef SWML_FANOUT_UNICAST
 	/* The packet passed every check: its source MAC and the port it came in
 	 * on are where the rank's unicast RESULTs go. Every rank of a round has
