@@ -226,6 +226,15 @@ static __always_inline void swml_port_count(u32 index, u64 len, int tx)
 	}
 }
 
+#if SWML_PORTS > 1
+/* ifindex -> its place in the box's port list, filled by the control plane.
+ * A lookup, not a chain of compares compiled in: the verifier then knows a
+ * place as one number below SWML_MAX_PORTS, not as a state per port carried
+ * through the slot step (Debian 12's verifier, 6.1, ran out of its budget
+ * so: tests/vm). */
+BPF_HASH(port_places, u32, u32, SWML_MAX_PORTS);
+#endif
+
 #if SWML_PORTS > 1 && !defined(SWML_FANOUT_UNICAST)
 /* The box's ports, filled by the control plane, each with swml_port_filter
  * as its egress program: where a multicast RESULT goes on a box with several
@@ -255,8 +264,12 @@ int swml_port_filter(struct xdp_md *ctx)
 		return XDP_DROP;
 	u32 job_id = bpf_ntohs(SWML_HDR(h, job));
 	struct swml_job *job = jobs.lookup(&job_id);
-	u32 port_index = SWML_PORT_INDEX(ctx->egress_ifindex) & (SWML_MAX_PORTS - 1);
-	if (!job || !((job->port_mask >> port_index) & 1))
+	u32 ifindex = ctx->egress_ifindex;
+	u32 *place = port_places.lookup(&ifindex);
+	if (!job || !place)
+		return XDP_DROP;
+	u32 port_index = *place & (SWML_MAX_PORTS - 1);
+	if (!((job->port_mask >> port_index) & 1))
 		return XDP_DROP;
 	swml_port_count(port_index, data_end - data, 1);
 	return XDP_PASS;
@@ -307,9 +320,19 @@ int swml_switch(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 
+	/* The port it came in on: its place in the box's port list. */
+#if SWML_PORTS > 1
+	u32 ifindex = ctx->ingress_ifindex;
+	u32 *place = port_places.lookup(&ifindex);
+	if (!place)
+		goto pass; /* cannot happen: the program runs on the box's ports only */
+	u32 port_index = *place & (SWML_MAX_PORTS - 1);
+#else
+	u32 port_index = 0;
+#endif
+
 	/* 2. Ours from here on: every outcome below is counted. */
 	swml_count(SWML_CNT_RX);
-	u32 port_index = SWML_PORT_INDEX(ctx->ingress_ifindex) & (SWML_MAX_PORTS - 1);
 	swml_port_count(port_index, data_end - data, 0);
 	if (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT))
 		return swml_drop(SWML_CNT_BAD_IP);

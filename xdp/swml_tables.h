@@ -35,14 +35,10 @@ BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX
 BPF_TABLE_PINNED("percpu_array", u32, struct swml_port_stats, port_stats, 1,
 		 SWML_PIN_DIR "/port_stats");
 
-/* The box's ports (swml_maps.h): SWML_PORTS of them, and SWML_PORT_INDEX(ifindex)
- * the place of a port in the list, both compiled in by the control plane
- * (switchml_xdp/switch/xdp_dataplane.py); one port unless it says more. */
+/* The box's ports (swml_maps.h): SWML_PORTS of them, compiled in by the
+ * control plane (switchml_xdp/switch/xdp_dataplane.py); one unless it says more. */
 #ifndef SWML_PORTS
 #define SWML_PORTS 1
-#endif
-#ifndef SWML_PORT_INDEX
-#define SWML_PORT_INDEX(ifindex) 0
 #endif
 #if SWML_PORTS < 1 || SWML_PORTS > SWML_MAX_PORTS
 #error "SWML_PORTS must be 1 .. SWML_MAX_PORTS"

@@ -55,10 +55,7 @@ def box_address(ports: Sequence[str]) -> tuple[str, str, str]:
 
 
 def port_defines(ifindexes: Sequence[int]) -> dict[str, object]:
-    """What swml_tables.h compiles in about the box's ports: their count and
-    SWML_PORT_INDEX(ifindex), an ifindex's place in the list (nothing for one
-    port: its defaults)."""
-    if len(ifindexes) <= 1:
-        return {}
-    places = "".join(f"(i) == {ifx} ? {n} : " for n, ifx in enumerate(ifindexes))
-    return {"SWML_PORTS": len(ifindexes), "SWML_PORT_INDEX(i)": f"({places}0)"}
+    """What swml_tables.h compiles in about the box's ports: their count
+    (nothing for one port: its default). Their places are a map the control
+    plane fills (xdp_dataplane.fill_ports)."""
+    return {"SWML_PORTS": len(ifindexes)} if len(ifindexes) > 1 else {}

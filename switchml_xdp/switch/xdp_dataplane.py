@@ -106,8 +106,8 @@ class XdpDataplane(Dataplane):
             bpf.ensure_bpffs(pins)
             # The maps are created and pinned, or re-opened where pinned already.
             self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
-            if len(self.ports) > 1 and self._fanout != "unicast":
-                fill_result_ports(self._prog, ifindexes)
+            if len(self.ports) > 1:
+                fill_ports(self._prog, ifindexes, self._fanout)
         except bpf.BpfError as e:
             raise _load_error("the switch program", e) from None
         if self._fanout == "unicast":
@@ -217,10 +217,16 @@ def _detach_leftover(iface: str, state: dict | None, did: list[str], failed: lis
                           f"`swml-switch down {iface}` inside it to detach the program")
 
 
-def fill_result_ports(prog: bpf.Program, ifindexes: list[int]) -> None:
-    """The devmap a box with several ports sends a multicast RESULT out of
-    every port with a member of its job through (swml_switch.c,
-    swml_to_every_port and its egress filter, swml_port_filter)."""
+def fill_ports(prog: bpf.Program, ifindexes: list[int], fanout: str) -> None:
+    """A box with several ports (swml_switch.c): each port's place in the
+    list, and with multicast the devmap a RESULT goes out of every port with
+    a member of its job through (swml_to_every_port and its egress filter,
+    swml_port_filter)."""
+    places = prog.table("port_places")
+    for n, ifindex in enumerate(ifindexes):
+        places[places.Key(ifindex)] = places.Leaf(n)
+    if fanout == "unicast":
+        return
     port_filter = prog.load(PORT_FILTER_PROG, "xdp_devmap")
     table = prog.table("result_ports")
     for n, ifindex in enumerate(ifindexes):
