@@ -97,7 +97,8 @@ class BoxFailover:
         self.generation = 0         # jobs joined since the first: one per change of boxes
         self.call = 0               # calls made (the same numbers on every rank)
         self.saved: dict[int, tuple[np.ndarray, str]] = {}   # the last two calls' inputs
-        self.reached: list[str] = []    # lost boxes this rank's watcher reached last
+        self._lost_at: dict[str, float] = {}            # box -> when it left the job
+        self._probes: dict[str, tuple[float, bool]] = {}  # box -> (when tried, reached)
         self.in_call = False
         self._caught_up = -1
         self._pending: BaseException | None = None
@@ -188,27 +189,47 @@ class BoxFailover:
             old.forget(set(self.boxes) - set(boxes))
             old.close()
         self.generation += 1
-        self.boxes = []
-        if not boxes:
-            return True
-        worker, why = None, ""
-        try:
-            worker = self.recipe.make(boxes, REJOIN_TIMEOUT_S, self.generation)
-        except Exception as e:  # noqa: BLE001 - every rank learns it below
-            why = f"{type(e).__name__}: {e}"
-        said = [w for w in self._exchange(f"g{self.generation}/joined", why) if w]
-        if not said:
-            self.group.worker, self.boxes = worker, boxes
-            return True
-        if worker is not None:
-            worker.close()
-        warnings.warn(f"switchml_xdp: the ranks could not join box(es) {', '.join(boxes)} "
-                      f"({said[0]}): calls go to gloo", RuntimeWarning, stacklevel=2)
-        return False
+        joined = not boxes
+        if boxes:
+            worker, why = None, ""
+            try:
+                worker = self.recipe.make(boxes, REJOIN_TIMEOUT_S, self.generation)
+            except Exception as e:  # noqa: BLE001 - every rank learns it below
+                why = f"{type(e).__name__}: {e}"
+            said = [w for w in self._exchange(f"g{self.generation}/joined", why) if w]
+            joined = not said
+            if joined:
+                self.group.worker = worker
+            else:
+                if worker is not None:
+                    worker.close()
+                warnings.warn(f"switchml_xdp: the ranks could not join box(es) {', '.join(boxes)} "
+                              f"({said[0]}): calls go to gloo", RuntimeWarning, stacklevel=2)
+        self._set_boxes(boxes if joined else [])
+        return joined
+
+    def _set_boxes(self, boxes: list[str]) -> None:
+        """The job's boxes now; a box that leaves them is reached again only
+        by a try that began after it left (_reached)."""
+        self.boxes = boxes
+        for b in self.all_boxes:
+            if b in boxes:
+                self._lost_at.pop(b, None)
+            else:
+                self._lost_at.setdefault(b, time.monotonic())
+
+    def _reached(self) -> list[str]:
+        """The lost boxes this rank's last try reached, tried since they were lost."""
+        out = []
+        for b in remaining(self.all_boxes, self.boxes):
+            tried, ok = self._probes.get(b, (0.0, False))
+            if ok and tried > self._lost_at.get(b, time.monotonic()):
+                out.append(b)
+        return out
 
     def _retry(self, c: int) -> None:
         """At a call boundary: the lost boxes every rank reached come back."""
-        reached = self._exchange(f"g{self.generation}/reach{c}", self.reached)
+        reached = self._exchange(f"g{self.generation}/reach{c}", self._reached())
         boxes = returning(self.all_boxes, self.boxes, reached)
         if boxes == self.boxes:
             return
@@ -227,7 +248,9 @@ class BoxFailover:
                 self._look()
                 lost = remaining(self.all_boxes, self.boxes)
                 if lost and time.monotonic() >= next_reach:
-                    self.reached = [b for b in lost if self._reach(b)]
+                    for b in lost:
+                        tried = time.monotonic()
+                        self._probes[b] = (tried, self._reach(b))
                     next_reach = time.monotonic() + REACH_EVERY_S
             except Exception:  # noqa: BLE001 - a store going away at shutdown: the calls say it
                 pass

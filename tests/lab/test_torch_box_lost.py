@@ -66,7 +66,8 @@ def _rank_main(rank: int, master: str, switches: str, marks: Path) -> dict:
         want = inputs(0, step).astype(np.float64) + inputs(1, step)
         steps.append({"sha": hashlib.sha1(x.numpy().tobytes()).hexdigest(),
                       "err": float(np.max(np.abs(x.numpy() - want))),
-                      "boxes": len(failover.boxes)})
+                      "boxes": len(failover.boxes), "gen": failover.generation,
+                      "t": round(time.time(), 3)})
         # The phases follow the group's generation: the same call on every rank.
         if phase < failover.generation:
             phase, phase_at = failover.generation, step
@@ -134,7 +135,11 @@ def test_training_goes_on_without_lost_boxes_and_takes_them_back(tmp_path):
                                  {"SWML_BOX_RETRY_CALLS": str(RETRY_CALLS)})
         finally:
             t.join()
-    assert not driver_error, driver_error
+    changes = [(s["gen"], s["boxes"], s["t"]) for i, s in enumerate(ranks[0]["steps"])
+               if i == 0 or s["gen"] != ranks[0]["steps"][i - 1]["gen"]]
+    print(f"[box lost] generations (gen, boxes, time): {changes}; links down at {downs}")
+    assert not driver_error, (driver_error, [(r["rank"], len(r["steps"]), r["warnings"])
+                                             for r in ranks])
     a, b = ranks[0]["steps"], ranks[1]["steps"]
     assert len(a) == len(b) and len(a) < MAX_STEPS, (len(a), len(b))
     for step, (x, y) in enumerate(zip(a, b)):

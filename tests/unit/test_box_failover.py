@@ -265,3 +265,23 @@ def test_lost_boxes_that_every_rank_reaches_come_back_at_a_call_boundary(monkeyp
     out = on_both(body, cluster)
     assert out[0] == out[1] == [2, 1, 1, 1, 2, 2, 2, 2, 2]   # back before call 4, on both
     assert cluster.jobs[2].boxes == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_a_box_is_back_only_by_a_try_that_began_after_it_was_lost():
+    """A try that reached the box before it was lost says nothing of now."""
+    r = Rank(Cluster(), 0)
+    try:
+        f = r.failover
+        f._stop.set()       # no watcher's try meanwhile
+        f._watcher.join()
+        f._probes["10.0.0.1"] = (f._lost_at.get("10.0.0.1", 0.0) - 1.0, True)   # while it served
+        f._set_boxes(["10.0.0.2"])
+        assert f._reached() == []
+        f._probes["10.0.0.1"] = (f._lost_at["10.0.0.1"] + 0.001, True)
+        assert f._reached() == ["10.0.0.1"]
+        f._probes["10.0.0.1"] = (f._lost_at["10.0.0.1"] + 0.002, False)
+        assert f._reached() == []
+        f._set_boxes(["10.0.0.1", "10.0.0.2"])
+        assert "10.0.0.1" not in f._lost_at
+    finally:
+        r.close()
