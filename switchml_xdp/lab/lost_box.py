@@ -110,7 +110,8 @@ def report_lines(report: dict) -> list[str]:
     waits = report["warned_after_s"]
     said = ", ".join(f"rank {r} after {s:.2f} s" if s is not None else f"rank {r} never"
                      for r, s in sorted(waits.items()))
-    lines = [f"box {report['box']} lost {report['after_s']:.1f} s into the swml training; "
+    epoch = f" (epoch {report['epoch']})" if "epoch" in report else ""
+    lines = [f"box {report['box']} lost {report['after_s']:.1f} s into the swml training{epoch}; "
              f"the ranks warned: {said}"]
     seen = set()
     for w in report["warnings"]:

@@ -368,8 +368,10 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
                 out("  " + note)
             out(f"  done in {time.monotonic() - t0:.1f} s")
             if killer:
-                results[mode]["lost_box"] = killer.report(results[mode]["warnings"],
-                                                          workers * cfg.ranks_per_host)
+                lost = results[mode]["lost_box"] = killer.report(results[mode]["warnings"],
+                                                                 workers * cfg.ranks_per_host)
+                if lost["killed"]:   # the epoch it fell in
+                    lost["epoch"] = 1 + sum(t < lost["killed_at"] for t in results[mode]["epoch_end_t"])
     out("")
     for line in summary_lines(results):
         out(line)

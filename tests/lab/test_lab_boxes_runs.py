@@ -118,6 +118,7 @@ def test_train_outlives_a_box_powered_off_mid_run_and_every_rank_warns_within_2s
     assert lost["killed"] and lost["box"] == "10.0.0.2", said
     ends = res["swml"]["epoch_end_t"]
     assert ends[0] < lost["killed_at"] < ends[-1], "the box was not lost mid-training"
+    assert 1 < lost["epoch"] < len(ends), lost
     for rank, after in lost["warned_after_s"].items():
         assert after is not None and after <= 2.0, (rank, lost)
     assert res["swml"]["param_spread"] == 0.0

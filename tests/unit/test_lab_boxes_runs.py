@@ -261,8 +261,9 @@ def test_the_killer_takes_the_boxes_link_down_kills_its_daemon_and_times_the_war
                {"rank": 1, "t": t + 3.0, "category": "RuntimeWarning", "message": "again"}]
     rep = killer.report(records, ranks=3)
     assert rep["warned_after_s"] == {0: 0.4, 1: 1.5, 2: None}
-    lines = lost_box.report_lines(rep)
+    lines = lost_box.report_lines({**rep, "epoch": 7})
     assert "rank 0 after 0.40 s, rank 1 after 1.50 s, rank 2 never" in lines[0]
+    assert "into the swml training (epoch 7); the ranks warned" in lines[0]
     assert [ln.split(": ", 2)[-1] for ln in lines[1:]] == ["lost", "again"]
 
 
