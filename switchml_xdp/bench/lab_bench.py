@@ -94,6 +94,7 @@ class BenchConfig:
     collective: str = "allreduce"  # or "reduce_scatter": each rank keeps its shard
     boxes: Sequence[int] = (1,)    # box counts: a lab each, the swml systems over all its boxes
     box_rate_mbit: float | None = None   # every box's port, each way (None: unshaped)
+    ports: int = 1                 # >1: one box of that many ports (Lab(ports=P)), bound as P boxes
 
 
 class Bench:
@@ -108,7 +109,7 @@ class Bench:
                 ranks: list[dict] | None, impl: str | None = None, status: str = "ok",
                 extra: dict | None = None) -> dict:
         cfg = self.cfg
-        box_rates = [cfg.box_rate_mbit] * self.boxes
+        box_rates = [cfg.box_rate_mbit] * max(self.boxes, cfg.ports)
         bound = bound_mbps(system, cfg.rate_mbit, k, workers, cfg.collective, box_rates)
         row = {"system": system, "workers": workers, "k": k, "loss": loss,
                "rate_mbit": cfg.rate_mbit, "size_bytes": cfg.size, "iterations": cfg.iterations,
@@ -136,7 +137,7 @@ class Bench:
                 "gauges": [r.get("gauges") for r in ranks],
             })
         if system not in GLOO_SYSTEMS:
-            row.update(boxes=self.boxes, box_rate_mbit=cfg.box_rate_mbit)
+            row.update(boxes=self.boxes, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports)
         if k is not None and system != "gloo":
             row["job_slots"] = self.job_slots(k)
         if extra:
@@ -211,12 +212,13 @@ class Bench:
         for n, m in ((n, m) for n in cfg.workers for m in cfg.boxes):
             queue = f" ({cfg.queue_packets}-packet queues)" if cfg.queue_packets else ""
             self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way{queue}, "
-                     f"{boxes_label(m, cfg.box_rate_mbit)}, {cfg.size / 2**20:g} MiB float32 "
+                     f"{boxes_label(m, cfg.box_rate_mbit, cfg.ports)}, "
+                     f"{cfg.size / 2**20:g} MiB float32 "
                      f"{cfg.collective}, fan-out {cfg.fanout}, "
                      f"{cfg.warmup} warm-up + {cfg.iterations} iterations")
             self.boxes = m
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
-                     boxes=m, box_rate_mbit=cfg.box_rate_mbit) as lab:
+                     boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports) as lab:
                 lab.set_loss(0.0)          # attach the loss injector once
                 for k in cfg.ks:
                     self._swml_systems(lab, k)
@@ -371,7 +373,7 @@ class Bench:
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
                         "python": platform.python_version(), "quiet_before": quiet},
-            "boxes": list(cfg.boxes), "box_rate_mbit": cfg.box_rate_mbit,
+            "boxes": list(cfg.boxes), "box_rate_mbit": cfg.box_rate_mbit, "ports": cfg.ports,
             "definitions": DEFINITIONS,
         }
 

@@ -22,16 +22,18 @@ from .allreduce_bench import COLUMNS_LEGEND, format_table
 
 def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, backend: str,
              verify: bool, rate: float | None, out=print, fanout: str = "multicast",
-             boxes: int = 1, box_rate: float | None = None) -> list[dict]:
+             boxes: int = 1, box_rate: float | None = None, ports: int = 1) -> list[dict]:
     """fanout: the switch's --fanout; "unicast" also takes multicast off the lab's
     bridge (Lab(multicast=False)), to show it working where there is none.
-    boxes: the job over that many boxes, each port shaped to box_rate Mbit/s."""
+    boxes: the job over that many boxes, each port shaped to box_rate Mbit/s;
+    ports: the switch a box with that many ports, each on a segment of its own."""
     unicast = fanout == "unicast"
     with Lab(workers=workers, rate_mbit=rate, multicast=not unicast, boxes=boxes,
-             box_rate_mbit=box_rate) as lab:
+             box_rate_mbit=box_rate, ports=ports) as lab:
         addresses = ",".join(box.ip for box in lab.switches)
         out(f"lab {lab.prefix}: {'boxes' if boxes > 1 else 'switch'} {addresses} + {workers} "
-            f"workers on a bridge" + (f", links shaped to {rate:g} Mbit/s" if rate else "")
+            + (f"workers on {ports} segments, one a port of the switch" if ports > 1 else
+               "workers on a bridge") + (f", links shaped to {rate:g} Mbit/s" if rate else "")
             + (f", box ports to {box_rate:g} Mbit/s" if box_rate else "")
             + (", no multicast" if unicast else ""))
         with contextlib.ExitStack() as stack:

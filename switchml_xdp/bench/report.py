@@ -19,10 +19,11 @@ def disturbed(r: dict) -> bool:
     return (r.get("foreign_cpu_pct") or 0) >= FOREIGN_WARN_PCT or bool(r.get("other_netns"))
 
 
-def boxes_label(boxes: int, rate_mbit: float | None) -> str:
-    """"2 boxes of 100 Mbit/s": a run's boxes and their ports' rate."""
-    return (f"{boxes} box{'es' if boxes > 1 else ''} "
-            + (f"of {rate_mbit:g} Mbit/s" if rate_mbit else "unshaped"))
+def boxes_label(boxes: int, rate_mbit: float | None, ports: int = 1) -> str:
+    """"2 boxes of 100 Mbit/s", "1 box, 4 ports of 100 Mbit/s": a run's
+    boxes (or its box's ports) and their ports' rate."""
+    what = f"1 box, {ports} ports" if ports > 1 else f"{boxes} box{'es' if boxes > 1 else ''}"
+    return what + (f" of {rate_mbit:g} Mbit/s" if rate_mbit else " unshaped")
 
 
 def box_counts(meta: dict) -> list[int]:
@@ -35,6 +36,8 @@ def row_line(r: dict) -> str:
     where = f"N={r['workers']} k={r['k'] or '-':>3} loss={r['loss'] * 100:g}%"
     if r.get("boxes", 1) > 1:
         where += f" boxes={r['boxes']}"
+    if r.get("ports", 1) > 1:
+        where += f" ports={r['ports']}"
     if r["status"] != "ok":
         return f"  {LABELS[r['system']]:<22} {where:<24} {r['status']}"
     cpu = r["cpu"]

@@ -116,7 +116,7 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @click.option("--switch-args", default="", metavar="ARGS",
               help="Options for that switch, as on the `swml-switch up` command line "
                    "(e.g. '-k 64 --dataplane userspace').")
-def up(workers: int, prefix: str | None, rate: float | None, boxes: int,
+def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: int,
        box_rate: float | None, loss: float | None, dup: float | None, loss_port: int | None,
        queue: int | None, no_multicast: bool, snooping: bool, query_interval: float | None,
        start_switch: bool, switch_args: str) -> None:
@@ -142,7 +142,8 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int,
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
                   loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue,
                   multicast=not no_multicast, igmp=snooping,
-                  query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate).start()
+                  query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate,
+                  ports=ports).start()
         ready = []
         if start_switch:
             try:
@@ -156,6 +157,8 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int,
     shaping = f"worker links shaped to {rate:g} Mbit/s" if rate else "worker links unshaped"
     if boxes > 1:
         shaping = f"{boxes} boxes, " + shaping
+    if ports > 1:
+        shaping = f"a switch of {ports} ports, each on a segment of its own, " + shaping
     if box_rate:
         shaping += f", box links to {box_rate:g} Mbit/s"
     if queue:

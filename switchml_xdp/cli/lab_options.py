@@ -11,6 +11,7 @@ import click
 
 from switchml_xdp.lab import LabError
 from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
+from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.loss import probability
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT
 from switchml_xdp.net import NetError
@@ -31,10 +32,14 @@ def lab_options(f):
 
 
 def box_options(f):
-    """--boxes and --box-rate: a lab of several switch hosts, each link shaped."""
+    """--boxes, --ports and --box-rate: a lab of several switch hosts, or a
+    switch of several ports, each link shaped."""
     f = click.option("--box-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True),
                      default=None, metavar="MBIT",
-                     help="Shape every box's link to MBIT Mbit/s each way.")(f)
+                     help="Shape every box's link (every port's) to MBIT Mbit/s each way.")(f)
+    f = click.option("--ports", type=click.IntRange(1, MAX_PORTS), default=1, show_default=True,
+                     help="The switch as a box with that many ports, each on a bridge segment "
+                          "of its own (worker i on segment i mod PORTS; docs/scale-out.md).")(f)
     f = click.option("--boxes", type=click.IntRange(1, MAX_BOXES), default=1, show_default=True,
                      help="Number of boxes (switch hosts: sw, sw1, ...) on the bridge.")(f)
     return f

@@ -12,6 +12,7 @@ import click
 
 from switchml_xdp import wire
 from switchml_xdp.lab.addressing import MAX_BOXES
+from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
@@ -28,7 +29,7 @@ from .lab_options import box_options, lab_errors, lab_options, list_of
 @click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
               help="the switch's `--fanout`; with unicast the lab carries no multicast from the "
                    "switch, as a cloud VPC")
-def demo(workers, prefix, rate, boxes, box_rate, size, iterations, warmup, dtype, backend, verify,
+def demo(workers, prefix, rate, boxes, ports, box_rate, size, iterations, warmup, dtype, backend, verify,
          fanout):
     """Switch + WORKERS workers in a lab, running an allreduce benchmark
     (with --boxes: one job over every box, and each box's share printed).
@@ -43,7 +44,7 @@ def demo(workers, prefix, rate, boxes, box_rate, size, iterations, warmup, dtype
     with lab_errors():
         try:
             run_demo(workers, size, iterations, warmup, dtype, backend, verify, rate, out=click.echo,
-                     fanout=fanout, boxes=boxes, box_rate=box_rate)
+                     fanout=fanout, boxes=boxes, box_rate=box_rate, ports=ports)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
 
@@ -82,7 +83,8 @@ def demo(workers, prefix, rate, boxes, box_rate, size, iterations, warmup, dtype
               help="Where to save the loss and accuracy curves.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Also save both runs' curves as JSON.")
-def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, box_rate, kill_box,
+def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, ports, box_rate,
+          kill_box,
           kill_after, ranks_per_host, fsdp2, png, json_path):
     """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
 
@@ -109,7 +111,7 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, box
     with lab_errors():
         try:
             run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo,
-                             box_rate=box_rate, kill=kill)
+                             box_rate=box_rate, kill=kill, ports=ports)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
 
@@ -160,11 +162,14 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, box
                    "(docs/scale-out.md); Gloo runs once, the peer of every row")
 @click.option("--box-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
               metavar="MBIT", help="every box's port, each way [default: unshaped]")
+@click.option("--ports", type=click.IntRange(1, MAX_PORTS), default=1, show_default=True,
+              help="the switch as a box with that many ports, each on a segment of its own "
+                   "(with --boxes 1), bound as that many boxes (docs/scale-out.md)")
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter"]), default="allreduce",
               show_default=True, help="what is timed; reduce_scatter: each rank keeps its shard "
               "(with --fanout unicast the switch sends each rank only its shard's sums)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, wait_quiet, fanout, boxes, box_rate, collective):
+          env, wait_quiet, fanout, boxes, box_rate, ports, collective):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -186,6 +191,9 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     if not boxes or min(boxes) < 1 or max(boxes) > MAX_BOXES or len(set(boxes)) < len(boxes):
         raise click.BadParameter(f"box counts must be in 1..{MAX_BOXES}, each once",
                                  param_hint="--boxes")
+    if ports > 1 and list(boxes) != [1]:
+        raise click.BadParameter("a switch of several ports is one box: --boxes 1",
+                                 param_hint="--ports")
     if any(not 1 <= k <= wire.MAX_K for k in ks):
         raise click.BadParameter(f"k must be in 1..{wire.MAX_K}", param_hint="--elements")
     try:
@@ -206,7 +214,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
         wait_quiet=wait_quiet, fanout=fanout, collective=collective, boxes=boxes,
-        box_rate_mbit=box_rate,
+        box_rate_mbit=box_rate, ports=ports,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)

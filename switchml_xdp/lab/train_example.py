@@ -325,7 +325,8 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
 def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: str = "auto",
                      png: str = "swml-train.png", json_path: str | None = None,
                      rate: float | None = None, timeout: float = 900.0, out=print,
-                     box_rate: float | None = None, kill: tuple[int, float] | None = None) -> dict:
+                     box_rate: float | None = None, kill: tuple[int, float] | None = None,
+                     ports: int = 1) -> dict:
     """The whole comparison: lab, switches, both runs, summary, plot. Returns
     both results. cfg.boxes boxes, their ports shaped to box_rate Mbit/s;
     kill=(box, seconds): that box powered off that long into the swml run
@@ -335,7 +336,8 @@ def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: 
 
     cfg = cfg or TrainConfig()
     results: dict[str, dict] = {}
-    with Lab(workers=workers, rate_mbit=rate, boxes=cfg.boxes, box_rate_mbit=box_rate) as lab, \
+    with Lab(workers=workers, rate_mbit=rate, boxes=cfg.boxes, box_rate_mbit=box_rate,
+             ports=ports) as lab, \
             contextlib.ExitStack() as stack:
         out(f"lab {lab.prefix}: {'boxes' if cfg.boxes > 1 else 'switch'} "
             f"{','.join(box.ip for box in lab.switches)} + {workers} hosts x "

@@ -120,3 +120,16 @@ def test_a_switch_of_one_port_keeps_its_address_on_its_link():
         out = lab.run(lab.switch, ["ip", "-o", "-4", "addr", "show"]).stdout
     [line] = [ln for ln in out.splitlines() if f" {lab.switch.ip}/" in ln]
     assert line.split()[1] == lab.switch.iface and f"{lab.prefix}-sb" not in out, out
+
+
+def test_swml_lab_demo_runs_its_job_through_a_switch_of_two_ports():
+    from click.testing import CliRunner
+
+    from switchml_xdp.cli import lab as lab_cli
+
+    r = CliRunner().invoke(lab_cli.main, [
+        "demo", "-n", "2", "--ports", "2", "--box-rate", "200", "--size", "1MiB",
+        "--iterations", "2", "--warmup", "1"])
+    assert r.exit_code == 0, r.output
+    assert "switch 10.0.0.1 + 2 workers on 2 segments, one a port of the switch" in r.output
+    assert r.output.count(" ok") >= 2, r.output   # every result checked, both ranks

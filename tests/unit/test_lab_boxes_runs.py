@@ -66,6 +66,10 @@ def test_the_16_bit_format_and_gloo_keep_their_bounds_over_boxes():
     (["train", "--kill-after", "3"], "--kill-box and --kill-after go together"),
     (["train", "--boxes", "2", "--kill-box", "2", "--kill-after", "3"], "boxes 0..1"),
     (["train", "--kill-box", "0", "--kill-after", "0"], "--kill-after"),
+    (["bench", "--ports", "2", "--boxes", "1,2"], "a switch of several ports is one box"),
+    (["bench", "--ports", "9"], "--ports"),
+    (["demo", "--ports", "0"], "--ports"),
+    (["up", "--ports", "9"], "--ports"),
 ])
 def test_bad_box_arguments_fail_before_anything_is_built(args, says):
     r = CliRunner().invoke(lab_cli.main, args)
@@ -82,6 +86,8 @@ def test_bench_boxes_reach_the_run(monkeypatch, tmp_path):
     assert tuple(seen[0].boxes) == (1, 2, 3) and seen[0].box_rate_mbit == 100
     assert CliRunner().invoke(lab_cli.main, ["bench", "--out", str(tmp_path)]).exit_code == 0
     assert tuple(seen[1].boxes) == (1,) and seen[1].box_rate_mbit is None
+    r = CliRunner().invoke(lab_cli.main, ["bench", "--ports", "4", "--out", str(tmp_path)])
+    assert r.exit_code == 0 and seen[2].ports == 4 and seen[1].ports == 1, r.output
 
 
 def test_demo_boxes_reach_the_run(monkeypatch):
@@ -91,7 +97,9 @@ def test_demo_boxes_reach_the_run(monkeypatch):
     monkeypatch.setattr(lab_demo, "run_demo", lambda *a, **kw: seen.update(kw))
     r = CliRunner().invoke(lab_cli.main, ["demo", "--boxes", "2", "--box-rate", "50"])
     assert r.exit_code == 0, r.output
-    assert seen["boxes"] == 2 and seen["box_rate"] == 50
+    assert seen["boxes"] == 2 and seen["box_rate"] == 50 and seen["ports"] == 1
+    r = CliRunner().invoke(lab_cli.main, ["demo", "--ports", "3", "--box-rate", "50"])
+    assert r.exit_code == 0 and seen["ports"] == 3, r.output
 
 
 def test_train_boxes_and_the_kill_reach_the_run(monkeypatch):
@@ -106,6 +114,8 @@ def test_train_boxes_and_the_kill_reach_the_run(monkeypatch):
                                           "--kill-box", "1", "--kill-after", "4.5"])
     assert r.exit_code == 0, r.output
     assert seen["cfg"].boxes == 3 and seen["box_rate"] == 100 and seen["kill"] == (1, 4.5)
+    r = CliRunner().invoke(lab_cli.main, ["train", "--ports", "2"])
+    assert r.exit_code == 0 and seen["ports"] == 2, r.output
 
 
 def test_a_shaped_box_tells_its_ports_rate():
