@@ -25,8 +25,17 @@ diverging.
 Lost boxes are looked at again every SWML_BOX_RETRY_CALLS calls (100): each
 rank's watcher tries their control ports in the background, and at that
 call boundary the ranks post which they reached; boxes every rank reached
-join the next job. Only groups with one rank a host fail over (the hosts'
-leaders alone stream, and Gloo needs every rank); others raise as before.
+join the next job.
+
+With several ranks a host the failover works among the hosts: the hosts'
+leaders are its parties (host index, number of hosts), as they are the
+job's members. Each leader keeps its host's sum as a call's input, agrees
+and redoes with the other leaders, and shares the redone result with its
+host's ranks, which wait for it in the local share as for any call (for
+longer: result_patience). Where no box is left, the Gloo group is the
+leaders' alone; a call a host's own ranks failed then fails on every host
+through one status round before the sum (as refuse_call does on a box).
+The other ranks warn with their leader's words (host_notices.py).
 """
 from __future__ import annotations
 
@@ -48,6 +57,7 @@ from ..client.api import Worker
 from ..client.boxes import CallInterrupted, lost_boxes, parse_switches
 from .box_agreement import FailoverError, agree, post, remaining, retry_due, retry_every, returning
 from .gloo_side import open_gloo
+from .host_notices import HostNotices, NoticeListener
 from .options import SwmlOptions
 
 WATCH_S = 0.1           # how often the watcher reads the store
@@ -85,9 +95,15 @@ class BoxFailover:
     when the boxes change) or Gloo, and recovers from lost boxes."""
 
     def __init__(self, group, store: dist.Store, recipe: WorkerRecipe, timeout_s: float,
-                 gloo: Callable[[dist.Store], object], submit: Callable):
-        self.group, self.recipe, self.submit = group, recipe, submit
-        self.rank, self.size = group.rank(), group.size()
+                 gloo: Callable[[dist.Store], object], submit: Callable,
+                 party: tuple[int, int] | None = None, tell: Callable[[str], None] | None = None):
+        """party: (this party, parties): the host's index and the number of
+        hosts (default: the group's rank and size); tell: to say each
+        warning to the host's other ranks too; both only where they have
+        several ranks."""
+        self.group, self.recipe, self.submit, self._tell = group, recipe, submit, tell
+        self.rank, self.size = party or (group.rank(), group.size())
+        self.status_round = party is not None and party[1] != group.size()
         self.store = dist.PrefixStore("swml-failover/", store)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._open_gloo, self._gloo = gloo, None
@@ -96,7 +112,7 @@ class BoxFailover:
         self.every = retry_every()
         self.generation = 0         # jobs joined since the first: one per change of boxes
         self.call = 0               # calls made (the same numbers on every rank)
-        self.saved: dict[int, tuple[np.ndarray, str]] = {}   # the last two calls' inputs
+        self.saved: dict[int, tuple] = {}   # the last two calls' (input, op, refused)
         self._lost_at: dict[str, float] = {}            # box -> when it left the job
         self._probes: dict[str, tuple[float, bool]] = {}  # box -> (when tried, reached)
         self.in_call = False
@@ -107,7 +123,7 @@ class BoxFailover:
         self._watcher.start()
 
     # -- the calls -----------------------------------------------------------------
-    def allreduce(self, x: np.ndarray, op: str) -> None:
+    def allreduce(self, x: np.ndarray, op: str, refused: bool = False) -> None:
         """One call of the group, in place; on the group's thread."""
         if self._pending is not None:
             error, self._pending = self._pending, None
@@ -115,36 +131,61 @@ class BoxFailover:
         c = self.call
         if retry_due(c, remaining(self.all_boxes, self.boxes), self.every):
             self._retry(c)
-        self.saved[c] = (x.copy(), op)
+        self.saved[c] = (x.copy(), op, refused)
         self.saved.pop(c - 2, None)
         self.in_call = True
         try:
-            self._call(x, op, c)
+            self._call(x, op, c, refused)
         finally:
             self.in_call = False
             self.call = c + 1
 
-    def _call(self, x: np.ndarray, op: str, c: int) -> None:
+    def _call(self, x: np.ndarray, op: str, c: int, refused: bool = False) -> None:
         """Call c, redone after each recovery from its kept input."""
         while True:
             try:
-                return self._through(x, op)
+                return self._through(x, op, refused)
             except BaseException as e:
                 if self.group.worker is None or not _is_box_failure(e):
                     raise
                 self._recover(c, lost_boxes(e))
                 x[...] = self.saved[c][0]
 
-    def _through(self, x: np.ndarray, op: str) -> None:
+    def _through(self, x: np.ndarray, op: str, refused: bool = False) -> None:
         worker = self.group.worker
         if worker is not None:
-            worker.allreduce(x, op)
+            if refused:
+                worker.refuse_call(x.size, str(x.dtype), op)
+            else:
+                worker.allreduce(x, op)
             return
         if self._gloo is None:      # every rank here at the same call: a collective
             self._gloo = self._open_gloo(dist.PrefixStore("gloo/", self.store))
+        if self.status_round and self._gloo_round(np.array([int(refused)], np.int32), "max")[0]:
+            if refused:
+                return
+            raise RuntimeError("another host's ranks failed this call (its leader refused it "
+                               "in the Gloo group of the hosts' leaders)")
+        self._gloo_round(x, op)
+
+    def _gloo_round(self, x: np.ndarray, op: str) -> np.ndarray:
         opts = AllreduceOptions()
         opts.reduceOp = _OPS[op]
         self._gloo.allreduce([torch.from_numpy(x)], opts).wait(self.timeout)
+        return x
+
+    def refuse_call(self, count: int, dtype: str = "float32", op: str = "sum") -> None:
+        """This host's ranks failed the call before their leader could give
+        it: the leader takes its turn (the Worker's refuse_call, or a status
+        round among the leaders) so that it fails on every host, and the
+        calls stay numbered alike."""
+        self.allreduce(np.zeros(count, dtype=dtype), op, refused=True)
+
+    def _say(self, message: str) -> None:
+        """A warning of this party, and of the other ranks of its host."""
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        if self._tell is not None:
+            self._tell(message)
 
     # -- the agreement -------------------------------------------------------------
     def _exchange(self, key: str, value) -> list:
@@ -168,18 +209,22 @@ class BoxFailover:
         agreed = agree(self._exchange(f"g{g}/post", post(first_unfinished, lost)), self.all_boxes)
         left = remaining(self.boxes, agreed.lost)
         where = ", ".join(left) if left else "gloo (no box left)"
-        warnings.warn(f"switchml_xdp: box(es) {', '.join(agreed.lost) or '(none)'} lost at swml "
-                      f"call #{agreed.call} (agreed by all {self.size} ranks): that call and "
-                      f"the next go through {where}", RuntimeWarning, stacklevel=2)
+        self._say(f"switchml_xdp: box(es) {', '.join(agreed.lost) or '(none)'} lost at swml "
+                  f"call #{agreed.call} (agreed by all {self.size} {self._parties}): that call "
+                  f"and the next go through {where}")
         self._rebuild(left)
         if agreed.ahead and self.group.worker is None:
-            raise FailoverError(f"call #{agreed.call} gave its result on rank(s) "
+            raise FailoverError(f"call #{agreed.call} gave its result on {self._parties[:-1]}(s) "
                                 f"{list(agreed.ahead)} before box(es) {', '.join(agreed.lost)} "
                                 "were lost, and no box is left to redo it exactly: Gloo's sum "
                                 "would differ from theirs")
         if self.rank in agreed.ahead:
-            scratch, op = self.saved[agreed.call]
-            self._call(scratch.copy(), op, agreed.call)   # the same result: dropped
+            scratch, op, refused = self.saved[agreed.call]
+            self._call(scratch.copy(), op, agreed.call, refused)   # the same result: dropped
+
+    @property
+    def _parties(self) -> str:
+        return "host leaders" if self.status_round else "ranks"
 
     def _rebuild(self, boxes: list[str]) -> bool:
         """Leave the job and join a new one over `boxes` (none: Gloo); False
@@ -203,8 +248,8 @@ class BoxFailover:
             else:
                 if worker is not None:
                     worker.close()
-                warnings.warn(f"switchml_xdp: the ranks could not join box(es) {', '.join(boxes)} "
-                              f"({said[0]}): calls go to gloo", RuntimeWarning, stacklevel=2)
+                self._say(f"switchml_xdp: the ranks could not join box(es) {', '.join(boxes)} "
+                          f"({said[0]}): calls go to gloo")
         self._set_boxes(boxes if joined else [])
         return joined
 
@@ -234,9 +279,9 @@ class BoxFailover:
         if boxes == self.boxes:
             return
         before = self.boxes
-        warnings.warn(f"switchml_xdp: box(es) {', '.join(b for b in boxes if b not in before)} "
-                      f"answer every rank again: from swml call #{c} calls go through "
-                      f"{', '.join(boxes)}", RuntimeWarning, stacklevel=2)
+        self._say(f"switchml_xdp: box(es) {', '.join(b for b in boxes if b not in before)} "
+                  f"answer every rank again: from swml call #{c} calls go through "
+                  f"{', '.join(boxes)}")
         if not self._rebuild(boxes) and before:
             self._rebuild(before)
 
@@ -296,11 +341,26 @@ class BoxFailover:
 
 
 def failover_for(group, store: dist.Store, recipe: WorkerRecipe, timeout: datetime.timedelta,
-                 route_iface: str) -> BoxFailover | None:
-    """The group's failover, where every host has one rank; else None."""
-    if group.layout.n_hosts != group.size():
-        return None
-    rank, size, gloo_iface = group.rank(), group.size(), recipe.options.gloo_iface
-    return BoxFailover(group, store, recipe, min(max(timeout.total_seconds(), 10.0), 120.0),
-                       lambda s: open_gloo(s, rank, size, timeout, gloo_iface, route_iface),
-                       group._pipeline.submit)
+                 route_iface: str) -> BoxFailover | NoticeListener:
+    """The group's failover on a host's leader (among the hosts' leaders);
+    on the host's other ranks, what hears their leader's warnings."""
+    layout, local = group.layout, group.local
+    failover_s = min(max(timeout.total_seconds(), 10.0), 120.0)
+    if local is not None:
+        local.result_patience(result_patience(timeout.total_seconds(), failover_s))
+    if not layout.is_leader:
+        return NoticeListener(store, layout.host_index, layout.local_ranks[0])
+    party, parties, gloo_iface = layout.host_index, layout.n_hosts, recipe.options.gloo_iface
+    several = parties != group.size()
+    return BoxFailover(group, store, recipe, failover_s,
+                       lambda s: open_gloo(s, party, parties, timeout, gloo_iface, route_iface),
+                       group._pipeline.submit, party=(party, parties) if several else None,
+                       tell=HostNotices(store, party).tell if local is not None else None)
+
+
+def result_patience(timeout_s: float, failover_s: float) -> float:
+    """How long a host's ranks wait for their leader's result: the group's
+    timeout, plus what the leader's recovery may take (the agreement, a
+    join, the agreement on it, twice where a returning box fails); a leader
+    that exits is still noticed within a second (shm_local.py)."""
+    return timeout_s + 2 * (REJOIN_TIMEOUT_S + 2 * failover_s)

@@ -145,6 +145,10 @@ class LoopbackLocalGroup:
                                f"this call: {self.store.get(key).decode()}")
         self.gloo.broadcast([flat], o).wait()
 
+    def result_patience(self, seconds: float) -> None:
+        """Gloo's own timeout bounds the wait for the leader's result here:
+        a leader's recovery from a lost box must end within it."""
+
     def shutdown(self) -> None:
         self.gloo.shutdown()
 

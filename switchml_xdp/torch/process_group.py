@@ -187,14 +187,14 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         """Reduce a contiguous 1-D float32/int32 CPU tensor in place with the
         Worker's `op` over every rank: first among each host's ranks, then
         through the switch among the hosts' leaders, then shared back."""
+        through = self.failover if self.layout.is_leader else None   # box_failover.py
         if self.local is not None:
             try:
                 self.local.reduce_to_leader(flat, op.upper())
             except BaseException:
-                refuse_for_host(self.worker, flat, op)    # the call fails on every host
+                refuse_for_host(through, flat, op)    # the call fails on every host
                 raise
         error = None
-        through = getattr(self, "failover", None) or self.worker   # box_failover.py
         if through is not None:
             try:
                 through.allreduce(flat.detach().numpy(), op)

@@ -101,12 +101,18 @@ class SharedMemoryLocalGroup:
         self.local_rank = local_rank
         self.global_ranks = global_ranks
         self.timeout_s = timeout.total_seconds()
+        self.patience_s = self.timeout_s    # for the leader's result (result_patience)
         self.calls = 0                  # calls that reached share (the result or the error)
         self.chunks = 0                 # chunks this rank moved through the segment
         self._call = 0
         self._slot_tokens = [0] * seg_.SLOTS   # what this rank last put in each of its slots
         line = segment.rank_lines[local_rank]
         line[seg_.PID], line[seg_.PID_NS] = os.getpid(), _pid_namespace()
+
+    def result_patience(self, seconds: float) -> None:
+        """Wait up to `seconds` for the leader's result: a leader that
+        recovers from a lost box redoes the call first (box_failover.py)."""
+        self.patience_s = max(self.timeout_s, seconds)
 
     @property
     def is_leader(self) -> bool:
@@ -231,13 +237,14 @@ class SharedMemoryLocalGroup:
         for c, a, b in self._chunks(flat):
             tok = _token(call, c)
             self._wait_for_leader(lambda: int(leader[seg_.RESULT]) >= tok,
-                                  f"the result of local call {call}")
+                                  f"the result of local call {call}", self.patience_s)
             flat[a:b].copy_(seg.slot(0, c, flat.dtype)[:b - a])
             line[seg_.TAKEN] = tok
             seg.ring(self.local_rank)
             self.chunks += 1
 
-    def _wait_for_leader(self, ready: Callable[[], bool], what: str) -> None:
+    def _wait_for_leader(self, ready: Callable[[], bool], what: str,
+                         timeout_s: float | None = None) -> None:
         """Wait for the leader, or for its failure of this call (raised here,
         with the leader's message; taken jumps to the call's end so that the
         leader never waits for this rank on it)."""
@@ -246,7 +253,8 @@ class SharedMemoryLocalGroup:
         def failed() -> bool:
             return int(leader[seg_.FAILED_CALL]) >= self._call
 
-        self._wait(lambda: [] if ready() or failed() else [0], what, failing=False)
+        self._wait(lambda: [] if ready() or failed() else [0], what, failing=False,
+                   timeout_s=timeout_s)
         if not ready():
             line = self.segment.rank_lines[self.local_rank]
             line[seg_.TAKEN] = max(int(line[seg_.TAKEN]), _token(self._call, _CALL_END))
@@ -255,7 +263,8 @@ class SharedMemoryLocalGroup:
                                f"call: {self.segment.read_message()}")
 
     # -- waiting --------------------------------------------------------------
-    def _wait(self, missing: Callable[[], list[int]], what: str, failing: bool) -> None:
+    def _wait(self, missing: Callable[[], list[int]], what: str, failing: bool,
+              timeout_s: float | None = None) -> None:
         """Until missing() (the local ranks not there yet) is empty: a few
         yields, then asleep on the first missing rank's bell. A
         LocalGroupError naming the missing ranks on the timeout, or as soon
@@ -263,8 +272,8 @@ class SharedMemoryLocalGroup:
         as this call's failure (so the ranks that did come raise it too)."""
         if not missing():
             return
-        start = time.monotonic()
-        deadline, next_check = start + self.timeout_s, start + _LIVENESS_EVERY_S
+        start, timeout_s = time.monotonic(), timeout_s or self.timeout_s
+        deadline, next_check = start + timeout_s, start + _LIVENESS_EVERY_S
         spins = 0
         while True:
             gone = missing()
@@ -277,7 +286,7 @@ class SharedMemoryLocalGroup:
             now = time.monotonic()
             problem = None
             if now >= deadline:
-                problem = f"did not come within {self.timeout_s:g} s"
+                problem = f"did not come within {timeout_s:g} s"
             elif now >= next_check:
                 next_check = now + _LIVENESS_EVERY_S
                 if any(self._gone(r) for r in gone):
