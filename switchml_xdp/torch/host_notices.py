@@ -49,16 +49,21 @@ class NoticeListener:
 
     def _listen(self) -> None:
         while not self._stop.wait(WATCH_S):
-            try:
+            self._hear()
+
+    def _hear(self) -> None:
+        try:
+            key = str(len(self.heard) + 1)
+            while self.store.check([key]):
+                self.heard.append(self.store.get(key).decode())
+                warnings.warn(f"{self.heard[-1]} (told by this host's leader, rank "
+                              f"{self.leader})", RuntimeWarning, stacklevel=1)
                 key = str(len(self.heard) + 1)
-                while self.store.check([key]):
-                    self.heard.append(self.store.get(key).decode())
-                    warnings.warn(f"{self.heard[-1]} (told by this host's leader, rank "
-                                  f"{self.leader})", RuntimeWarning, stacklevel=1)
-                    key = str(len(self.heard) + 1)
-            except Exception:  # noqa: BLE001 - a store going away at shutdown: calls say it
-                pass
+        except Exception:  # noqa: BLE001 - a store going away at shutdown: calls say it
+            pass
 
     def close(self) -> None:
+        """Stop listening, after hearing what the leader told before."""
         self._stop.set()
         self._thread.join()
+        self._hear()

@@ -38,22 +38,15 @@ def inputs(rank: int, step: int) -> np.ndarray:
 def _rank_main(rank: int, master: str, switches: str, marks: Path) -> dict:
     import datetime
     import hashlib
-    import warnings
 
     import torch
     import torch.distributed as dist
 
     import switchml_xdp.torch as swt
+    from box_lost_lab import record_warnings
 
     torch.set_num_threads(1)
-    said = []
-    shown = warnings.showwarning
-
-    def show(message, category, *args, **kw):
-        said.append((time.time(), str(message)))
-        shown(message, category, *args, **kw)
-
-    warnings.showwarning = show
+    said = record_warnings()
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{MASTER_PORT}", rank=rank,
                             world_size=2)
     swml = dist.new_group(backend="swml", timeout=datetime.timedelta(seconds=30),
@@ -82,27 +75,13 @@ def _rank_main(rank: int, master: str, switches: str, marks: Path) -> dict:
 
 # ----------------------------------------------------------------- pytest side
 
-def _link(lab, box: int, state: str) -> float:
-    host = lab.switches[box]
-    lab.run(host, ["ip", "link", "set", "dev", host.iface, state])
-    return time.time()
-
-
-def _wait_for(path: Path, deadline: float) -> None:
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the ranks never reached {path.name}")
-        time.sleep(0.05)
-
-
 def test_training_goes_on_without_lost_boxes_and_takes_them_back(tmp_path):
     pytest.importorskip("torch", reason="PyTorch is an optional extra: pip install -e '.[torch]'")
     from requires import NO_LAB
 
     if NO_LAB:
         pytest.skip(f"lab tests: {NO_LAB}")
-    import threading
-
+    from box_lost_lab import LinkDriver
     from lab_jobs import rank_results
     from switchml_xdp.lab import Lab
     from switchml_xdp.lab.cluster import SwitchProcess
@@ -111,34 +90,18 @@ def test_training_goes_on_without_lost_boxes_and_takes_them_back(tmp_path):
         switches = ",".join(b.ip for b in lab.switches)
         placements = [(lab.workers[r], [sys.executable, __file__, str(r), lab.workers[0].ip,
                                         switches, str(tmp_path)]) for r in range(2)]
-        downs: dict[str, float] = {}
-        driver_error = []
-
-        def driver():
-            try:
-                deadline = time.monotonic() + DEADLINE_S
-                _wait_for(tmp_path / "phase0", deadline)
-                downs["box 1"] = _link(lab, 1, "down")
-                _wait_for(tmp_path / "phase1", deadline)
-                downs["box 0"] = _link(lab, 0, "down")
-                _wait_for(tmp_path / "phase2", deadline)
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                driver_error.append(e)
-            finally:
-                _link(lab, 0, "up")
-                _link(lab, 1, "up")
-
-        t = threading.Thread(target=driver)
-        t.start()
+        driver = LinkDriver(lab, tmp_path, DEADLINE_S)
+        driver.start()
         try:
             ranks = rank_results(lab, placements, DEADLINE_S,
                                  {"SWML_BOX_RETRY_CALLS": str(RETRY_CALLS)})
         finally:
-            t.join()
+            driver.join()
+    downs = driver.downs
     changes = [(s["gen"], s["boxes"], s["t"]) for i, s in enumerate(ranks[0]["steps"])
                if i == 0 or s["gen"] != ranks[0]["steps"][i - 1]["gen"]]
     print(f"[box lost] generations (gen, boxes, time): {changes}; links down at {downs}")
-    assert not driver_error, (driver_error, [(r["rank"], len(r["steps"]), r["warnings"])
+    assert not driver.error, (driver.error, [(r["rank"], len(r["steps"]), r["warnings"])
                                              for r in ranks])
     a, b = ranks[0]["steps"], ranks[1]["steps"]
     assert len(a) == len(b) and len(a) < MAX_STEPS, (len(a), len(b))
