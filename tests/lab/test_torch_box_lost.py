@@ -20,43 +20,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from box_lost_lab import (
+    AFTER_CHANGE,
+    MAX_STEPS,
+    NOTICED_S,
+    RETRY_CALLS,
+    inputs,
+    join_swml,
+    lost_warnings,
+    record_warnings,
+    run_losing_boxes,
+)
+
 MASTER_PORT = 29611
 N = 4096 * 8              # floats a step
-RETRY_CALLS = 20          # SWML_BOX_RETRY_CALLS
-MAX_STEPS = 4000
-AFTER_CHANGE = 25         # steps after a change before the next phase
-NOTICED_S = 2.0
 DEADLINE_S = 150
-
-
-def inputs(rank: int, step: int) -> np.ndarray:
-    return np.random.default_rng([rank, step]).standard_normal(N).astype(np.float32)
 
 
 # ------------------------------------------------------------------ rank side
 
 def _rank_main(rank: int, master: str, switches: str, marks: Path) -> dict:
-    import datetime
     import hashlib
 
     import torch
     import torch.distributed as dist
 
-    import switchml_xdp.torch as swt
-    from box_lost_lab import record_warnings
-
-    torch.set_num_threads(1)
     said = record_warnings()
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{MASTER_PORT}", rank=rank,
-                            world_size=2)
-    swml = dist.new_group(backend="swml", timeout=datetime.timedelta(seconds=30),
-                          pg_options=swt.SwmlOptions(switch=switches, backend="udp"))
+    swml = join_swml(rank, 2, master, MASTER_PORT, switches)
     failover = swml.failover
     steps, phase, phase_at = [], 0, 0
     for step in range(MAX_STEPS):
-        x = torch.from_numpy(inputs(rank, step))
+        x = torch.from_numpy(inputs(rank, step, N))
         dist.all_reduce(x, group=swml)
-        want = inputs(0, step).astype(np.float64) + inputs(1, step)
+        want = inputs(0, step, N).astype(np.float64) + inputs(1, step, N)
         steps.append({"sha": hashlib.sha1(x.numpy().tobytes()).hexdigest(),
                       "err": float(np.max(np.abs(x.numpy() - want))),
                       "boxes": len(failover.boxes), "gen": failover.generation,
@@ -81,28 +77,11 @@ def test_training_goes_on_without_lost_boxes_and_takes_them_back(tmp_path):
 
     if NO_LAB:
         pytest.skip(f"lab tests: {NO_LAB}")
-    from box_lost_lab import LinkDriver
-    from lab_jobs import rank_results
-    from switchml_xdp.lab import Lab
-    from switchml_xdp.lab.cluster import SwitchProcess
-
-    with Lab(workers=2, boxes=2) as lab, SwitchProcess(lab, box=0), SwitchProcess(lab, box=1):
-        switches = ",".join(b.ip for b in lab.switches)
-        placements = [(lab.workers[r], [sys.executable, __file__, str(r), lab.workers[0].ip,
-                                        switches, str(tmp_path)]) for r in range(2)]
-        driver = LinkDriver(lab, tmp_path, DEADLINE_S)
-        driver.start()
-        try:
-            ranks = rank_results(lab, placements, DEADLINE_S,
-                                 {"SWML_BOX_RETRY_CALLS": str(RETRY_CALLS)})
-        finally:
-            driver.join()
-    downs = driver.downs
+    ranks, downs, addresses = run_losing_boxes(__file__, tmp_path, 2, 1, DEADLINE_S,
+                                               RETRY_CALLS)
     changes = [(s["gen"], s["boxes"], s["t"]) for i, s in enumerate(ranks[0]["steps"])
                if i == 0 or s["gen"] != ranks[0]["steps"][i - 1]["gen"]]
     print(f"[box lost] generations (gen, boxes, time): {changes}; links down at {downs}")
-    assert not driver.error, (driver.error, [(r["rank"], len(r["steps"]), r["warnings"])
-                                             for r in ranks])
     a, b = ranks[0]["steps"], ranks[1]["steps"]
     assert len(a) == len(b) and len(a) < MAX_STEPS, (len(a), len(b))
     for step, (x, y) in enumerate(zip(a, b)):
@@ -110,17 +89,8 @@ def test_training_goes_on_without_lost_boxes_and_takes_them_back(tmp_path):
         assert x["err"] < 1e-4, (step, x)       # float32 sums, quantized or Gloo's
     path = [s["boxes"] for s in a]
     assert path[0] == 2 and 1 in path and 0 in path and path[-1] == 2, path
-    addresses = [box.ip for box in lab.switches]
     for r in ranks:
-        lost = [(t, m) for t, m in r["warnings"] if "lost at swml call" in m]
-        assert len(lost) == 2, r["warnings"]
-        assert addresses[1] in lost[0][1] and addresses[0] in lost[1][1], lost
-        assert "gloo" in lost[1][1]
-        assert any("answer every rank again" in m for _, m in r["warnings"]), r["warnings"]
-        for (t, m), box in zip(lost, ("box 1", "box 0")):
-            print(f"[box lost] rank {r['rank']} warned {(t - downs[box]) * 1000:.0f} ms after "
-                  f"{box}'s link went down: {m}")
-            assert t - downs[box] < NOTICED_S, (r["rank"], box, t - downs[box])
+        lost_warnings(r, addresses, downs, NOTICED_S, "box lost")
 
 
 if __name__ == "__main__":
