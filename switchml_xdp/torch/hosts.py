@@ -93,10 +93,11 @@ def agree_layout(store: dist.Store, rank: int, size: int, host_key: str) -> Host
 
 def refuse_for_host(worker, flat: torch.Tensor, op: str) -> None:
     """A host's ranks failed a call before its leader could stream it: the
-    leader (the rank with a Worker) still takes the call's turn on the
-    switch, with a contribution that no host's call matches, so the call
-    fails on every host too and all stay in step for the next
-    (docs/pytorch.md, "When a call fails")."""
+    leader (`worker`: its Worker, or its box failover, which refuses on the
+    boxes or in the leaders' Gloo group) still takes the call's turn, with a
+    contribution that no host's call matches, so the call fails on every
+    host too and all stay in step for the next (docs/pytorch.md, "When a
+    call fails")."""
     if worker is not None:
         with contextlib.suppress(Exception):    # the host's own error is the one raised
             worker.refuse_call(flat.numel(), str(flat.dtype).removeprefix("torch."), op)
