@@ -36,12 +36,12 @@ def check_ports(ports: Sequence[str]) -> list[str]:
 def box_address(ports: Sequence[str]) -> tuple[str, str, str]:
     """(IPv4, MAC, the interface that holds them) of the box: one port's own,
     or the bridge every port of several is a member of."""
+    if len(ports) == 1:
+        return _own_address(ports[0])
     try:
-        if len(ports) == 1:
-            return net.link_ipv4(ports[0]), net.link_mac(ports[0]), ports[0]
         masters = {p: net.link_master(p) for p in ports}
     except net.NetError as e:
-        raise DataplaneError(f"{e}; the switch answers on its address") from None
+        raise DataplaneError(str(e)) from None
     bridges = set(masters.values())
     if len(bridges) != 1 or None in bridges:
         where = ", ".join(f"{p} in {m or 'no bridge'}" for p, m in masters.items())
@@ -52,6 +52,18 @@ def box_address(ports: Sequence[str]) -> tuple[str, str, str]:
         return net.link_ipv4(bridge), net.link_mac(bridge), bridge
     except net.NetError as e:
         raise DataplaneError(f"{e}: the bridge of the box's ports holds its address") from None
+
+
+def _own_address(port: str) -> tuple[str, str, str]:
+    """box_address of a box of one port: the port's own."""
+    try:
+        mac = net.link_mac(port)
+    except net.NetError as e:   # "no interface named ...": as it is
+        raise DataplaneError(str(e)) from None
+    try:
+        return net.link_ipv4(port), mac, port
+    except net.NetError as e:
+        raise DataplaneError(f"{e}; the switch answers on its address") from None
 
 
 def port_defines(ifindexes: Sequence[int]) -> dict[str, object]:

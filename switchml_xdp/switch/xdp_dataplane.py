@@ -177,8 +177,9 @@ class XdpDataplane(Dataplane):
         pins. While the program may still be attached, the pins stay, so that
         `down` where the interface lives can finish the job."""
         did, failed = [], []
-        for port in (state or {}).get("ports") or [iface]:
-            _detach_leftover(port, state, did, failed)
+        ports = (state or {}).get("ports") or [iface]
+        for port in ports:
+            _detach_leftover(port, state, did, failed, named=len(ports) > 1)
         if failed:
             return did, failed + [f"pinned maps kept in {bpf.pin_dir(iface)}"]
         if bpf.remove_pins(bpf.pin_dir(iface)):
@@ -186,9 +187,10 @@ class XdpDataplane(Dataplane):
         return did, failed
 
 
-def _detach_leftover(iface: str, state: dict | None, did: list[str], failed: list[str]) -> None:
+def _detach_leftover(iface: str, state: dict | None, did: list[str], failed: list[str],
+                     named: bool) -> None:
     """remove_leftovers for one port of the box: what it did and could not do
-    go on `did` and `failed`."""
+    go on `did` and `failed` (naming the port where `named`: a box of several)."""
     where = _netns_names_to_try(state)
     for netns in where:
         try:
@@ -199,7 +201,7 @@ def _detach_leftover(iface: str, state: dict | None, did: list[str], failed: lis
         if att.prog_id and _is_ours(att.prog_id, state):
             try:
                 if bpf.detach(iface, netns=netns, prog_id=att.prog_id):
-                    did.append(f"detached XDP from {iface}" + where_text)
+                    did.append(f"detached XDP{f' from {iface}' if named else ''}" + where_text)
             except bpf.XdpError as e:
                 failed.append(str(e))
         elif att.prog_id:

@@ -184,7 +184,7 @@ def test_join_reply_fields(lab8, switch):
             assert rep["switch"] == {"iface": switch.iface, "ip": lab8.switch.ip,
                                      "mac": lab8.switch.mac, "port": wire.DEFAULT_PORT,
                                      "fanout": "multicast", "auth": "header",
-                                     "capacity_bps": 10 * 10**9}
+                                     "capacity_bps": 10 * 10**9, "ports": [switch.iface]}
             # The result key: the same for every rank, never the data key's.
             assert rep["auth"] == "header" and len(bytes.fromhex(rep["result_key"])) == 16
             assert rep["result_key"] == replies[0]["result_key"] != rep["key"]
