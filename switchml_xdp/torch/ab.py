@@ -43,6 +43,7 @@ from . import BACKEND_NAME, SwmlOptions  # importing the package registers the b
 # torch.distributed.init_process_group as the script would get it; an arm
 # replaces it by _ArmInit while it runs.
 _REAL_INIT = dist.init_process_group
+GLOO_SETTLE_S = 0.1   # after an arm's last barrier, before its group goes (Arm.run)
 
 
 class StepsDone(BaseException):
@@ -132,8 +133,16 @@ class Arm:
             dist.init_process_group, torch.Tensor.backward, DDP.__init__ = \
                 _REAL_INIT, real_backward, real_ddp_init
         self.result.comm_s = self._ddp_comm_s()
+        # The group goes last, once its worker threads are idle. A Gloo
+        # group's destructor joins them, holding the GIL; one still dropping
+        # a finished work (whose thread-local state holds Python objects)
+        # waits for the GIL: a deadlock, seen about once in ten runs. So the
+        # DDPs go first (the group registry still holds the group), then the
+        # barrier's work is given the GIL to finish with, then the group.
+        self.ddps.clear()
         if dist.is_initialized():
             dist.barrier()
+            time.sleep(GLOO_SETTLE_S)
             dist.destroy_process_group()
         return self.result
 
