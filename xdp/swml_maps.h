@@ -11,9 +11,29 @@
 
 /* jobs[job_id]: what the data plane needs to know of a job. Written by the
  * control plane at join, cleared at leave/abort. active == 0 means no job. */
+/* A job's way up the tree (docs/scale-out.md, "A tree of boxes"): a rack
+ * box whose job has a parent sends each round complete among its own
+ * members to the parent, as one member of the parent's job, out of its
+ * uplink. All of it from the parent's join reply and the uplink's
+ * addresses; ifindex 0: no parent (the RESULT goes to the members). */
+struct swml_uplink {
+	__u32 ifindex;       /* the uplink port */
+	__be32 parent_ip;    /* the parent box's address */
+	__be32 src_ip;       /* this box's address on the uplink */
+	__be16 parent_port;  /* the parent's data port */
+	__be16 src_port;     /* this box's data port there: the parent's RESULTs come to it */
+	__u8 parent_mac[6];  /* the next hop towards the parent */
+	__u8 src_mac[6];     /* the uplink's MAC */
+	__be16 job;          /* the job's id at the parent */
+	__be16 rank;         /* this box's rank in the parent's job */
+	__u32 auth;          /* the parent job's SWML_AUTH_* */
+	__be64 key;          /* the parent job's data key */
+	__u64 result_key[2]; /* the parent job's result key: RESULTs from above are checked */
+};
+
 struct swml_job {
 	__u32 active;
-	__u32 world;        /* ranks 0..world-1 */
+	__u32 world;        /* contributions that complete a round at this box */
 	__u32 slot_base;    /* absolute index of the job's slot 0 */
 	__u32 slot_count;   /* slots in the job's range */
 	__be64 key;         /* the data key every DATA packet of the job carries */
@@ -29,6 +49,18 @@ struct swml_job {
 	 * once a member's DATA came in on port p of the box (its place in the
 	 * port list), the ports a multicast RESULT of the job goes out of. */
 	__u64 port_mask;
+	/* The ranks that send to this box, bit r = rank r: 0..world-1 for a job
+	 * on one box; a rack box's own members, or a parent's children (each by
+	 * the lowest rank behind it) and direct members, in a tree. */
+	__u64 rank_mask;
+	struct swml_uplink up;
+};
+
+/* parent_routes[{parent's address, the job's id there}]: the local job a
+ * RESULT from a parent box belongs to (written with the job's uplink). */
+struct swml_parent_route {
+	__be32 parent_ip;
+	__u32 parent_job;
 };
 
 /* members[job_id * SWML_MAX_WORLD + rank]: the address a rank must send from,
@@ -80,6 +112,11 @@ struct swml_job_stats {
 	__u64 shadow_replies; /* retransmissions answered from a completed round */
 };
 
+/* In a slot version's flags (never on the wire): the round's result came
+ * down from the parent box. Until then a round complete at a rack box holds
+ * its partial sum, which goes up again for a member's retransmission. */
+#define SWML_SLOT_FINAL 0x80
+
 /* slots[i]: two versions of one aggregation slot, updated under its lock word.
  * Version v holds one round at a time: the round whose packets carry seq[v].
  * seen[v] == 0 means never used (the control plane zeroes a job's slots); a
@@ -93,7 +130,7 @@ struct swml_slot {
 	__u32 tag[2];   /* call tag of its first contribution (host order) */
 	__u8 op[2];     /* its op (SWML_OP_*) */
 	__s8 exp[2];    /* max block exponent over contributions */
-	__u8 flags[2];  /* OR of contributors' NONFINITE, and DISAGREE */
+	__u8 flags[2];  /* OR of contributors' NONFINITE, and DISAGREE; SWML_SLOT_FINAL */
 	__u16 pad1;
 	__s32 vals[2][SWML_K];
 };

@@ -34,6 +34,8 @@ BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX
 		 SWML_PIN_DIR "/job_stats");
 BPF_TABLE_PINNED("percpu_array", u32, struct swml_port_stats, port_stats, 1,
 		 SWML_PIN_DIR "/port_stats");
+BPF_TABLE_PINNED("hash", struct swml_parent_route, u32, parent_routes, SWML_MAX_JOBS,
+		 SWML_PIN_DIR "/parent_routes");
 
 /* The box's ports (swml_maps.h): SWML_PORTS of them, compiled in by the
  * control plane (switchml_xdp/switch/xdp_dataplane.py); one unless it says more. */

@@ -70,6 +70,7 @@ def lib() -> ct.CDLL:
         "bpf_obj_get": [ct.c_char_p],
         "bpf_map_lookup_elem": [ct.c_int, ct.c_void_p, ct.c_void_p],
         "bpf_map_update_elem": [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_uint64],
+        "bpf_map_delete_elem": [ct.c_int, ct.c_void_p],
         "bpf_prog_test_run_opts": [ct.c_int, ct.c_void_p],
     }
     for name, argtypes in sigs.items():

@@ -39,12 +39,14 @@ def map_value_size(lib, fd: int) -> int:
 
 
 class PinnedMap:
-    """An array map pinned at `path`, keyed by u32, holding `value_type`.
+    """A map pinned at `path`, keyed by u32 (or by `key`, a ctypes structure:
+    a hash map's), holding `value_type`.
 
     For a per-CPU map (`percpu=True`) lookups return one value per possible CPU,
     each slot rounded up to 8 bytes as the kernel lays them out."""
 
-    def __init__(self, path: str, value_type, percpu: bool = False):
+    def __init__(self, path: str, value_type, percpu: bool = False, key=None):
+        self.key_type = key
         self.path = path
         self.value_type = value_type
         self.percpu = percpu
@@ -76,8 +78,11 @@ class PinnedMap:
     def __exit__(self, *exc):
         self.close()
 
+    def _key(self, key):
+        return key if self.key_type is not None else ct.c_uint32(key)
+
     def lookup(self, key: int):
-        k = ct.c_uint32(key)
+        k = self._key(key)
         buf = self._buf_type() if self.percpu else self.value_type()
         err = self._lib.bpf_map_lookup_elem(self.fd, ct.byref(k), ct.byref(buf))
         if err < 0:
@@ -97,8 +102,17 @@ class PinnedMap:
         """Reset row `key` (on every CPU, for a per-CPU map)."""
         self._update(key, self._buf_type() if self.percpu else self.value_type())
 
+    def delete(self, key) -> bool:
+        """Remove a hash map's entry: False if there was none."""
+        err = self._lib.bpf_map_delete_elem(self.fd, ct.byref(self._key(key)))
+        if err == -errno.ENOENT:
+            return False
+        if err < 0:
+            raise PinnedMapError(-err, f"delete {key} in {self.path}: {os.strerror(-err)}")
+        return True
+
     def _update(self, key: int, value) -> None:
-        k = ct.c_uint32(key)
+        k = self._key(key)
         err = self._lib.bpf_map_update_elem(self.fd, ct.byref(k), ct.byref(value), BPF_ANY)
         if err < 0:
             raise PinnedMapError(-err, f"update {key} in {self.path}: {os.strerror(-err)}")

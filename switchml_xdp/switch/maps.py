@@ -24,6 +24,26 @@ PORT_STATS_FIELDS: tuple[str, ...] = dtype("swml_port_stats").names
 
 
 @dataclass(frozen=True)
+class UplinkEntry:
+    """A rack box's way up the tree for one job (struct swml_uplink): rounds
+    complete among the box's own members go to the parent box as one member
+    of the parent's job; the parent's RESULTs come back to `src_ip`:`src_port`.
+    Everything from the parent's join reply but the uplink's own addresses."""
+    ifindex: int          # the uplink port
+    parent_ip: str
+    parent_port: int      # the parent's data port
+    parent_mac: str       # the next hop towards the parent on the uplink
+    src_ip: str           # this box's address on the uplink
+    src_port: int         # this box's data port
+    src_mac: str          # the uplink's MAC
+    job_id: int           # the job's id at the parent
+    rank: int             # this box's rank in the parent's job
+    key: int              # the parent job's data key
+    result_key: bytes     # the parent job's result key (RESULTs from above are checked)
+    auth: int = wire.AUTH_HEADER
+
+
+@dataclass(frozen=True)
 class JobEntry:
     """What the data plane knows of a job (one row of the `jobs` map)."""
     world: int
@@ -37,6 +57,18 @@ class JobEntry:
     # switch and the members hold it) and what the authenticator covers.
     result_key: bytes = bytes(wire.RESULT_KEY_LEN)
     auth: int = wire.AUTH_HEADER
+    # The ranks that send to this box (bit r: rank r); None: 0..world-1. A
+    # tree's boxes name theirs: a rack box its own members (`world` of them
+    # complete a round), a parent each child by the lowest rank behind it.
+    rank_mask: int | None = None
+    uplink: UplinkEntry | None = None   # a rack box's job with a parent
+
+    @property
+    def ranks(self) -> int:
+        """The rank mask the data plane checks DATA against."""
+        if self.rank_mask is not None:
+            return self.rank_mask
+        return (1 << min(self.world, wire.MAX_WORLD)) - 1
 
     @property
     def sip_key(self) -> tuple[int, int]:
@@ -65,6 +97,14 @@ class DataplaneMaps(abc.ABC):
     @abc.abstractmethod
     def write_member(self, job_id: int, rank: int, ip: str, port: int) -> None:
         """The one address `rank` of the job may send from."""
+
+    def write_parent_route(self, parent_ip: str, parent_job: int, job_id: int) -> None:
+        """RESULTs of job `parent_job` from the parent box at `parent_ip` are
+        the local job `job_id`'s (a tree: docs/scale-out.md)."""
+        raise NotImplementedError("this data plane has no uplink: a tree of boxes needs the xdp one")
+
+    def clear_parent_route(self, parent_ip: str, parent_job: int) -> None:  # noqa: B027
+        """Forget a route of write_parent_route (no error if there is none)."""
 
     @abc.abstractmethod
     def job_active(self, job_id: int) -> bool:
@@ -99,12 +139,14 @@ class SwitchMaps(DataplaneMaps):
     def __init__(self, iface: str, k: int | None = None):
         self.dir = pin_dir(iface)
         self.Job, self.Member = ctype("swml_job"), ctype("swml_member")
+        self.Uplink, self.Route = ctype("swml_uplink"), ctype("swml_parent_route")
         self.Slot = ctype("swml_slot", k) if k else None
         self.jobs = PinnedMap(f"{self.dir}/jobs", self.Job)
         self.members = PinnedMap(f"{self.dir}/members", self.Member)
         self.counters = PinnedMap(f"{self.dir}/counters", ct.c_uint64, percpu=True)
         self.job_stats = PinnedMap(f"{self.dir}/job_stats", ctype("swml_job_stats"), percpu=True)
         self.slots = PinnedMap(f"{self.dir}/slots", self.Slot) if self.Slot else None
+        self.parent_routes = PinnedMap(f"{self.dir}/parent_routes", ct.c_uint32, key=self.Route)
         stats = f"{self.dir}/port_stats"   # not there: a data plane from before ports
         self.port_stats = (PinnedMap(stats, ctype("swml_port_stats"), percpu=True)
                            if os.path.exists(stats) else None)
@@ -115,7 +157,7 @@ class SwitchMaps(DataplaneMaps):
 
     def close(self) -> None:
         for m in (self.jobs, self.members, self.counters, self.job_stats, self.slots,
-                  self.port_stats):
+                  self.port_stats, self.parent_routes):
             if m is not None:
                 m.close()
 
@@ -123,9 +165,13 @@ class SwitchMaps(DataplaneMaps):
     def write_job(self, job_id: int, e: JobEntry) -> None:
         v = self.Job(active=1, world=e.world, slot_base=e.slot_base, slot_count=e.slot_count,
                      key=wire.key_to_be64(e.key), group_ip=wire.ip_to_be32(e.group_ip),
-                     result_port=wire.port_to_be16(e.result_port), auth=e.auth)
+                     result_port=wire.port_to_be16(e.result_port), auth=e.auth,
+                     rank_mask=e.ranks)
         v.result_key[0], v.result_key[1] = e.sip_key
         ct.memmove(v.group_mac, wire.mac_to_bytes(e.group_mac), 6)
+        if e.uplink is not None:
+            up = self.uplink_row(e.uplink)
+            ct.memmove(v.up, ct.byref(up), ct.sizeof(up))
         self.job_stats.zero(job_id)
         self.jobs.update(job_id, v)
 
@@ -137,6 +183,28 @@ class SwitchMaps(DataplaneMaps):
     def write_member(self, job_id: int, rank: int, ip: str, port: int) -> None:
         self.members.update(job_id * wire.MAX_WORLD + rank,
                             self.Member(ip=wire.ip_to_be32(ip), port=wire.port_to_be16(port)))
+
+    def uplink_row(self, u: UplinkEntry):
+        """A struct swml_uplink as the data plane reads it."""
+        up = self.Uplink(ifindex=u.ifindex, parent_ip=wire.ip_to_be32(u.parent_ip),
+                         src_ip=wire.ip_to_be32(u.src_ip),
+                         parent_port=wire.port_to_be16(u.parent_port),
+                         src_port=wire.port_to_be16(u.src_port),
+                         job=wire.port_to_be16(u.job_id), rank=wire.port_to_be16(u.rank),
+                         auth=u.auth, key=wire.key_to_be64(u.key))
+        up.result_key[0], up.result_key[1] = sip_key(u.result_key)
+        ct.memmove(up.parent_mac, wire.mac_to_bytes(u.parent_mac), 6)
+        ct.memmove(up.src_mac, wire.mac_to_bytes(u.src_mac), 6)
+        return up
+
+    def write_parent_route(self, parent_ip: str, parent_job: int, job_id: int) -> None:
+        self.parent_routes.update(self._route_key(parent_ip, parent_job), ct.c_uint32(job_id))
+
+    def clear_parent_route(self, parent_ip: str, parent_job: int) -> None:
+        self.parent_routes.delete(self._route_key(parent_ip, parent_job))
+
+    def _route_key(self, parent_ip: str, parent_job: int):
+        return self.Route(parent_ip=wire.ip_to_be32(parent_ip), parent_job=parent_job)
 
     def learnt_mac(self, job_id: int, rank: int) -> str | None:
         """The Ethernet source of the rank's last DATA packet that passed every

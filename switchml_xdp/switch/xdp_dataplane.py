@@ -46,13 +46,20 @@ class XdpDataplane(Dataplane):
     needs_root = True
 
     def __init__(self, iface: str, params: SwitchParams, mode: str | None = None,
-                 fanout: str | None = None, ports: list[str] | None = None):
+                 fanout: str | None = None, ports: list[str] | None = None,
+                 uplink: str | None = None):
         """mode: "native" or "generic"; None: native, falling back to generic
         (or the adopted data plane's mode). fanout: a name of FANOUTS; None:
         the adopted data plane's, else multicast. ports: every port of the
-        box, `iface` first (default: `iface` alone)."""
+        box, `iface` first (default: `iface` alone). uplink: a rack box's port
+        towards its parent box (docs/scale-out.md, "A tree of boxes"): the
+        program goes on it too, for the parent's RESULTs."""
         super().__init__(iface, params)
         self.ports = check_ports(ports or [iface])
+        if uplink is not None and uplink in self.ports:
+            raise DataplaneError(f"the uplink {uplink} is also a port of the box: it must be "
+                                 f"another interface, towards the parent")
+        self.uplink = uplink
         if self.ports[0] != iface:
             raise DataplaneError(f"the first port is the box's name ({iface}), not {self.ports[0]}")
         if fanout is not None and fanout not in FANOUTS:
@@ -124,7 +131,7 @@ class XdpDataplane(Dataplane):
         # The fan-out before the XDP program that marks frames for it; and,
         # going back to multicast, removed only once no XDP program marks any.
         try:
-            for port in self.ports:
+            for port in self.ports + ([self.uplink] if self.uplink else []):
                 if self._fanout == "unicast":
                     self.fanout_prog_id = bpf.tc_attach(port, self._fanout_fd, FANOUT_PROG)
                 mode = bpf.attach(port, self._prog.fd,
@@ -158,7 +165,7 @@ class XdpDataplane(Dataplane):
 
     def state(self) -> dict:
         return {**super().state(), "prog_id": self.prog_id, "fanout_prog_id": self.fanout_prog_id,
-                "ports": self.ports}
+                "ports": self.ports, "uplink": self.uplink}
 
     def _attachment(self) -> bpf.Attachment:
         try:
@@ -178,7 +185,8 @@ class XdpDataplane(Dataplane):
         `down` where the interface lives can finish the job."""
         did, failed = [], []
         ports = (state or {}).get("ports") or [iface]
-        for port in ports:
+        uplink = (state or {}).get("uplink")
+        for port in ports + ([uplink] if uplink else []):
             _detach_leftover(port, state, did, failed, named=len(ports) > 1)
         if failed:
             return did, failed + [f"pinned maps kept in {bpf.pin_dir(iface)}"]
