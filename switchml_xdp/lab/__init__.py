@@ -22,6 +22,7 @@ Modules, each on top of the ones before it:
     train_example  `swml-lab train`: DDP training in a lab, through the switch and Gloo
     box_runs    a job over the lab's boxes: a switch on each, each box's share printed
     lost_box    a box powered off mid-run (`swml-lab train --kill-box`), when ranks warned
+    racks       RacksLab: racks of workers behind uplinks to a core, a tree of boxes or flat
 The lab knows nothing of the benchmarks: `swml-lab demo` and `swml-lab vm`
 run one in a lab (switchml_xdp/bench/lab_demo.py), never the other way round.
 The same cluster in qemu VMs (`swml-lab vm`), apart from the above:

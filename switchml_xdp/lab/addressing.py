@@ -9,6 +9,9 @@
 The boxes (switch hosts) take 10.0.0.1 up to 10.0.0.{MAX_BOXES}, below the
 workers' first address (WORKER_IP_BASE), so no worker count can reach them;
 box 0 is the lab's switch (`Lab.switch`, "sw", 10.0.0.1) however many there are.
+A lab of racks (lab/racks.py) adds rack r's box in {p}-r{r}: its port "r{r}"
+on the rack's own subnet 10.0.{1+r}.0/24 and its uplink "u{r}" 10.0.0.{2+r}
+on the core's.
 
 Every name carries the prefix ("swl" + 5 hex digits unless given), so
 concurrent labs never collide and everything a lab made can be found and
@@ -119,6 +122,35 @@ def worker_host(prefix: str, i: int) -> Host:
                 f"10.0.0.{WORKER_IP_BASE + i}", _mac(0, 1, i), f"{prefix}-b{i}")
 
 
+def rack_port_host(prefix: str, r: int) -> Host:
+    """Rack r's box, its port on the rack's segment (RacksLab, lab/racks.py):
+    namespace {p}-r{r}, the first address of the rack's subnet 10.0.{1+r}.0/24.
+    MACs of group 3."""
+    return Host(f"r{r}", f"{prefix}-r{r}", f"{prefix}-r{r}", f"10.0.{1 + r}.1", _mac(0, 3, r),
+                f"{prefix}-bp{r}")
+
+
+def uplink_host(prefix: str, r: int) -> Host:
+    """Rack r's uplink to the core segment, in the rack box's namespace: the
+    core's 10.0.0.{2+r}, below the workers' base as the boxes' are. MACs of
+    group 4."""
+    return Host(f"u{r}", f"{prefix}-r{r}", f"{prefix}-u{r}", f"10.0.0.{2 + r}", _mac(0, 4, r),
+                f"{prefix}-bu{r}")
+
+
+def rack_worker_host(prefix: str, i: int, r: int, j: int) -> Host:
+    """Worker i, the j-th of rack r, on the rack's own subnet (a tree of
+    racks, lab/racks.py); worker_host(prefix, i) is the same worker on the
+    core's subnet."""
+    flat = worker_host(prefix, i)
+    return dataclasses.replace(flat, ip=f"10.0.{1 + r}.{WORKER_IP_BASE + j}")
+
+
+def rack_bridge(prefix: str, r: int) -> str:
+    """Rack r's segment (a bridge in the bridge namespace)."""
+    return f"{prefix}-rk{r}"
+
+
 def bridge_mac() -> str:
     """The bridge's own MAC."""
     return _mac(1, 0, 0)
@@ -131,6 +163,8 @@ def peer_mac(host: Host) -> str:
         return _mac(1, 0, 1 + b)
     if host.name.startswith("swp"):
         return _mac(1, 2, int(host.name[3:]))
+    if host.name[0] in "ru":   # a rack box's port or uplink
+        return _mac(1, 3 if host.name[0] == "r" else 4, int(host.name[1:]))
     return _mac(1, 1, int(host.name[1:]))
 
 
@@ -150,7 +184,7 @@ def querier_links(prefix: str) -> tuple[str, str, str]:
 
 def is_namespace_of(prefix: str, ns: str) -> bool:
     """Whether `ns` is one of the namespaces lab `prefix` makes."""
-    return re.fullmatch(rf"{re.escape(prefix)}-(br|sw|sw[1-9]|w\d+)", ns) is not None
+    return re.fullmatch(rf"{re.escape(prefix)}-(br|sw|sw[1-9]|w\d+|r\d)", ns) is not None
 
 
 def prefix_of(ns: str) -> str:
