@@ -152,3 +152,19 @@ def route_to(dst: str, port: int = 9) -> tuple[str, str]:
         oif = ipr.route("get", dst=dst)[0].get_attr("RTA_OIF")
         iface = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME")
     return local_ip, iface
+
+
+def next_hop_mac(dst: str, iface: str, netns: str | None = None) -> str:
+    """The MAC of the next hop towards `dst` out of `iface` (`dst` itself, or
+    its gateway), as the neighbour table has it: something must have spoken
+    to it lately (a TCP connection resolves it). NetError if it is not known."""
+    with _link(iface, netns) as (ipr, index):
+        routes = ipr.route("get", dst=dst)
+        gateway = routes[0].get_attr("RTA_GATEWAY") if routes else None
+        hop = gateway or dst
+        for n in ipr.get_neighbours(ifindex=index, family=socket.AF_INET):
+            mac = n.get_attr("NDA_LLADDR")
+            if n.get_attr("NDA_DST") == hop and mac:
+                return mac
+    raise NetError(f"no neighbour entry for {hop} on {iface}: the next hop towards {dst} "
+                   f"is not resolved")

@@ -21,75 +21,39 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable
 
+from .. import wire
+from .control_connection import (  # noqa: F401 - MAX_BUFFERED_OUTPUT: one of the limits named here
+    IDLE_TIMEOUT_S,
+    MAX_BUFFERED_OUTPUT,
+    Connection,
+    idle_timeout_from_env,
+)
 from .descriptors import control_connection_cap
 from .jobs import ControlError, Job, JobStartFailed, JobTable
 from .listener import Listener
 from .quiet_log import QuietLog
 from .request_fields import FieldError, validate
+from .uplink import PARENT_GRACE_S, ParentLink
 
 log = logging.getLogger("swml.control")
 
 MAX_LINE = 64 * 1024
-IDLE_TIMEOUT_S = 30.0
-IDLE_TIMEOUT_ENV = "SWML_CONTROL_IDLE_S"  # overrides IDLE_TIMEOUT_S at server start (tests)
 LINGER_S = 2.0   # how long a connection the switch closes may still drain the client's input
 MAX_CONNECTIONS_PER_IP = 128     # open control connections from one source address
 MAX_PENDING_JOINS_PER_IP = 16    # joins from one source address waiting at barriers at once
-MAX_BUFFERED_OUTPUT = 1 << 20    # bytes of replies/events queued for a client that does not read
-
-
-class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader, self.writer = reader, writer
-        peer = writer.get_extra_info("peername") or ("?", 0)
-        self.peer_ip = peer[0]
-        self.peer = f"{peer[0]}:{peer[1]}"
-        self.job: Job | None = None
-        self.rank: int | None = None
-        self.op: str | None = None  # the request being answered, echoed in replies
-        self.closing = False        # the switch ends this connection after its reply
-
-    def send(self, obj: dict) -> None:
-        if self.writer.is_closing():
-            return
-        if "event" not in obj and self.op:
-            obj = {"op": self.op, **obj}
-        self.writer.write((json.dumps(obj, separators=(",", ":")) + "\n").encode())
-        if self.writer.transport.get_write_buffer_size() > MAX_BUFFERED_OUTPUT:
-            self.drop(f"{MAX_BUFFERED_OUTPUT} bytes unread")
-
-    def drop(self, why: str) -> None:
-        """End a connection that does not read: reset it, nothing more is queued."""
-        log.warning("control connection %s dropped: %s", self.peer, why)
-        self.writer.transport.abort()
-
-    def error(self, reason: str) -> None:
-        self.send({"ok": False, "error": reason})
-
-
-def idle_timeout_from_env() -> float:
-    """IDLE_TIMEOUT_S, or the positive number of seconds in $SWML_CONTROL_IDLE_S."""
-    raw = os.environ.get(IDLE_TIMEOUT_ENV)
-    if raw is None:
-        return IDLE_TIMEOUT_S
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if not 0 < v < float("inf"):
-        log.warning("ignoring %s=%r: not a positive number of seconds; using %g s",
-                    IDLE_TIMEOUT_ENV, raw, IDLE_TIMEOUT_S)
-        return IDLE_TIMEOUT_S
-    return v
 
 
 class ControlServer:
     def __init__(self, table: JobTable, switch_info: dict, lease_s: float,
-                 status_extra: Callable[[], dict] = dict):
+                 status_extra: Callable[[], dict] = dict, parent: ParentLink | None = None):
+        """parent: a rack box's link to its parent box (uplink.py): every job
+        here is then a tree job, which starts when the parent's does."""
         self.table = table
+        self.parent = parent
+        if parent is not None:
+            parent.attach(table, self.abort, self._wake)
         self.switch_info = switch_info   # ip, mac, port: told to joiners
         self.lease_s = lease_s
         self.status_extra = status_extra
@@ -238,9 +202,13 @@ class ControlServer:
             raise ControlError(f"this connection already joined job {conn.job.name!r} as rank {conn.rank}")
         timeout = msg["timeout"]
         ip = conn.peer_ip
-        if self._pending_by_ip.get(ip, 0) >= MAX_PENDING_JOINS_PER_IP:
+        # A rack box joins for each of its ranks: counted by job (a job has at
+        # most MAX_WORLD ranks), and still within its connections' cap.
+        pending, limit = ((ip, msg["job"]), wire.MAX_WORLD) if msg["rack"] else \
+            (ip, MAX_PENDING_JOINS_PER_IP)
+        if self._pending_by_ip.get(pending, 0) >= limit:
             raise ControlError(f"too many joins from {ip} waiting at barriers "
-                               f"(limit {MAX_PENDING_JOINS_PER_IP}); try again when one completes")
+                               f"(limit {limit}); try again when one completes")
         try:
             job = self.table.join(msg, conn, ip)
         except JobStartFailed as e:
@@ -249,16 +217,17 @@ class ControlServer:
         rank = msg["rank"]
         log.info("job %s: rank %d joined from %s (%d/%d)", job.name, rank, conn.peer,
                  len(job.members), job.world)
-        self._pending_by_ip[ip] = self._pending_by_ip.get(ip, 0) + 1
+        upstream = self.parent.join_up(job, rank, msg) if self.parent else None
+        self._pending_by_ip[pending] = self._pending_by_ip.get(pending, 0) + 1
         try:
-            joined = await self._barrier(conn, job, rank, timeout)
+            joined = await self._barrier(conn, job, rank, timeout, upstream)
         except BaseException:
-            self.table.withdraw(job, rank)   # no phantom rank, whatever went wrong
+            self._withdraw(job, rank)   # no phantom rank, whatever went wrong
             raise
         finally:
-            self._pending_by_ip[ip] -= 1
-            if not self._pending_by_ip[ip]:
-                del self._pending_by_ip[ip]
+            self._pending_by_ip[pending] -= 1
+            if not self._pending_by_ip[pending]:
+                del self._pending_by_ip[pending]
         if not joined:
             return
         conn.job, conn.rank = job, rank
@@ -266,16 +235,28 @@ class ControlServer:
         reply.update(switch=self.switch_info, lease_s=self.lease_s, heartbeat_s=self.lease_s / 4)
         conn.send(reply)
 
-    async def _barrier(self, conn: Connection, job: Job, rank: int, timeout: float) -> bool:
-        """Wait until all ranks joined, the joiner hangs up, or time runs out."""
+    async def _barrier(self, conn: Connection, job: Job, rank: int, timeout: float,
+                       upstream: asyncio.Future | None = None) -> bool:
+        """Wait until all ranks joined, the joiner hangs up, or time runs out.
+        upstream: a rack box's join of the parent for this rank (None: its
+        reply came; a string: why the parent refused it)."""
         ready = self._ready.setdefault(id(job), asyncio.Event())
         if job.state != "joining":
             ready.set()
         hangup = asyncio.ensure_future(conn.reader.read(1))
         started = asyncio.ensure_future(ready.wait())
+        waits = {hangup, started}
+        if upstream is not None:
+            waits.add(upstream)
+            timeout += PARENT_GRACE_S   # the parent's own timeout, with its reason, first
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            done, _ = await asyncio.wait({hangup, started}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                done, _ = await asyncio.wait(waits, timeout=deadline - asyncio.get_running_loop().time(),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if done != {upstream} or upstream.result() is not None:
+                    break
+                waits.discard(upstream)   # the parent took this rank: wait for the others
             if job.state == "running":
                 # (Checked whatever woke us: the last rank may have come in just
                 # as the timeout fired.)
@@ -285,12 +266,14 @@ class ControlServer:
                 self.abort(job, f"rank {rank} ({job.members[rank].ip}) disconnected "
                                 f"from the switch during its join")
             missing = job.missing_ranks()
-            self.table.withdraw(job, rank)
+            self._withdraw(job, rank)
             if hangup in done:
                 # Nothing may be sent during a join: data or EOF both end it.
                 if hangup.result():
                     conn.error("request sent before the join completed; closing")
                 conn.closing = True
+            elif upstream in done and upstream.result() is not None:
+                conn.error(upstream.result())
             elif started in done:
                 conn.error(job.failure or f"job {job.name!r} ended before it started")
             else:
@@ -307,6 +290,11 @@ class ControlServer:
                     pass
             if job.state != "joining":
                 self._ready.pop(id(job), None)
+
+    def _withdraw(self, job: Job, rank: int) -> None:
+        self.table.withdraw(job, rank)
+        if self.parent is not None:
+            self.parent.withdraw(job, rank)
 
     async def _resume(self, conn: Connection, msg: dict) -> None:
         if conn.job is not None:
@@ -339,6 +327,10 @@ class ControlServer:
         conn.job = conn.rank = None
         ended = self.table.leave(job, rank)
         log.info("job %s: rank %d left%s", job.name, rank, " (job ended)" if ended else "")
+        if self.parent is not None:
+            self.parent.left(job, rank)
+            if ended:
+                self.parent.ended(job)
         conn.send({"ok": True, "job_ended": ended})
         if not ended:
             for m in job.members.values():
@@ -373,6 +365,9 @@ class ControlServer:
             return
         log.warning("job %s aborted: %s", job.name, reason)
         self.table.remove(job)
+        job.failure = job.failure or reason   # what the ranks still at its barrier are told
+        if self.parent is not None:
+            self.parent.ended(job)
         self._wake(job)
         for m in job.members.values():
             c = m.conn

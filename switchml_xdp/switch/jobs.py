@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from .. import wire
 from ..wire import AUTH_MODES
-from .maps import DataplaneMaps, JobEntry
+from .children import child_of, rank_mask, wire_members
+from .maps import DataplaneMaps, JobEntry, UplinkEntry
 from .slots import SlotPool, SlotPoolExhausted
 
 
@@ -56,6 +57,18 @@ class Member:
     conn: object = None          # the control connection, to push events on
     last_seen: float = field(default_factory=time.monotonic)
     left: bool = False
+    rack: bool = False           # behind the rack box at ip:port (a tree: children.py)
+
+
+@dataclass(frozen=True)
+class ParentPlan:
+    """How a rack box's job starts, as its parent box's join replies said
+    (docs/scale-out.md, "A tree of boxes"): the parent's window and first seq,
+    this box's ranks, and its way up."""
+    slots: int
+    seq_base: int
+    ranks: tuple[int, ...]
+    uplink: UplinkEntry
 
 
 @dataclass
@@ -106,12 +119,18 @@ class Job:
 
     def describe(self) -> dict:
         gip, gmac = self.group
-        return {"name": self.name, "id": self.id, "world": self.world, "state": self.state,
-                "protected": self.protected, "port": self.port,
-                "slot_base": self.slot_base, "slots": self.slot_count,
-                "group": {"ip": gip, "mac": gmac},
-                "members": {str(r): {"ip": m.ip, "port": m.port, "mac": m.mac, "left": m.left}
-                            for r, m in sorted(self.members.items())}}
+        out = {"name": self.name, "id": self.id, "world": self.world, "state": self.state,
+               "protected": self.protected, "port": self.port,
+               "slot_base": self.slot_base, "slots": self.slot_count,
+               "group": {"ip": gip, "mac": gmac},
+               "members": {str(r): {"ip": m.ip, "port": m.port, "mac": m.mac, "left": m.left,
+                                    **({"rack": f"{m.ip}:{m.port}"} if m.rack else {})}
+                           for r, m in sorted(self.members.items())}}
+        children = [w for w in wire_members(self.members.values()) if w.rack]
+        if children:
+            out["children"] = [{"box": w.address, "rank": w.rank, "ranks": list(w.ranks)}
+                               for w in children]
+        return out
 
 
 class JobTable:
@@ -119,8 +138,11 @@ class JobTable:
 
     def __init__(self, maps: DataplaneMaps, k: int, total_slots: int, job_slots: int,
                  on_change: Callable[[], None] = lambda: None, require_token: bool = False,
-                 initial_seq: int = 0, auth: str = "header"):
+                 initial_seq: int = 0, auth: str = "header", below_parent: bool = False):
+        """below_parent: a rack box, whose jobs start when their parent box's
+        barrier completes (start_below), not when all their ranks joined here."""
         self.maps = maps
+        self.below_parent = below_parent
         self.k = k
         self.job_slots = job_slots
         self.pool = SlotPool(total_slots)
@@ -140,6 +162,7 @@ class JobTable:
         completes the set starts the job (JobStartFailed if it cannot)."""
         name, token, world, rank = msg["job"], msg.get("token"), msg["world"], msg["rank"]
         port, ip, mac = msg["port"], msg["ip"], msg.get("mac", "")
+        rack = bool(msg.get("rack"))
         if token is None and self.require_token:
             raise ControlError("this switch takes only jobs with a token: 'token' is required")
         if ip != peer_ip:
@@ -173,17 +196,23 @@ class JobTable:
         if port != job.port:
             raise ControlError(f"job {name!r} uses UDP port {job.port}: every rank must use the same port")
         for other in job.members.values():
-            if (other.ip, other.port) == (ip, port):
+            if (other.ip, other.port) == (ip, port) and other.rack != rack:
+                raise ControlError(
+                    f"rank {other.rank} of job {name!r} joined from {ip}:{port} "
+                    f"{'behind' if other.rack else 'not behind'} a rack box, rank {rank} "
+                    f"{'behind' if rack else 'not behind'} one: an address is a rack box "
+                    f"or a worker, not both")
+            if (other.ip, other.port) == (ip, port) and not rack:
                 raise ControlError(
                     f"rank {other.rank} of job {name!r} already uses {ip}:{port}: one host is one "
                     f"member of a job (results go to one address and port); ranks that share a "
                     f"host reduce among themselves first, as the torch backend does "
                     f"(docs/pytorch.md)")
 
-        job.members[rank] = Member(rank, ip, port, mac, conn)
+        job.members[rank] = Member(rank, ip, port, mac, conn, rack=rack)
         self.jobs[name] = job
         try:
-            if len(job.members) == job.world:
+            if len(job.members) == job.world and not self.below_parent:
                 self._start(job)
             self.on_change()
         except JobStartFailed:
@@ -194,32 +223,53 @@ class JobTable:
             raise
         return job
 
-    def _start(self, job: Job) -> None:
+    def start_below(self, job: Job, plan: ParentPlan) -> None:
+        """A rack box's job starts as its parent box said (JobStartFailed
+        if it cannot): the parent's window exactly, its seq_base, this box's
+        ranks completing a round here, each round sent up (docs/scale-out.md)."""
+        if job.state != "joining":
+            return
+        missing = [r for r in plan.ranks if r not in job.members]
+        if missing or len(plan.ranks) != len(job.members):
+            self._forget(job, f"job {job.name!r} could not start: the parent box counts ranks "
+                              f"{', '.join(map(str, plan.ranks))} behind this box, "
+                              f"which has {', '.join(map(str, sorted(job.members)))}")
+            raise JobStartFailed(job, job.failure)
+        self._start(job, plan)
+
+    def _start(self, job: Job, plan: ParentPlan | None = None) -> None:
         """The barrier completed: take an id and slots, then open the data
         plane to the job (members first, the job entry last)."""
         used = {j.id for j in self.jobs.values() if j.id is not None}
         free_ids = [i for i in range(1, wire.MAX_JOBS) if i not in used]
+        want = plan.slots if plan else self.job_slots
         try:
             if not free_ids:
                 raise ControlError(f"too many concurrent jobs (limit {wire.MAX_JOBS - 1})")
             try:
-                base, count = self.pool.allocate(self.job_slots, least=min(8, self.job_slots))
+                # Below a parent, its window exactly: slot i here is slot i there.
+                base, count = self.pool.allocate(want, least=want if plan else min(8, want))
             except SlotPoolExhausted as e:
-                raise ControlError(str(e)) from None
+                raise ControlError(str(e) + (" (the parent box's window)" if plan else "")) from None
         except ControlError as e:
             self._forget(job, f"job {job.name!r} could not start: {e}")
             raise JobStartFailed(job, job.failure) from None
         job.id, job.slot_base, job.slot_count = free_ids[0], base, count
-        job.key, job.seq_base = secrets.randbits(64), self.initial_seq
+        job.key = secrets.randbits(64)
+        job.seq_base = plan.seq_base if plan else self.initial_seq
         job.result_key = secrets.token_bytes(wire.RESULT_KEY_LEN)
         try:
             # Fresh bitmaps and counts: the slots may have served an earlier job.
             self.maps.reset_slots(base, count)
-            for m in job.members.values():
-                self.maps.write_member(job.id, m.rank, m.ip, m.port)
+            members = wire_members(job.members.values())
+            for w in members:
+                self.maps.write_member(job.id, w.rank, w.ip, w.port)
             gip, gmac = job.group
-            self.maps.write_job(job.id, JobEntry(job.world, base, count, gip, gmac, job.port,
-                                                 job.key, job.result_key, AUTH_MODES[self.auth]))
+            tree = plan is not None or any(w.rack for w in members)
+            self.maps.write_job(job.id, JobEntry(
+                len(members), base, count, gip, gmac, job.port, job.key, job.result_key,
+                AUTH_MODES[self.auth], rank_mask=rank_mask(w.rank for w in members) if tree else None,
+                uplink=plan.uplink if plan else None))
         except BaseException:
             self.maps.clear_job(job.id, job.world)
             self.pool.release(base)
@@ -237,7 +287,15 @@ class JobTable:
                 "k": self.k, "slots": job.slot_count, "slot_base": job.slot_base,
                 "key": f"{job.key:016x}", "seq_base": job.seq_base,
                 "result_key": job.result_key.hex(), "auth": self.auth,
-                "group": {"ip": gip, "mac": gmac, "port": job.port}}
+                "group": {"ip": gip, "mac": gmac, "port": job.port},
+                **self._rack_reply(job, rank)}
+
+    @staticmethod
+    def _rack_reply(job: Job, rank: int) -> dict:
+        """What a rank behind a rack box is told besides: the ranks its rack
+        box speaks for and the box's rank on the wire (docs/protocol.md)."""
+        child = child_of(job.members.values(), rank) if job.members[rank].rack else None
+        return {"rack": {"ranks": list(child.ranks), "rank": child.rank}} if child else {}
 
     def withdraw(self, job: Job, rank: int) -> None:
         """A joiner gave up before the barrier completed (timeout, disconnect, error)."""
@@ -297,7 +355,8 @@ class JobTable:
         job = Job(desc["name"], desc["id"], desc["world"], desc["port"], desc["slot_base"],
                   desc["slots"], token_hash=token_hash, state="running")
         for r, m in desc["members"].items():
-            job.members[int(r)] = Member(int(r), m["ip"], m["port"], m["mac"], left=m["left"])
+            job.members[int(r)] = Member(int(r), m["ip"], m["port"], m["mac"], left=m["left"],
+                                         rack="rack" in m)
         self.pool.claim(job.slot_base, job.slot_count)
         self.jobs[job.name] = job
         return job

@@ -118,6 +118,16 @@ class Mac:
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A JSON true or false (not 0 or 1)."""
+
+    def check(self, key: str, v: object, fields: dict) -> bool:
+        if not isinstance(v, bool):
+            raise FieldError(f"'{key}' must be true or false, got {shown(v)}")
+        return v
+
+
+@dataclass(frozen=True)
 class Nullable:
     """`field`, or null (what an absent field also gives)."""
     field: Integer | Text
@@ -131,7 +141,7 @@ REQUIRED = object()   # a field without a default
 
 @dataclass(frozen=True)
 class Field:
-    kind: Integer | Seconds | Text | Ipv4 | Mac | Nullable
+    kind: Integer | Seconds | Text | Ipv4 | Mac | Flag | Nullable
     default: object = REQUIRED
 
 
@@ -154,6 +164,9 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         # A job over several boxes: every box its rank joins, as the rank
         # lists them (the same on every rank, or the join is refused).
         "boxes": Field(Nullable(Text(MAX_BOXES_LEN)), None),
+        # A rank behind the rack box at ip:port, which joins for it (a tree
+        # of boxes: docs/protocol.md, "Rack boxes").
+        "rack": Field(Flag(), False),
     },
     "resume": {"job": JOB, "token": TOKEN, "job_id": Field(Integer(1, wire.MAX_JOBS - 1)),
                "rank": Field(Integer(0, wire.MAX_WORLD - 1))},

@@ -15,7 +15,7 @@ from switchml_xdp.switch.request_fields import SCHEMAS, FieldError, validate
 GOOD = {
     "join": {"op": "join", "job": "j1", "token": "s3cret", "world": 4, "rank": 1, "port": 48864,
              "ip": "10.0.0.11", "mac": "02:5d:00:00:01:00", "k": 256, "timeout": 5,
-             "boxes": "10.0.0.1,10.0.0.2"},
+             "boxes": "10.0.0.1,10.0.0.2", "rack": True},
     "resume": {"op": "resume", "job": "j1", "token": "s3cret", "job_id": 3, "rank": 1},
     "heartbeat": {"op": "heartbeat", "token": "s3cret"},
     "leave": {"op": "leave", "token": "s3cret"},
@@ -52,6 +52,8 @@ BAD = {
             ("02:5d:00:00:01:0g", "MAC address"), (SURROGATE, "MAC address"),
             (ESCAPES, "MAC address"), (HUGE, "MAC address"), ("02:5d:00:00:01:00 ", "MAC address")],
     "boxes": [(7, "non-empty string"), ("", "non-empty string"), ("b" * 1025, "at most 1024")],
+    "rack": [(1, "true or false, got 1"), (0, "true or false, got 0"), ("true", "true or false"),
+             (None, "true or false"), ([True], "true or false")],
     "k": [(256.0, "integer, got float"), ("256", "integer, got str"), (True, "integer, got bool"),
           (0, "in 1.."), (wire.MAX_K + 1, f"in 1..{wire.MAX_K}")],
     "timeout": [(0, "(0, 600]"), ("5", "(0, 600]"), (True, "(0, 600]"), (601, "(0, 600]"),
@@ -100,9 +102,10 @@ def test_required_fields_are_required(op):
 
 
 def test_defaults_and_nulls():
-    bare = {k: v for k, v in GOOD["join"].items() if k not in ("token", "mac", "k", "timeout")}
+    bare = {k: v for k, v in GOOD["join"].items() if k not in ("token", "mac", "k", "timeout", "rack")}
     got = validate("join", bare)
     assert got["token"] is None and got["mac"] == "" and got["k"] is None and got["timeout"] == 60
+    assert got["rack"] is False
     assert validate("join", {**bare, "token": None, "k": None})["token"] is None
     assert validate("heartbeat", {"op": "heartbeat"}) == {"op": "heartbeat", "token": None}
 
