@@ -320,7 +320,9 @@ class JobTable:
         """Mark a rank gone; the job ends when all have left. True if it ended."""
         job.members[rank].left = True
         job.members[rank].conn = None
-        if all(m.left for m in job.members.values()) and len(job.members) == job.world:
+        # (A rack box's job has only its own ranks: the rest are other racks'.)
+        complete = len(job.members) == job.world or self.below_parent
+        if all(m.left for m in job.members.values()) and complete:
             self._remove(job)
             self.on_change()
             return True
