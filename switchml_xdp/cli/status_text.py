@@ -128,11 +128,33 @@ def job_lines(st: dict, j: dict, job_rate: dict | None) -> list[str]:
     for r, m in j["members"].items():
         declared = " declared" if "learnt_mac" in m else ""
         left = " (left)" if m["left"] else ""
-        lines += wrap(f"rank {r}: {m['ip']}:{m['port']} {m['mac'] or '(no MAC)'}{declared}{left}",
-                      " " * 8)
+        rack = " (behind the rack box)" if "rack" in m else ""
+        lines += wrap(f"rank {r}: {m['ip']}:{m['port']} {m['mac'] or '(no MAC)'}{declared}{left}"
+                      f"{rack}", " " * 8)
         if declared:   # --fanout unicast: where its RESULTs go, learnt from its packets
             lines += wrap(f"RESULTs to {m['learnt_mac'] or '(none learnt yet)'}", " " * 10)
+    return lines + child_lines(j)
+
+
+def tree_lines(st: dict) -> list[str]:
+    """A rack box's place in a tree of boxes: its parent, and each job's
+    rank and ranks there (docs/scale-out.md, "A tree of boxes")."""
+    tree = st.get("tree")
+    if not tree:
+        return []
+    lines = wrap(f"rack box below the parent {tree['parent']}:{tree['parent_control_port']} "
+                 f"through {tree['uplink']} ({tree['ip']})", "  ")
+    for name, j in tree["jobs"].items():
+        lines += wrap(f"job {name}: parent job {j['parent_job']}, this box its rank {j['rank']} "
+                      f"for ranks {', '.join(map(str, j['ranks']))}", "    ")
     return lines
+
+
+def child_lines(j: dict) -> list[str]:
+    """A parent's job: the rack boxes below it, each one member on the wire."""
+    return [ln for c in j.get("children") or []
+            for ln in wrap(f"rack box {c['box']}: rank {c['rank']} on the wire, for ranks "
+                           f"{', '.join(map(str, c['ranks']))}", " " * 8)]
 
 
 def port_lines(st: dict) -> list[str]:
@@ -148,7 +170,7 @@ def format_text(st: dict, show_all: bool = False) -> str:
     """One switch, in lines of at most 80 columns."""
     st = escaped_sample(st)
     rates = st.get("rates") or {}
-    lines = headline(st) + port_lines(st)
+    lines = headline(st) + tree_lines(st) + port_lines(st)
     if st["jobs"]:
         lines.append(JOB_HEAD)
         for j in st["jobs"]:

@@ -11,7 +11,7 @@ from .. import wire
 from ..switch import daemon
 from ..switch.dataplane import FANOUTS, SwitchParams
 from . import status_view
-from .common import CONTEXT, Listen, Rate, version_option
+from .common import CONTEXT, IPv4Address, Listen, Rate, version_option
 from .switch_config import config_option
 
 
@@ -68,9 +68,19 @@ def main() -> None:
               help="what this box's port carries, in bits/s (40G, 100M): a job over several "
                    "boxes gives each a share of every tensor in proportion (docs/scale-out.md) "
                    "[default: the port's link speed as the kernel reports it]")
+@click.option("--uplink", default=None, metavar="IFACE",
+              help="a rack box: its port towards the parent box (with its own IPv4 address); "
+                   "every job here joins the parent's as one member and sends each round "
+                   "complete here up (docs/scale-out.md); xdp data plane only, with --parent")
+@click.option("--parent", type=IPv4Address(), default=None, metavar="IP",
+              help="a rack box: the parent box's address, reached through --uplink")
+@click.option("--parent-control-port", type=click.IntRange(1, 65535),
+              default=wire.DEFAULT_CONTROL_PORT, show_default=True,
+              help="the parent box's control port")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
 def up(config, iface, more_ports, elements, slots, job_slots, port, control_port, dataplane, mode, fanout,
-       auth, lease, require_token, initial_seq, metrics, capacity, verbose):
+       auth, lease, require_token, initial_seq, metrics, capacity, uplink, parent,
+       parent_control_port, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C.
 
     A box with several ports: `up eth1 eth2 ...`, the ports members of one
@@ -85,13 +95,17 @@ def up(config, iface, more_ports, elements, slots, job_slots, port, control_port
     if iface is None:
         raise click.UsageError("give IFACE, or `iface = \"...\"` in the config file"
                                + (f" ({config})" if config else ""))
+    if (uplink is None) != (parent is None):
+        raise click.UsageError("a rack box needs both --uplink IFACE and --parent IP "
+                               "(or neither)")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="swml-switch: %(message)s")
     try:
         dp = daemon.make_dataplane(dataplane, iface, SwitchParams(elements, slots, port), mode,
-                                   fanout, [iface, *more_ports])
+                                   fanout, [iface, *more_ports], uplink)
         daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
-                   metrics=metrics, auth=auth, capacity_bps=capacity)
+                   metrics=metrics, auth=auth, capacity_bps=capacity,
+                   parent=(parent, parent_control_port) if parent else None)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict
 
 from .. import wire
+from ..net import NetError
 from . import descriptors
 from .capacity import capacity_bps as box_capacity_bps
 from .control import ControlServer
@@ -35,6 +36,7 @@ from .state_files import (
     take_lock,
     write_state,
 )
+from .uplink import ParentLink, uplink_port
 from .userspace import UserspaceDataplane
 from .xdp_dataplane import XdpDataplane
 
@@ -50,12 +52,17 @@ class SwitchError(RuntimeError):
 
 
 def make_dataplane(name: str, iface: str, params: SwitchParams, mode: str | None = None,
-                   fanout: str | None = None, ports: list[str] | None = None) -> Dataplane:
+                   fanout: str | None = None, ports: list[str] | None = None,
+                   uplink: str | None = None) -> Dataplane:
     """The data plane called `name` (a key of DATAPLANES); `mode`, a
-    unicast `fanout` and several `ports` (iface first) are XDP's only."""
+    unicast `fanout`, several `ports` (iface first) and a rack box's
+    `uplink` are XDP's only."""
     try:
         if name == "xdp":
-            return XdpDataplane(iface, params, mode, fanout, ports)
+            return XdpDataplane(iface, params, mode, fanout, ports, uplink)
+        if uplink is not None:
+            raise SwitchError(f"a rack box (--uplink, --parent) needs the xdp data plane; the "
+                              f"{name} data plane cannot send rounds up to a parent box")
         if ports and len(ports) > 1:
             raise SwitchError(f"a box with several ports needs the xdp data plane; the {name} "
                               f"data plane serves one interface")
@@ -95,9 +102,13 @@ class Switch:
     def __init__(self, dataplane: Dataplane, control_port: int,
                  job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S,
                  require_token: bool = False, initial_seq: int = 0, auth: str = "header",
-                 capacity_bps: int | None = None):
+                 capacity_bps: int | None = None, parent: tuple[str, int] | None = None):
         """capacity_bps: what joiners are told the box carries (switch/capacity.py;
-        None: the port's link speed, where the kernel knows it)."""
+        None: the port's link speed, where the kernel knows it). parent: a
+        rack box's parent box (address, control port), reached through the
+        data plane's uplink (docs/scale-out.md, "A tree of boxes")."""
+        self.parent = parent
+        self.link: ParentLink | None = None
         self.dp, self.iface, self.params = dataplane, dataplane.iface, dataplane.params
         if capacity_bps is not None and capacity_bps <= 0:
             raise SwitchError(f"--capacity must be above zero, got {capacity_bps}")
@@ -124,6 +135,12 @@ class Switch:
         if not 1 <= self.control_port <= 65535:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.dp.ports)
+        if self.parent is not None:
+            try:
+                self.link = ParentLink(uplink_port(self.dp.uplink), self.parent[0], self.parent[1],
+                                       self.params.port)
+            except NetError as e:
+                raise SwitchError(f"the uplink: {e}") from None
         self.capacity_bps = box_capacity_bps(self.dp.ports, self.configured_capacity_bps)
         descriptors.raise_limit()
         # Before anything is loaded: a second `up`, however close behind, stops here.
@@ -143,7 +160,8 @@ class Switch:
         maps = self.dp.open(self.ip, adopt)
         self.table = JobTable(maps, self.params.k, self.params.slots, self.job_slots,
                               on_change=self.write_state, require_token=self.require_token,
-                              initial_seq=self.initial_seq, auth=self.auth)
+                              initial_seq=self.initial_seq, auth=self.auth,
+                              below_parent=self.link is not None)
         if adopt is not None:
             self._adopt(adopt)
         self.dp.start(adopt)
@@ -165,6 +183,11 @@ class Switch:
 
     def _adopt(self, st: dict) -> None:
         running = [j for j in st.get("jobs", []) if j["state"] == "running"]
+        if self.link is not None and running:
+            # Its connections to the parent closed with it: the parent aborted them.
+            print(f"swml-switch: the previous rack box's {len(running)} job(s) on {self.iface} are "
+                  f"discarded (the parent box aborted them when it went)", file=sys.stderr)
+            running = []
         active = {j["id"] for j in running}
         for job_id in range(1, wire.MAX_JOBS):  # joins the old daemon never finished
             if job_id not in active and self.dp.maps.job_active(job_id):
@@ -210,6 +233,7 @@ class Switch:
               "require_token": self.require_token, "auth": self.auth,
               "capacity_bps": self.capacity_bps,
               "netns_inode": netns_inode(),
+              "tree": self.link.describe() if self.link else None,
               "jobs": self.table.describe() if self.table else []}
         self._wrote_state = True
         write_state(self.iface, st, self.table.token_hashes() if self.table else {})
@@ -220,13 +244,15 @@ class Switch:
         return {"counters": self.dp.maps.read_counters(), "job_stats": read_job_stats(self.dp.maps),
                 "port_stats": [{"port": p, **row} for p, row in zip(self.dp.ports, ports)],
                 "dataplane": self.dp.name,
-                "mode": self.dp.mode, "params": asdict(self.params), **self.dp.status_extra()}
+                "mode": self.dp.mode, "params": asdict(self.params),
+                "tree": self.link.describe() if self.link else None, **self.dp.status_extra()}
 
     # --- serving ---------------------------------------------------------------
     async def serve(self, ready_cb=None, metrics: tuple[str, int] | None = None) -> None:
         """metrics: (address, port) of a Prometheus endpoint to serve too (metrics.py)."""
         self.server = ControlServer(self.table, self.switch_info(), self.lease_s,
-                                    lambda: {"require_token": self.require_token, **self.status_extra()})
+                                    lambda: {"require_token": self.require_token, **self.status_extra()},
+                                    parent=self.link)
         try:
             await self.server.start(self.ip, self.control_port)
         except OSError as e:
@@ -262,12 +288,14 @@ class Switch:
 def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SLOTS,
         lease_s: float = DEFAULT_LEASE_S, require_token: bool = False,
         initial_seq: int = 0, metrics: tuple[str, int] | None = None,
-        auth: str = "header", capacity_bps: int | None = None) -> dict[str, int]:
+        auth: str = "header", capacity_bps: int | None = None,
+        parent: tuple[str, int] | None = None) -> dict[str, int]:
     """Serve until SIGINT/SIGTERM; returns the data plane's final counters.
-    metrics: (address, port) of a Prometheus endpoint to serve as well."""
+    metrics: (address, port) of a Prometheus endpoint to serve as well;
+    parent: a rack box's parent box (address, control port)."""
     t0 = time.monotonic()
     sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq, auth,
-                capacity_bps)
+                capacity_bps, parent)
     iface, params = sw.iface, sw.params
     try:
         sw.load()
@@ -284,6 +312,8 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
               f"{'' if auth == 'header' else ' and payload'}, "
               f"data {sw.ip}:{params.port}, control {sw.ip}:{control_port}"
               + (f", metrics http://{metrics[0]}:{metrics[1]}/metrics" if metrics else "")
+              + (f", below the parent box {parent[0]} through {dataplane.uplink} "
+                 f"({sw.link.port.ip})" if parent else "")
               + f") in {time.monotonic() - t0:.2f} s", flush=True)
 
     try:

@@ -252,6 +252,7 @@ class ParentLink:
             self._fail(job, f"job {job.name!r} could not start: no route from the parent: {e}")
             return
         tree.group_sock = self._join_group(replies[ranks[0]]["group"]["ip"])
+        self.table.on_change()   # the state file shows the tree
         self.wake(job)
 
     def _plan(self, replies: dict[int, dict], ranks: list[int]) -> ParentPlan:
@@ -318,6 +319,8 @@ class ParentLink:
         if tree.group_sock is not None:
             tree.group_sock.close()
         self._forget(job)
+        if tree.plan is not None:
+            self.table.on_change()
 
     def _forget(self, job: Job) -> None:
         self.jobs.pop(id(job), None)
