@@ -151,7 +151,12 @@ static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct
 	struct swml_port_stats *ps = swml_port_stats();
 	__be32 prev_ip = 0; /* what the IP checksum covers now: the frame's destination */
 	__u8 flags = 0;
-	u32 world = job->world;
+	/* The job's ranks at this box are rank_mask's bits below rank_end: all
+	 * of 0..world-1 on a box of its own, spread over 0..63 in a tree (a
+	 * rack box's members keep their ranks in the whole job; a parent's
+	 * children are ranked by their lowest). */
+	u32 world = job->rank_end;
+	__u64 ranks = job->rank_mask;
 
 	if (!ps || first >= world || first >= SWML_MAX_WORLD ||
 	    bpf_skb_load_bytes(skb, SWML_IP_DADDR_OFF, &prev_ip, sizeof(prev_ip)) ||
@@ -162,7 +167,8 @@ static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct
 	for (u32 i = 0; i < SWML_FANOUT_CHUNK; i++) {
 		if (first + i >= world)
 			break;
-		swml_copy_to(skb, job_id, first + i, &prev_ip, ps, &n);
+		if ((ranks >> ((first + i) & (SWML_MAX_WORLD - 1))) & 1)
+			swml_copy_to(skb, job_id, first + i, &prev_ip, ps, &n);
 	}
 	swml_count_n(SWML_CNT_UNICAST_COPIES, n.sent);
 	swml_count_n(SWML_CNT_UNICAST_HEADER_ONLY, flags & SWML_FLAG_HEADER_ONLY ? n.sent : 0);
@@ -196,7 +202,7 @@ int swml_fanout(struct __sk_buff *skb)
 	__u8 owner = 0;
 	bpf_skb_load_bytes(skb, SWML_SWML_OFF + __builtin_offsetof(struct swml_hdr, owner), &owner,
 			   sizeof(owner));
-	if (owner && owner <= job->world) {
+	if (owner && owner <= job->rank_end) {
 		struct swml_copies whole = {};
 		struct swml_port_stats *ps = swml_port_stats();
 		__be32 prev_ip = job->group_ip;

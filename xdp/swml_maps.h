@@ -43,8 +43,8 @@ struct swml_job {
 	/* The RESULT authenticator's key (swml_wire.h, swml_auth.h): SipHash's
 	 * k0, k1, the result key's bytes 0-7 and 8-15 read little-endian. */
 	__u64 result_key[2];
-	__u32 auth; /* SWML_AUTH_HEADER or SWML_AUTH_FULL */
-	__u32 pad;
+	__u32 auth;     /* SWML_AUTH_HEADER or SWML_AUTH_FULL */
+	__u32 rank_end; /* one past the highest rank of rank_mask (the fan-out's loop bound) */
 	/* Written by the switch program, zero from the control plane: bit p set
 	 * once a member's DATA came in on port p of the box (its place in the
 	 * port list), the ports a multicast RESULT of the job goes out of. */

@@ -46,9 +46,13 @@ struct swml_contrib {
 	__u32 tag;  /* its call tag */
 	__u8 op;    /* SWML_OP_*, checked < SWML_OP_NUM by the caller */
 	__u8 fmt;   /* SWML_FMT_*, checked by the caller (swml_op_fmt_ok) */
-	__u8 flags; /* SWML_FLAG_*: NONFINITE is kept */
+	__u8 flags; /* SWML_FLAG_*: SWML_KEPT_FLAGS are kept */
 	__s8 exp;
 };
+
+/* A contribution's flags that its round keeps: an input was NaN/Inf; and,
+ * from a rack box (a tree of boxes), its own members disagreed. */
+#define SWML_KEPT_FLAGS (SWML_FLAG_NONFINITE | SWML_FLAG_DISAGREE)
 
 /* The slot's answer to a contribution, when there is one (*res set). */
 struct swml_slot_result {
@@ -221,7 +225,7 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 		SWML_TAG(s, ver) = c->tag;
 		SWML_OP(s, ver) = op_fmt;
 		SWML_EXP(s, ver) = c->exp;
-		SWML_FLAGS(s, ver) = c->flags & SWML_FLAG_NONFINITE;
+		SWML_FLAGS(s, ver) = c->flags & SWML_KEPT_FLAGS;
 		outcome = world <= 1 ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
 	} else if (age < 0) {
 		outcome = SWML_CNT_STALE;
@@ -240,7 +244,7 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 			swml_add16(SWML_VALS(s, ver), in, k);
 			if (c->exp > SWML_EXP(s, ver))
 				SWML_EXP(s, ver) = c->exp;
-			SWML_FLAGS(s, ver) |= c->flags & SWML_FLAG_NONFINITE;
+			SWML_FLAGS(s, ver) |= c->flags & SWML_KEPT_FLAGS;
 		} else {
 			if (c->fmt == SWML_FMT_OFFSET32)
 				swml_add_pairs(SWML_VALS(s, ver), in, k);
@@ -248,7 +252,7 @@ static __always_inline int swml_slot_step(SWML_SLOT_T s, __u32 ver, __u64 bit, _
 				swml_combine(SWML_VALS(s, ver), in, k, c->op);
 			if (c->exp > SWML_EXP(s, ver))
 				SWML_EXP(s, ver) = c->exp;
-			SWML_FLAGS(s, ver) |= c->flags & SWML_FLAG_NONFINITE;
+			SWML_FLAGS(s, ver) |= c->flags & SWML_KEPT_FLAGS;
 		}
 		outcome = n >= world ? SWML_CNT_COMPLETED : SWML_CNT_AGGREGATED;
 	}

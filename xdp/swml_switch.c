@@ -11,6 +11,8 @@
  *   SWML_SWITCH_MAC_HI  its MAC: bytes 0-3 as a __u32 reads them on this host,
  *   SWML_SWITCH_MAC_LO  bytes 4-5 as a __u16 reads them
  *   SWML_FANOUT_UNICAST defined: --fanout unicast (see below)
+ *   SWML_PORTS    the box's ports (one unless more)
+ *   SWML_UPLINK   defined: a rack box with an uplink to a parent box (swml_tree.h)
  *
  * Per packet of (job, rank, slot, ver, round), after docs/design.md, "Data plane":
  *   not IPv4/UDP to our port          -> XDP_PASS (the box stays reachable)
@@ -24,6 +26,10 @@
  *                                        unicast copy to each member: XDP cannot
  *                                        clone a frame
  *   rank already in the round         -> shadow reply if complete, else drop
+ * A rack box's job with a parent (SWML_UPLINK, swml_tree.h) sends a round
+ * complete among its members up to the parent instead (and again for a
+ * member's retransmission until the parent's RESULT came down); the parent's
+ * RESULT, coming in on the uplink, goes on to the members.
  * The parse prologue is swml_parse.h (shared with the redirect program); the
  * step on the slot is swml_slot.h (shared with the user-space baseline,
  * switchml_xdp/switch/userspace_dp.c).
@@ -148,6 +154,8 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	swml_result_hdr(h, res, unicast);
 }
 
+#include "swml_tree.h"
+
 /* Sign a RESULT (its header and payload final) with the job's result key:
  * the authenticator goes in its `key` field (swml_wire.h). Under
  * SWML_AUTH_FULL the payload too, `len` bytes, a constant at each call site
@@ -226,7 +234,13 @@ static __always_inline void swml_port_count(u32 index, u64 len, int tx)
 	}
 }
 
-#if SWML_PORTS > 1
+/* A RESULT may leave by another port than its DATA came in on: a box of
+ * several ports, or a rack box, whose parent's RESULTs come in on its uplink. */
+#if SWML_PORTS > 1 || defined(SWML_UPLINK)
+#define SWML_REDIRECTS 1
+#endif
+
+#ifdef SWML_REDIRECTS
 /* ifindex -> its place in the box's port list, filled by the control plane.
  * A lookup, not a chain of compares compiled in: the verifier then knows a
  * place as one number below SWML_MAX_PORTS, not as a state per port carried
@@ -235,7 +249,7 @@ static __always_inline void swml_port_count(u32 index, u64 len, int tx)
 BPF_HASH(port_places, u32, u32, SWML_MAX_PORTS);
 #endif
 
-#if SWML_PORTS > 1 && !defined(SWML_FANOUT_UNICAST)
+#if defined(SWML_REDIRECTS) && !defined(SWML_FANOUT_UNICAST)
 /* The box's ports, filled by the control plane, each with swml_port_filter
  * as its egress program: where a multicast RESULT goes on a box with several
  * ports. Not pinned: the program holds it, and a daemon that adopts the
@@ -295,6 +309,62 @@ static __always_inline int swml_to_fanout(struct xdp_md *ctx, u32 job_id)
 }
 #endif
 
+#ifdef SWML_UPLINK
+/* A RESULT on its way down the tree (swml_tree.h): if it is the parent's
+ * for one of our jobs (parent_routes: its source address and job id), its
+ * XDP action; else -1, and the caller goes on as with any frame. Checked as
+ * a member checks a RESULT (the uplink, the ports, the length, the parent
+ * job's authenticator), then taken into the round's slot and sent on to
+ * the members as the local job's RESULT, signed with the local result key:
+ * multicast out of every port with a member, or through the unicast
+ * fan-out. */
+static __always_inline int swml_from_parent(struct xdp_md *ctx, struct ethhdr *eth,
+					    struct iphdr *ip, struct udphdr *udp,
+					    struct swml_hdr *h, void *data_end)
+{
+	struct swml_parent_route route = {.parent_ip = ip->saddr,
+					  .parent_job = bpf_ntohs(SWML_HDR(h, job))};
+	u32 *local = parent_routes.lookup(&route);
+	if (!local)
+		return -1;
+	u32 job_id = *local;
+	struct swml_job *job = jobs.lookup(&job_id);
+	__s32 *payload = (void *)(h + 1);
+	if (!job || !job->active || !job->up.ifindex || ctx->ingress_ifindex != job->up.ifindex ||
+	    udp->source != job->up.parent_port || udp->dest != job->up.src_port ||
+	    (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT)) ||
+	    SWML_HDR(h, count) != bpf_htons(SWML_K) || h->fmt == SWML_FMT_INT16 ||
+	    (h->flags & SWML_FLAG_HEADER_ONLY) ||
+	    swml_length_ok(ip, udp, payload, data_end, SWML_PAYLOAD_LEN) != SWML_CNT_RX)
+		return swml_drop(SWML_CNT_BAD_PARENT);
+	if ((void *)payload + SWML_PAYLOAD_LEN > data_end)
+		return swml_drop(SWML_CNT_BAD_PARENT); /* for the verifier: checked above */
+	if (SWML_HDR(h, key) !=
+	    swml_result_auth(job->up.result_key, job->up.auth, h, SWML_PAYLOAD_LEN))
+		return swml_drop(SWML_CNT_BAD_PARENT);
+	u32 rel_slot = bpf_ntohs(SWML_HDR(h, slot));
+	if (rel_slot >= job->slot_count)
+		return swml_drop(SWML_CNT_BAD_PARENT);
+	u32 slot_idx = job->slot_base + rel_slot;
+	struct swml_slot *s = slots.lookup(&slot_idx);
+	if (!s)
+		return swml_drop(SWML_CNT_BAD_PARENT);
+	int outcome =
+		swml_take_from_parent(s, h->flags & SWML_FLAG_SLOT_VER, bpf_ntohl(SWML_HDR(h, seq)),
+				      job->world, payload, h->exp, h->flags);
+	swml_count(outcome);
+	if (outcome != SWML_CNT_FROM_PARENT)
+		return XDP_DROP;
+	swml_down_result(eth, ip, udp, h, job, job_id);
+	swml_sign(h, job, data_end, SWML_PAYLOAD_LEN);
+#ifdef SWML_FANOUT_UNICAST
+	return swml_to_fanout(ctx, job_id);
+#else
+	return swml_to_every_port();
+#endif
+}
+#endif
+
 int swml_switch(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -315,6 +385,15 @@ int swml_switch(struct xdp_md *ctx)
 		swml_count(SWML_CNT_RX);
 		return swml_drop(SWML_CNT_BAD_IP);
 	}
+#ifdef SWML_UPLINK
+	h = (void *)(udp + 1);
+	if ((void *)(h + 1) <= data_end &&
+	    h->ver_type == ((SWML_VERSION << 4) | SWML_TYPE_RESULT)) {
+		int action = swml_from_parent(ctx, eth, ip, udp, h, data_end);
+		if (action >= 0)
+			return action;
+	}
+#endif
 	if (!swml_to_us(eth, ip)) {
 		swml_count(SWML_CNT_OTHER_HOST);
 		return XDP_PASS;
@@ -359,13 +438,13 @@ int swml_switch(struct xdp_md *ctx)
 	if (SWML_HDR(h, key) != job->key)
 		return swml_drop(SWML_CNT_BAD_KEY);
 	u32 rank = bpf_ntohs(SWML_HDR(h, rank));
-	if (rank >= job->world || rank >= SWML_MAX_WORLD)
+	if (rank >= SWML_MAX_WORLD || !((job->rank_mask >> rank) & 1))
 		return swml_drop(SWML_CNT_BAD_RANK);
 	u32 member_idx = job_id * SWML_MAX_WORLD + rank;
 	struct swml_member *m = members.lookup(&member_idx);
 	if (!m || m->ip != ip->saddr || m->port != udp->source)
 		return swml_drop(SWML_CNT_BAD_SOURCE);
-#if SWML_PORTS > 1
+#ifdef SWML_REDIRECTS
 	/* From the rank's own address: a member sits behind this port. Set
 	 * before the packet reaches its slot, so that the round it completes
 	 * (on whichever CPU) finds every member's port set; only when new (a
@@ -379,6 +458,12 @@ int swml_switch(struct xdp_md *ctx)
 		return swml_drop(SWML_CNT_BAD_SLOT);
 	if (!swml_op_fmt_ok(h->op, h->fmt))
 		return swml_drop(SWML_CNT_BAD_OP);
+#ifdef SWML_UPLINK
+	/* A 16-bit round's result is scaled at the box that completes it: a
+	 * rack box cannot send its partial up so (docs/scale-out.md). */
+	if (h->fmt == SWML_FMT_INT16 && job->up.ifindex)
+		return swml_drop(SWML_CNT_BAD_OP);
+#endif
 	u32 slot_idx = job->slot_base + rel_slot;
 	struct swml_slot *s = slots.lookup(&slot_idx);
 	if (!s)
@@ -441,6 +526,16 @@ int swml_switch(struct xdp_md *ctx)
 #endif
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return XDP_DROP;
+#ifdef SWML_UPLINK
+	if (job->up.ifindex && !(res.flags & SWML_SLOT_FINAL)) {
+		/* Complete here, not yet answered from above: up to the parent. */
+		int again = outcome == SWML_CNT_SHADOW_REPLY;
+		swml_count(again ? SWML_CNT_RESENT_UP : SWML_CNT_SENT_UP);
+		swml_up_data(eth, ip, udp, h, &job->up, &res, again);
+		return bpf_redirect(job->up.ifindex, 0);
+	}
+	res.flags &= ~SWML_SLOT_FINAL;
+#endif
 	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);
 	/* The format read again from the packet, not fmt16: with fmt16 kept
 	 * live to here, Debian 12's kernel (6.1) refused the program, its
@@ -453,7 +548,7 @@ int swml_switch(struct xdp_md *ctx)
 #ifdef SWML_FANOUT_UNICAST
 	if (outcome == SWML_CNT_COMPLETED)
 		return swml_to_fanout(ctx, job_id);
-#elif SWML_PORTS > 1
+#elif defined(SWML_REDIRECTS)
 	if (outcome == SWML_CNT_COMPLETED)
 		return swml_to_every_port();
 #endif

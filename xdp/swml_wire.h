@@ -31,7 +31,7 @@
 #define SWML_FLAG_SHADOW 0x08    /* a unicast re-send of a completed result */
 /* RESULT: contributions of this round carried different call tags or ops; the
  * result is meaningless. */
-#define SWML_FLAG_DISAGREE 0x10
+#define SWML_FLAG_DISAGREE 0x10 /* DATA from a rack box: its members' round disagreed */
 /* RESULT: the round completed, but its payload went to the round's owner only
  * (--fanout unicast and a DATA `owner`, a reduce_scatter's shard): the frame
  * ends after the swml header (count is still k), its authenticator covers
@@ -98,7 +98,7 @@
 /* What the switch did with a packet: one counter row each. The names after
  * SWML_CNT_ are what `swml-switch status` prints. Rows from SWML_CNT_TRUNCATED
  * on are the reasons a packet was dropped before it reached a slot. */
-#define SWML_CNT_RX 0           /* swml packets seen (to our port) */
+#define SWML_CNT_RX 0           /* swml DATA packets seen (to our port and address) */
 #define SWML_CNT_AGGREGATED 1   /* added into a slot, not yet complete */
 #define SWML_CNT_COMPLETED 2    /* last contribution: RESULT sent to the job's members */
 #define SWML_CNT_SHADOW_REPLY 3 /* retransmission answered from the shadow copy */
@@ -117,20 +117,31 @@
 /* of the copies above, those without the payload (SWML_FLAG_HEADER_ONLY): one
  * to every member of a round that has an owner, after the owner's whole one */
 #define SWML_CNT_UNICAST_HEADER_ONLY 12
-#define SWML_CNT_TRUNCATED 13   /* shorter than the headers or than its count */
-#define SWML_CNT_BAD_IP 14      /* IP options, fragment, or wrong length */
-#define SWML_CNT_BAD_VERSION 15 /* version nibble not SWML_VERSION */
-#define SWML_CNT_BAD_TYPE 16    /* type is not DATA */
-#define SWML_CNT_UNKNOWN_JOB 17 /* no such job */
-#define SWML_CNT_BAD_KEY 18     /* not the job's data key */
-#define SWML_CNT_BAD_RANK 19    /* rank >= world */
-#define SWML_CNT_BAD_SOURCE 20  /* source IP/port not the one registered for the rank */
-#define SWML_CNT_BAD_SLOT 21    /* slot outside the job's range */
-#define SWML_CNT_BAD_COUNT 22   /* count != k */
-#define SWML_CNT_BAD_OP 23      /* op or payload format unknown */
-#define SWML_CNT_STALE 24       /* a round older than the slot version's (replay, late copy) */
-#define SWML_CNT_BUSY 25        /* the slot stayed locked by another CPU (a stalled holder) */
-#define SWML_CNT_NUM 26
+/* A tree of boxes (docs/scale-out.md): what a rack box did with a round
+ * complete among its members (counted besides COMPLETED and SHADOW_REPLY),
+ * and with the parent's RESULTs (not DATA: outside the rx sum). */
+#define SWML_CNT_SENT_UP 13 /* its partial sum sent to the parent, as one member there */
+#define SWML_CNT_RESENT_UP \
+	14 /* a member's retransmission, not yet answered from above: the partial again */
+#define SWML_CNT_FROM_PARENT 15 /* the parent's RESULT for it, sent on to the members */
+#define SWML_CNT_PARENT_COPY 16 /* a RESULT from the parent for a round already answered: dropped */
+/* from a parent's address and job, but not its RESULT (authenticator, ports,
+ * length, round): dropped. Outside the rx sum, as the rows above. */
+#define SWML_CNT_BAD_PARENT 17
+#define SWML_CNT_TRUNCATED 18   /* shorter than the headers or than its count */
+#define SWML_CNT_BAD_IP 19      /* IP options, fragment, or wrong length */
+#define SWML_CNT_BAD_VERSION 20 /* version nibble not SWML_VERSION */
+#define SWML_CNT_BAD_TYPE 21    /* type is not DATA */
+#define SWML_CNT_UNKNOWN_JOB 22 /* no such job */
+#define SWML_CNT_BAD_KEY 23     /* not the job's data key */
+#define SWML_CNT_BAD_RANK 24    /* not a rank that sends to this box */
+#define SWML_CNT_BAD_SOURCE 25  /* source IP/port not the one registered for the rank */
+#define SWML_CNT_BAD_SLOT 26    /* slot outside the job's range */
+#define SWML_CNT_BAD_COUNT 27   /* count != k */
+#define SWML_CNT_BAD_OP 28      /* op or format unknown, or int16 into a tree */
+#define SWML_CNT_STALE 29       /* a round older than the slot version's (replay, late copy) */
+#define SWML_CNT_BUSY 30        /* the slot stayed locked by another CPU (a stalled holder) */
+#define SWML_CNT_NUM 31
 
 /* RESULT authenticator (the `key` field of a RESULT): SipHash-c-d keyed by
  * the job's 128-bit result key, which only the switch and the job's members

@@ -166,7 +166,7 @@ class SwitchMaps(DataplaneMaps):
         v = self.Job(active=1, world=e.world, slot_base=e.slot_base, slot_count=e.slot_count,
                      key=wire.key_to_be64(e.key), group_ip=wire.ip_to_be32(e.group_ip),
                      result_port=wire.port_to_be16(e.result_port), auth=e.auth,
-                     rank_mask=e.ranks)
+                     rank_mask=e.ranks, rank_end=e.ranks.bit_length())
         v.result_key[0], v.result_key[1] = e.sip_key
         ct.memmove(v.group_mac, wire.mac_to_bytes(e.group_mac), 6)
         if e.uplink is not None:

@@ -108,12 +108,12 @@ class XdpDataplane(Dataplane):
             raise DataplaneError(str(e)) from None
         self._fanout = self.requested_fanout or (adopt or {}).get("fanout") or DEFAULT_FANOUT
         defines = {**program_defines(self.params, pins, ip, mac, self._fanout),
-                   **port_defines(ifindexes)}
+                   **port_defines(ifindexes), **({"SWML_UPLINK": 1} if self.uplink else {})}
         try:
             bpf.ensure_bpffs(pins)
             # The maps are created and pinned, or re-opened where pinned already.
             self._prog = bpf.compile_program("swml_switch.c", PROG_NAME, defines)
-            if len(self.ports) > 1:
+            if len(self.ports) > 1 or self.uplink:
                 fill_ports(self._prog, ifindexes, self._fanout)
         except bpf.BpfError as e:
             raise _load_error("the switch program", e) from None

@@ -36,9 +36,9 @@ from switchml_xdp import bpf, wire
 from switchml_xdp.client.afxdp_backend import compile_redirect
 from switchml_xdp.client.control import JobInfo
 from switchml_xdp.switch.dataplane import SwitchParams
-from switchml_xdp.switch.maps import JobEntry, SwitchMaps
+from switchml_xdp.switch.maps import JobEntry, SwitchMaps, UplinkEntry
 from switchml_xdp.switch.state_files import read_state
-from switchml_xdp.switch.xdp_dataplane import program_defines
+from switchml_xdp.switch.xdp_dataplane import fill_ports, program_defines
 
 
 class Action(IntEnum):
@@ -113,6 +113,12 @@ class Job:
     key: int         # its data key
     result_key: bytes = bytes(wire.RESULT_KEY_LEN)  # what its RESULTs are signed with
     auth: int = wire.AUTH_HEADER                    # and over what
+    ranks: tuple[int, ...] = ()   # the ranks that send to this box; () = 0..world-1
+    uplink: UplinkEntry | None = None   # a rack box's job: its way to the parent
+
+    @property
+    def rank_list(self) -> tuple[int, ...]:
+        return self.ranks or tuple(range(self.world))
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,15 @@ class SwitchTester(XdpTester):
     directory of its own."""
 
     SWITCH_MAC, SWITCH_IP = "02:5e:00:00:00:01", "10.255.0.1"
+    # The ifindex BPF_PROG_TEST_RUN's frames come in on (the loopback device:
+    # the run's rx queue): a rack box's uplink in the tree's tests.
+    TEST_RUN_IFINDEX = 1
 
     def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT,
-                 ip: str = SWITCH_IP, mac: str = SWITCH_MAC, fanout: str = "multicast"):
+                 ip: str = SWITCH_IP, mac: str = SWITCH_MAC, fanout: str = "multicast",
+                 uplink: bool = False):
+        """uplink: built as a rack box with an uplink (SWML_UPLINK): its one
+        port and its uplink are both the test run's device."""
         self.k, self.slots, self.port = k, slots, port
         self.switch = Endpoint(mac, ip, port)
         # SwitchMaps finds an interface's maps by its name: a made-up name, a directory of our own.
@@ -147,9 +159,11 @@ class SwitchTester(XdpTester):
         pins = bpf.pin_dir(self.pins_name)
         bpf.ensure_bpffs(pins)
         try:
-            super().__init__(bpf.compile_program(
-                "swml_switch.c", "swml_switch",
-                program_defines(SwitchParams(k, slots, port), pins, ip, mac, fanout)))
+            defines = program_defines(SwitchParams(k, slots, port), pins, ip, mac, fanout)
+            super().__init__(bpf.compile_program("swml_switch.c", "swml_switch",
+                                                 {**defines, **({"SWML_UPLINK": 1} if uplink else {})}))
+            if uplink:
+                fill_ports(self.prog, [self.TEST_RUN_IFINDEX], fanout)
             self.maps = SwitchMaps(self.pins_name, k)
         except BaseException:
             bpf.remove_pins(pins)
@@ -165,7 +179,9 @@ class SwitchTester(XdpTester):
     def reset(self) -> None:
         """No jobs, empty slots, counters from zero."""
         for job in self._jobs.values():
-            self.maps.clear_job(job.id, job.world)
+            self.maps.clear_job(job.id, max(job.rank_list) + 1)
+            if job.uplink is not None:
+                self.maps.clear_parent_route(job.uplink.parent_ip, job.uplink.job_id)
         self._jobs.clear()
         self.maps.reset_slots(0, self.slots)
         self._baseline = self.maps.read_counters()
@@ -173,17 +189,25 @@ class SwitchTester(XdpTester):
     # --- the control plane's side -----------------------------------------------
     def add_job(self, job_id: int = 1, world: int = 2, slot_base: int = 0,
                 slot_count: int = 4, result_port: int = 40000, key: int | None = None,
-                auth: int = wire.AUTH_HEADER) -> Job:
+                auth: int = wire.AUTH_HEADER, ranks: tuple[int, ...] = (),
+                uplink: UplinkEntry | None = None) -> Job:
         """A job with every rank registered at member(job, rank), written as
         the daemon writes it (SwitchMaps); `key` its data key (default: random),
-        a random result key, RESULTs signed over what `auth` says."""
+        a random result key, RESULTs signed over what `auth` says. In a tree:
+        `ranks` the ranks that send to this box (world: their count), and a
+        rack box's `uplink`, whose parent's RESULTs are routed to the job."""
         group_ip, group_mac = wire.group_of_job(job_id)
         key = secrets.randbits(64) if key is None else key
+        if ranks:
+            world = len(ranks)
         job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port),
-                  key, secrets.token_bytes(wire.RESULT_KEY_LEN), auth)
+                  key, secrets.token_bytes(wire.RESULT_KEY_LEN), auth, tuple(ranks), uplink)
+        mask = sum(1 << r for r in ranks) if ranks else None
         self.maps.write_job(job_id, JobEntry(world, slot_base, slot_count, group_ip, group_mac,
-                                             result_port, key, job.result_key, auth))
-        for rank in range(world):
+                                             result_port, key, job.result_key, auth, mask, uplink))
+        if uplink is not None:
+            self.maps.write_parent_route(uplink.parent_ip, uplink.job_id, job_id)
+        for rank in job.rank_list:
             m = self.member(job, rank)
             self.maps.write_member(job_id, rank, m.ip, m.port)
         self._jobs[job_id] = job
@@ -236,11 +260,11 @@ class SwitchTester(XdpTester):
         exps, flags = exps or [0] * job.world, flags or [0] * job.world
         tags = tags or [0] * job.world
         fmts = fmts or [wire.FMT_INT32] * job.world
-        for rank, values in enumerate(contributions):
-            run = self.run(self.data(job, rank, slot, values, ver=ver, rnd=rnd, exp=exps[rank],
-                                     flags=flags[rank], op=op, tag=tags[rank],
-                                     fmt=fmts[rank], owner=owner))
-            if rank < job.world - 1:
+        for i, (rank, values) in enumerate(zip(job.rank_list, contributions)):
+            run = self.run(self.data(job, rank, slot, values, ver=ver, rnd=rnd, exp=exps[i],
+                                     flags=flags[i], op=op, tag=tags[i],
+                                     fmt=fmts[i], owner=owner))
+            if i < job.world - 1:
                 assert run.action == Action.DROP, f"rank {rank} of {job.world}: {run.action!r}"
         return run
 
