@@ -39,36 +39,69 @@ def run_demo(workers: int, size: int, iterations: int, warmup: int, dtype: str, 
         with contextlib.ExitStack() as stack:
             for sw in switches_on_every_box(stack, lab, ["--fanout", fanout], box_rate):
                 out(sw.ready_line)
-            procs = []
-            # The job's token, through the environment (argv is visible to every user).
-            env = {**os.environ, "SWML_TOKEN": secrets.token_hex(16)}
-            for rank, host in enumerate(lab.workers):
-                argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench",
-                        "--switch", addresses, "--job", "demo", "--rank", str(rank),
-                        "--world", str(workers), "--size", str(size), "--iterations", str(iterations),
-                        "--warmup", str(warmup), "--dtype", dtype, "--backend", backend, "--json"]
-                if verify:
-                    argv.append("--verify")
-                if rank != 0:
-                    argv.append("--quiet")
-                # rank 0 shows its progress bar on our terminal
-                procs.append(lab.popen(host, argv, env=env, stdout=subprocess.PIPE,
-                                       stderr=None if rank == 0 else subprocess.PIPE, text=True))
-            t0 = time.monotonic()
-            results, errors = [], []
-            for rank, p in enumerate(procs):
-                stdout, stderr = p.communicate(timeout=1800)
-                if p.returncode != 0:
-                    errors.append(f"rank {rank} failed: {(stderr or stdout).strip()}")
-                    continue
-                results.append(json.loads(stdout.strip().splitlines()[-1]))
-            if errors:
-                raise RuntimeError("\n".join(errors))
-            wall = time.monotonic() - t0
-        out("")
-        for line in summary(results, workers, wall):
-            out(line)
-        return results
+            return bench_every_rank(lab, lambda host: addresses, size, iterations, warmup, dtype,
+                                    backend, verify, out)
+
+
+def run_racks_demo(per_rack: list[int], layout: str, size: int, iterations: int, warmup: int,
+                   dtype: str, backend: str, verify: bool, rate: float | None,
+                   uplink_rate: float | None, loss: float | None = None,
+                   out=print) -> list[dict]:
+    """The same through racks (switchml_xdp/lab/racks.py): each rank joins its
+    rack's box (tree) or the parent across the core (flat)."""
+    from ..lab.racks import RacksLab, switches_of_the_racks
+
+    with RacksLab(None, per_rack, layout, rate_mbit=rate, uplink_rate_mbit=uplink_rate,
+                  loss=loss) as lab:
+        out(f"lab {lab.prefix}: racks of {','.join(map(str, per_rack))} workers, {layout}, "
+            f"parent {lab.switch.ip}"
+            + (f", rack boxes {', '.join(p.ip for p in lab.rack_ports)}" if layout == "tree" else "")
+            + (f", worker links {rate:g} Mbit/s" if rate else "")
+            + (f", uplinks {uplink_rate:g} Mbit/s" if uplink_rate else "")
+            + (f", {100 * loss:g}% loss on every worker link and uplink" if loss else ""))
+        with contextlib.ExitStack() as stack:
+            for sw in switches_of_the_racks(stack, lab):
+                out(sw.ready_line)
+            return bench_every_rank(lab, lambda host: lab.box_of(host).ip, size, iterations,
+                                    warmup, dtype, backend, verify, out)
+
+
+def bench_every_rank(lab, boxes_of, size: int, iterations: int, warmup: int, dtype: str,
+                     backend: str, verify: bool, out=print) -> list[dict]:
+    """`swml-worker bench` as every rank of one job, each in its worker's
+    namespace joining boxes_of(host) (its boxes' addresses); the switches
+    are up. Prints the table and the summary; returns each rank's result."""
+    workers = len(lab.workers)
+    procs = []
+    # The job's token, through the environment (argv is visible to every user).
+    env = {**os.environ, "SWML_TOKEN": secrets.token_hex(16)}
+    for rank, host in enumerate(lab.workers):
+        argv = [sys.executable, "-m", "switchml_xdp.cli.worker", "bench",
+                "--switch", boxes_of(host), "--job", "demo", "--rank", str(rank),
+                "--world", str(workers), "--size", str(size), "--iterations", str(iterations),
+                "--warmup", str(warmup), "--dtype", dtype, "--backend", backend, "--json"]
+        if verify:
+            argv.append("--verify")
+        if rank != 0:
+            argv.append("--quiet")
+        # rank 0 shows its progress bar on our terminal
+        procs.append(lab.popen(host, argv, env=env, stdout=subprocess.PIPE,
+                               stderr=None if rank == 0 else subprocess.PIPE, text=True))
+    t0 = time.monotonic()
+    results, errors = [], []
+    for rank, p in enumerate(procs):
+        stdout, stderr = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            errors.append(f"rank {rank} failed: {(stderr or stdout).strip()}")
+            continue
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    wall = time.monotonic() - t0
+    out("")
+    for line in summary(results, workers, wall):
+        out(line)
+    return results
 
 
 def summary(results: list[dict], workers: int, wall: float) -> list[str]:

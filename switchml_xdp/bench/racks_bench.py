@@ -95,17 +95,12 @@ def measure_racks(cfg: RacksConfig, layout: str, loss: float = 0.0) -> tuple[flo
     """The racks laid out as `layout`, a rack box each (tree) or none (flat)."""
     import contextlib
 
-    from ..lab.cluster import SwitchProcess
-    from ..lab.racks import RacksLab
+    from ..lab.racks import RacksLab, switches_of_the_racks
 
     with RacksLab(None, cfg.per_rack, layout, rate_mbit=cfg.rate_mbit,
                   uplink_rate_mbit=cfg.uplink_rate_mbit, loss=loss or None) as lab, \
             contextlib.ExitStack() as stack:
-        stack.enter_context(SwitchProcess(lab, ["-k", str(K)]))
-        if layout == "tree":
-            for r in range(len(lab.racks)):
-                stack.enter_context(SwitchProcess(lab, ["-k", str(K), *lab.rack_box_args(r)],
-                                                  box=1 + r))
+        switches_of_the_racks(stack, lab, ["-k", str(K)])
         return _timed(lab, _argv_of(lab, layout, cfg.size, lambda h: lab.box_of(h).ip), cfg)
 
 

@@ -13,6 +13,7 @@ from switchml_xdp.lab import LabError
 from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
 from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.loss import probability
+from switchml_xdp.lab.racks import LAYOUTS, MAX_RACKS, rack_sizes
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT
 from switchml_xdp.net import NetError
 
@@ -43,6 +44,47 @@ def box_options(f):
     f = click.option("--boxes", type=click.IntRange(1, MAX_BOXES), default=1, show_default=True,
                      help="Number of boxes (switch hosts: sw, sw1, ...) on the bridge.")(f)
     return f
+
+
+def rack_options(f):
+    """--racks, --per-rack, --uplink-rate and --layout: a lab of racks
+    (switchml_xdp/lab/racks.py); racks_of() checks them together."""
+    f = click.option("--layout", type=click.Choice(LAYOUTS), default=None,
+                     help="With --racks: tree (a rack box in every rack, a child of the parent) "
+                          "or flat (every worker on the parent across the core) [default: tree].")(f)
+    f = click.option("--uplink-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True),
+                     default=None, metavar="MBIT",
+                     help="With --racks: shape every rack's uplink to the core to MBIT Mbit/s "
+                          "each way (e.g. 4 workers at 100 behind 100: a 1:4 core).")(f)
+    f = click.option("--per-rack", default=None, metavar="N[,N..]",
+                     help="With --racks: workers in each rack, one count or one a rack "
+                          "(e.g. 2,3,4).")(f)
+    f = click.option("--racks", type=click.IntRange(1, MAX_RACKS), default=None,
+                     help="Racks of workers, each behind an uplink to a core segment with the "
+                          "parent box (docs/scale-out.md, \"A tree of boxes\").")(f)
+    return f
+
+
+def racks_of(racks: int | None, per_rack: str | None, uplink_rate: float | None = None,
+             layout: str | None = None) -> list[int] | None:
+    """Each rack's worker count, or None without --racks; a click error in one
+    line for options that do not go together."""
+    if racks is None:
+        for value, name in ((per_rack, "--per-rack"), (uplink_rate, "--uplink-rate"),
+                            (layout, "--layout")):
+            if value is not None:
+                raise click.BadParameter("only with --racks", param_hint=name)
+        return None
+    ctx = click.get_current_context()
+    for name in ("workers", "boxes", "ports", "box_rate"):
+        if ctx.params.get(name) is not None and \
+                ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.BadParameter("not with --racks (--per-rack says where the workers are)",
+                                     param_hint=f"--{name.replace('_', '-')}")
+    try:
+        return rack_sizes(racks, per_rack if per_rack is not None else "2")
+    except LabError as e:
+        raise click.BadParameter(str(e), param_hint="--per-rack") from None
 
 
 def probability_type(what: str) -> Parsed:

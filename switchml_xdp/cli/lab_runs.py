@@ -17,7 +17,7 @@ from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import allreduce_options
-from .lab_options import box_options, lab_errors, lab_options, list_of
+from .lab_options import box_options, lab_errors, lab_options, list_of, rack_options, racks_of
 
 
 @click.command()
@@ -29,16 +29,29 @@ from .lab_options import box_options, lab_errors, lab_options, list_of
 @click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
               help="the switch's `--fanout`; with unicast the lab carries no multicast from the "
                    "switch, as a cloud VPC")
+@rack_options
 def demo(workers, prefix, rate, boxes, ports, box_rate, size, iterations, warmup, dtype, backend, verify,
-         fanout):
+         fanout, racks, per_rack, uplink_rate, layout):
     """Switch + WORKERS workers in a lab, running an allreduce benchmark
-    (with --boxes: one job over every box, and each box's share printed).
+    (with --boxes: one job over every box, and each box's share printed;
+    with --racks: one job through a tree of boxes, or flat on the parent).
 
     Every argument is checked before anything is built."""
-    from switchml_xdp.bench.lab_demo import run_demo
+    from switchml_xdp.bench.lab_demo import run_demo, run_racks_demo
 
     if prefix:
         raise click.BadParameter("demo makes a fresh lab each run", param_hint="--prefix")
+    sizes = racks_of(racks, per_rack, uplink_rate, layout)
+    if sizes is not None:
+        if fanout != DEFAULT_FANOUT:
+            raise click.BadParameter("not with --racks", param_hint="--fanout")
+        with lab_errors():
+            try:
+                run_racks_demo(sizes, layout or "tree", size, iterations, warmup, dtype, backend,
+                               verify, rate, uplink_rate, out=click.echo)
+            except RuntimeError as e:
+                raise click.ClickException(str(e)) from None
+        return
     if workers > wire.MAX_WORLD:
         raise click.BadParameter(f"a job has at most {wire.MAX_WORLD} ranks", param_hint="--workers")
     with lab_errors():

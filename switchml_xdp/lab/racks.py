@@ -32,6 +32,7 @@ segments are the lab's, lossless.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 
@@ -261,6 +262,18 @@ class RacksLab(Lab):
         if self.layout == "tree":
             shape_per_source(br, net.link_index(self.switch.peer, self.bridge_ns), up_rate,
                              [u.ip for u in self.uplinks], q)
+
+
+def switches_of_the_racks(stack: contextlib.ExitStack, lab: RacksLab,
+                          args: Sequence[str] = ()) -> list:
+    """`swml-switch up ARGS` on the parent and, tree, on every rack box as its
+    child (each a cluster.SwitchProcess, stopped when `stack` closes)."""
+    from .cluster import SwitchProcess
+
+    boxes = range(len(lab.racks)) if lab.layout == "tree" else ()
+    return [stack.enter_context(SwitchProcess(lab, list(args))),
+            *(stack.enter_context(SwitchProcess(lab, [*args, *lab.rack_box_args(r)], box=1 + r))
+              for r in boxes)]
 
 
 def open_lab(prefix: str) -> Lab:

@@ -28,7 +28,7 @@ from frames import endpoint, udp_frame
 from lab_jobs import run_job, skip_without_afxdp
 from switchml_xdp.lab import netns
 from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
-from switchml_xdp.lab.racks import RacksLab
+from switchml_xdp.lab.racks import RacksLab, switches_of_the_racks
 
 SIZE = 40_000          # elements: 157 packets a rank at k=256
 UPLINK_MBIT = 20.0     # slow enough to measure from Python
@@ -203,12 +203,6 @@ def _tree_job(lab, job: str, backend: str = "udp") -> list:
         np.testing.assert_array_equal(r, sum(data))
 
 
-def _tree_switches(stack, lab) -> list[SwitchProcess]:
-    parent = stack.enter_context(SwitchProcess(lab))
-    return [parent, *(stack.enter_context(SwitchProcess(lab, lab.rack_box_args(r), box=1 + r))
-                      for r in range(len(lab.racks)))]
-
-
 @needs_tree
 @pytest.mark.parametrize("per_rack, loss", [("2,2", None), ("2,3", None), ("2,2", "1%")],
                          ids=["2x2", "uneven-2,3", "2x2-loss-1%"])
@@ -216,7 +210,7 @@ def test_the_tree_reduces_exactly(per_rack, loss):
     import contextlib
 
     with RacksLab(None, per_rack, "tree", loss=loss) as lab, contextlib.ExitStack() as stack:
-        _tree_switches(stack, lab)
+        switches_of_the_racks(stack, lab)
         _tree_job(lab, f"tree-{per_rack.replace(',', '-')}")
         if loss:
             counters = lab.loss_counters(lab.uplinks)
@@ -230,7 +224,7 @@ def test_the_workers_of_a_rack_join_only_their_rack_box():
     import contextlib
 
     with RacksLab(2, 2, "tree") as lab, contextlib.ExitStack() as stack:
-        _tree_switches(stack, lab)
+        switches_of_the_racks(stack, lab)
         _tree_job(lab, "only-their-box")
         parent = json.dumps(_status(lab, lab.switch))
         racks = [json.dumps(_status(lab, p)) for p in lab.rack_ports]
