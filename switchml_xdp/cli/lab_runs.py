@@ -13,6 +13,7 @@ import click
 from switchml_xdp import wire
 from switchml_xdp.lab.addressing import MAX_BOXES
 from switchml_xdp.lab.box_ports import MAX_PORTS
+from switchml_xdp.lab.racks import MAX_RACKS
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
@@ -181,8 +182,17 @@ def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, por
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter"]), default="allreduce",
               show_default=True, help="what is timed; reduce_scatter: each rank keeps its shard "
               "(with --fanout unicast the switch sends each rank only its shard's sums)")
+@click.option("--racks", type=click.IntRange(1, MAX_RACKS), default=None,
+              help="Instead of the sweep: racks of --per-rack workers (docs/scale-out.md, \"A tree "
+                   "of boxes\"), three rows for the same bytes: one rack alone, the tree, the "
+                   "same racks flat on the parent; a tree row more for each --loss after 0 "
+                   "[--rate default: 100]")
+@click.option("--per-rack", default=None, metavar="N[,N..]",
+              help="With --racks: workers in each rack, one count or one a rack (e.g. 2,3,4)")
+@click.option("--uplink-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
+              metavar="MBIT", help="With --racks: every rack's uplink, each way [default: unshaped]")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, wait_quiet, fanout, boxes, box_rate, ports, collective):
+          env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -194,6 +204,10 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
 
     from switchml_xdp.bench import lab_bench
     from switchml_xdp.bench.allreduce_bench import parse_size
+
+    if racks_of(racks, per_rack, uplink_rate) is not None:
+        _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir)
+        return
 
     bad = [s for s in systems if s not in lab_bench.SYSTEMS]
     if bad:
@@ -231,6 +245,44 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)
+
+
+# What a sweep has that the racks' rows do not take (bench --racks).
+NOT_WITH_RACKS = ("workers", "queue", "ks", "systems", "job_slots", "no_check", "env", "fanout",
+                  "boxes", "box_rate", "ports", "collective")
+
+
+def _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses,
+                 out_dir) -> None:
+    """`swml-lab bench --racks`: bench/racks_bench.py's rows."""
+    import time
+
+    from switchml_xdp.bench.allreduce_bench import parse_size
+    from switchml_xdp.bench.racks_bench import RacksConfig, run_racks_bench
+
+    ctx = click.get_current_context()
+    for name in NOT_WITH_RACKS:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.BadParameter("not with --racks", param_hint=f"--{name.replace('_', '-')}")
+    sizes = racks_of(racks, per_rack, uplink_rate)
+    try:
+        size_bytes = parse_size(size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--size") from None
+    if ctx.get_parameter_source("losses") != click.core.ParameterSource.COMMANDLINE:
+        losses = (0.0,)
+    out = Path(out_dir or f"swml-lab-bench-racks-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = RacksConfig(sizes, rate or 100.0, uplink_rate, size_bytes, iterations, warmup,
+                      (0.0, *(p for p in losses if p)), str(out / "racks_bench.json"),
+                      str(out / "racks_bench.png"),
+                      "swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
+    with lab_errors():
+        try:
+            run_racks_bench(cfg, out=click.echo)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+    click.echo(f"rows: {cfg.json_path}")
 
 
 # The same in qemu VMs: the VMs in switchml_xdp/lab/vm.py, the run in switchml_xdp/bench/lab_demo.py.

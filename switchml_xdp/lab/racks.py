@@ -67,6 +67,8 @@ def rack_sizes(racks: int | None, per_rack: int | str | Sequence[int]) -> list[i
             per_rack = [int(x) for x in per_rack.split(",")]
         except ValueError:
             raise LabError(f"per-rack must be a count or counts like 2,3,4, not {per_rack!r}") from None
+        if len(per_rack) == 1:   # one count for every rack
+            per_rack = per_rack[0]
     if isinstance(per_rack, int) and not isinstance(per_rack, bool):
         sizes = [per_rack] * (1 if racks is None else racks)
     else:
