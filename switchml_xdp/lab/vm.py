@@ -89,10 +89,13 @@ class VmLab:
     """A switch VM and `workers` worker VMs; a context manager (see the module)."""
 
     def __init__(self, workers: int = 2, accel: str = "auto",
-                 switch_args: tuple[str, ...] = (), out=print, box_ports: int = 1):
+                 switch_args: tuple[str, ...] = (), out=print, box_ports: int = 1,
+                 tree: bool = False):
         """box_ports: the switch VM serves as a box with that many ports, its
         NIC and box_ports - 1 veths, members of one bridge that holds its
-        address (vm_guest.sh); the workers reach it through the NIC."""
+        address (vm_guest.sh); the workers reach it through the NIC. tree:
+        the switch VM's box is a rack box whose parent box runs in a
+        namespace of the same VM, behind a veth uplink (vm_guest.sh)."""
         if not 1 <= workers <= 64:
             raise LabError(f"workers must be 1..64 (a job's members), not {workers}")
         self.prefix = new_prefix()
@@ -100,6 +103,7 @@ class VmLab:
         self.wanted_accel = accel
         self.switch_args = tuple(switch_args)
         self.box_ports = box_ports
+        self.tree = tree
         self.out = out
         self.accel = ""
         self.accel_reason = ""
@@ -217,6 +221,7 @@ class VmLab:
             "SWML_SWITCH_ARGS": " ".join(map(shlex.quote, self.switch_args)),
             "SWML_BENCH_ARGS": " ".join(map(shlex.quote, bench_args)),
             "SWML_TOKEN": token, "SWML_WAIT_S": STEP_TIMEOUT_S, "SWML_BOX_PORTS": self.box_ports,
+            "SWML_TREE": int(self.tree),
         }
         text = "".join(f"{k}={shlex.quote(str(v))}\n" for k, v in env.items())
         path = self.run_dir / f"{vm.name}.env"

@@ -74,12 +74,36 @@ box_ports() {
   echo "$ports"
 }
 
+# A rack box (SWML_TREE=1, docs/scale-out.md): its parent box runs in
+# namespace swcore of this VM, behind veth uplink0 (10.98.0.2) - core0
+# (10.98.0.1), natively in XDP on both ends; prints the rack box's options.
+tree_parent() {
+  local out=$share/$vm.parent.out
+  ip netns add swcore || finish 2
+  ip link add uplink0 type veth peer name core0 || finish 2
+  ip link set core0 netns swcore || finish 2
+  ip addr add 10.98.0.2/24 dev uplink0
+  ip link set uplink0 up
+  ip netns exec swcore ip addr add 10.98.0.1/24 dev core0
+  ip netns exec swcore ip link set core0 up
+  ip netns exec swcore ip link set lo up
+  ip netns exec swcore "$SWML_PYTHON" -m switchml_xdp.cli.switch up core0 --mode native \
+    >"$out" 2>&1 &
+  local deadline=$((SECONDS + SWML_WAIT_S))
+  until grep -q ' up on ' "$out"; do
+    [ $SECONDS -lt $deadline ] || { say "parent not up after ${SWML_WAIT_S} s:"; cat "$out" >&2; finish 1; }
+    sleep 0.5
+  done
+  echo "--uplink uplink0 --parent 10.98.0.1"
+}
+
 run_switch() {
-  local out=$share/$vm.switch.out pid ports
+  local out=$share/$vm.switch.out pid ports tree=""
   ports=$(box_ports)
+  [ "${SWML_TREE:-0}" = 1 ] && tree=$(tree_parent)
   # --mode native: no silent fallback to generic XDP; this lab is about virtio's native path.
   # shellcheck disable=SC2086  # SWML_SWITCH_ARGS, ports: words on purpose
-  "$SWML_PYTHON" -m switchml_xdp.cli.switch up $ports --mode native $SWML_SWITCH_ARGS \
+  "$SWML_PYTHON" -m switchml_xdp.cli.switch up $ports --mode native $SWML_SWITCH_ARGS $tree \
     >"$out" 2>&1 &
   pid=$!
   local deadline=$((SECONDS + SWML_WAIT_S))
@@ -92,7 +116,7 @@ run_switch() {
   grep ' up on ' "$out" | publish ready
   say "$(cat "$share/$vm.ready")"
   wait_for stop
-  "$SWML_PYTHON" -m switchml_xdp.cli.switch status --json | publish status.json
+  "$SWML_PYTHON" -m switchml_xdp.cli.switch status "$SWML_IFACE" --json | publish status.json
   kill -TERM $pid
   wait $pid
   finish $?

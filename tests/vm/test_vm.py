@@ -65,13 +65,15 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
     assert prefix.startswith("swv")
 
 
-def _serve_one_worker_vm(capsys, switch_args: tuple[str, ...], box_ports: int = 1) -> dict:
+def _serve_one_worker_vm(capsys, switch_args: tuple[str, ...], box_ports: int = 1,
+                         tree: bool = False) -> dict:
     """A switch VM (`swml-switch up ... SWITCH_ARGS`) and one worker VM that
     reduces through it and checks every result; the switch's status."""
     from switchml_xdp.lab.vm import VmLab
 
     lines = []
-    with VmLab(workers=1, switch_args=switch_args, out=lines.append, box_ports=box_ports) as lab:
+    with VmLab(workers=1, switch_args=switch_args, out=lines.append, box_ports=box_ports,
+               tree=tree) as lab:
         results = lab.bench(size="16KiB", iterations=2, warmup=1, dtype="float32", verify=True)
         status = lab.switch_status()
     with capsys.disabled():
@@ -91,6 +93,21 @@ def test_the_unicast_fanout_loads_and_serves_on_debian_12_s_kernel(capsys):
     c = switch["counters"]
     assert switch["fanout"] == "unicast" and c["unicast_copies"] >= c["completed"] > 0, c
     assert c["unicast_no_meta"] == c["unicast_clone_failed"] == 0, c
+
+
+@needs_vms
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fanout", ["multicast", "unicast"])
+def test_a_rack_box_and_its_parent_serve_a_worker_vm_on_debian_12_s_kernel(capsys, fanout):
+    """The rack box's build of the switch program (xdp/swml_tree.h: a round
+    up to the parent out of the uplink, the parent's RESULT down to the
+    members) passes Debian 12's verifier (6.1); with its parent in the same
+    VM behind a veth, the tree serves the worker VM exactly, every round
+    going up and coming down."""
+    switch = _serve_one_worker_vm(capsys, ("--fanout", fanout), tree=True)
+    c = switch["counters"]
+    assert c["sent_up"] == c["completed"] > 0, c
+    assert c["from_parent"] >= c["completed"] and c["bad_parent"] == 0, c
 
 
 @needs_vms
