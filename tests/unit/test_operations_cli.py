@@ -279,16 +279,16 @@ def captured_up(monkeypatch):
     """`swml-switch up` without a switch: what it would have run."""
     seen = {}
 
-    def make_dataplane(name, iface, params, mode, fanout, ports):
+    def make_dataplane(name, iface, params, mode, fanout, ports, uplink=None):
         seen.update(dataplane=name, iface=iface, params=params, mode=mode, fanout=fanout,
-                    ports=ports)
+                    ports=ports, uplink=uplink)
         return object()
 
     def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None,
-            auth="header", capacity_bps=None):
+            auth="header", capacity_bps=None, parent=None):
         seen.update(control_port=control_port, job_slots=job_slots, lease=lease,
                     require_token=require_token, initial_seq=initial_seq, metrics=metrics,
-                    auth=auth, capacity_bps=capacity_bps)
+                    auth=auth, capacity_bps=capacity_bps, parent=parent)
         return {}
 
     monkeypatch.setattr(switch_cli.daemon, "make_dataplane", make_dataplane)

@@ -62,3 +62,23 @@ def test_status_shows_a_parents_rack_boxes():
     assert "rank 1: 10.0.100.20" in text and "rank 1: 10.0.100.20:48864 (no MAC) (behind" not in text
     assert f"        rack box 10.0.100.11:{wire.DEFAULT_PORT}: rank 0 on the wire, for ranks 0, 2" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_rack_box_from_the_command_line_and_from_a_config_file(tmp_path, monkeypatch):
+    from switchml_xdp.cli import switch_config
+
+    seen = {}
+    monkeypatch.setattr(switch_cli.daemon, "make_dataplane",
+                        lambda *a, **kw: seen.update(uplink=a[6]) or object())
+    monkeypatch.setattr(switch_cli.daemon, "run", lambda *a, **kw: seen.update(parent=kw["parent"]))
+    monkeypatch.setattr(switch_config, "DEFAULT_CONFIG", "/nonexistent/swml/switch.toml")
+    r = CliRunner().invoke(switch_cli.main, ["up", "eth1", "--uplink", "eth2", "--parent",
+                                             "10.0.100.1", "--parent-control-port", "4000"])
+    assert r.exit_code == 0 and seen == {"uplink": "eth2", "parent": ("10.0.100.1", 4000)}, r.output
+    cfg = tmp_path / "switch.toml"
+    cfg.write_text('iface = "eth1"\nuplink = "eth2"\nparent = "10.0.100.1"\n')
+    r = CliRunner().invoke(switch_cli.main, ["up", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert seen == {"uplink": "eth2", "parent": ("10.0.100.1", wire.DEFAULT_CONTROL_PORT)}
+    r = CliRunner().invoke(switch_cli.main, ["up", "eth1"])
+    assert r.exit_code == 0 and seen["parent"] is None and seen["uplink"] is None
