@@ -24,10 +24,12 @@ class Raw:
     """A hand-driven control connection from a worker's namespace. Reads are
     line-exact (no file object: those cannot be read after a timeout)."""
 
-    def __init__(self, lab, host=None, port: int = wire.DEFAULT_CONTROL_PORT):
+    def __init__(self, lab, host=None, port: int = wire.DEFAULT_CONTROL_PORT,
+                 box_ip: str | None = None):
+        """box_ip: the box to connect to (default: the lab's switch)."""
         self.host = host or lab.workers[0]
         with lab.enter(self.host):
-            self.sock = socket.create_connection((lab.switch.ip, port), timeout=5)
+            self.sock = socket.create_connection((box_ip or lab.switch.ip, port), timeout=5)
         self.buf = b""
 
     def send(self, obj) -> None:
