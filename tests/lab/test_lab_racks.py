@@ -3,8 +3,8 @@ behind uplinks to a core with the parent box, as a tree of boxes or flat.
 The topology builds and goes without a trace; the uplinks' shapers hold
 each way, on every path a frame takes (the stack's, and past the uplink's
 qdisc as the rack box's XDP program sends); flat, every worker a member of
-the parent's job across the core, reduces exactly. With the daemon's
---uplink/--parent: the tree reduces exactly (even and uneven racks, with
+the parent's job across the core, reduces exactly. The tree (rack boxes
+started with --uplink/--parent) reduces exactly (even and uneven racks, with
 loss on every cable), and the workers of a rack join only their rack box."""
 from __future__ import annotations
 
@@ -34,18 +34,6 @@ SIZE = 40_000          # elements: 157 packets a rank at k=256
 UPLINK_MBIT = 20.0     # slow enough to measure from Python
 FLOOD_PORT = 47100
 FRAME_PAYLOAD = 1000
-
-
-def _tree_missing() -> str | None:
-    from switchml_xdp.cli.switch import up
-
-    opts = {o for p in up.params for o in p.opts}
-    if not {"--uplink", "--parent"} <= opts:
-        return "swml-switch up has no --uplink/--parent yet (a rack box, child of a parent)"
-    return None
-
-
-needs_tree = pytest.mark.skipif(_tree_missing() is not None, reason=_tree_missing() or "")
 
 
 # -- the topology ----------------------------------------------------------------
@@ -188,22 +176,30 @@ def _status(lab, box) -> dict:
     return st
 
 
-def _tree_job(lab, job: str, backend: str = "udp") -> list:
-    """An allreduce through the tree: each rank joins its rack's box."""
+def _tree_job(lab, job: str, backend: str = "udp", while_up=None) -> None:
+    """An allreduce through the tree, each rank joined to its rack's box,
+    exact; while_up(), if given, is called once every rank has its result,
+    before any leaves."""
     from switchml_xdp import Worker
 
     world, data = len(lab.workers), _data(len(lab.workers))
+    all_done = threading.Barrier(world, timeout=60)
 
     def body(rank, host):
         with Worker(lab.box_of(host).ip, job, rank, world, backend=backend, verbose=False,
                     stall_timeout=30) as w:
-            return w.allreduce(data[rank].copy())
+            result = w.allreduce(data[rank].copy())
+            if while_up is not None:
+                all_done.wait()
+                if rank == 0:
+                    while_up()
+                all_done.wait()
+            return result
 
     for r in run_ranks(lab, lab.workers, body, timeout=120):
         np.testing.assert_array_equal(r, sum(data))
 
 
-@needs_tree
 @pytest.mark.parametrize("per_rack, loss", [("2,2", None), ("2,3", None), ("2,2", "1%")],
                          ids=["2x2", "uneven-2,3", "2x2-loss-1%"])
 def test_the_tree_reduces_exactly(per_rack, loss):
@@ -217,21 +213,30 @@ def test_the_tree_reduces_exactly(per_rack, loss):
             assert sum(c[d]["dropped"] for c in counters.values() for d in ("up", "down")) > 0
 
 
-@needs_tree
 def test_the_workers_of_a_rack_join_only_their_rack_box():
-    """The parent's job has the rack boxes as its members, from their
-    uplinks' addresses; each rack box's, its own rack's workers."""
+    """While the job is up, the parent's members are the rack boxes (from
+    their uplinks' addresses), one stream a rack; each rack box's, its own
+    rack's workers."""
     import contextlib
+
+    seen = {}
+
+    def statuses():
+        seen["parent"] = _status(lab, lab.switch)
+        seen["racks"] = [_status(lab, p) for p in lab.rack_ports]
 
     with RacksLab(2, 2, "tree") as lab, contextlib.ExitStack() as stack:
         switches_of_the_racks(stack, lab)
-        _tree_job(lab, "only-their-box")
-        parent = json.dumps(_status(lab, lab.switch))
-        racks = [json.dumps(_status(lab, p)) for p in lab.rack_ports]
-    for w in lab.workers:
-        assert w.ip not in parent, f"{w.name} is known to the parent"
-        assert w.ip in racks[lab.rack_of(w)] and w.ip not in racks[1 - lab.rack_of(w)]
-    assert all(u.ip in parent for u in lab.uplinks), parent
+        _tree_job(lab, "only-their-box", while_up=statuses)
+    [job] = seen["parent"]["jobs"]
+    assert {m["ip"] for m in job["members"].values()} == {u.ip for u in lab.uplinks}, job
+    assert sorted(c["ranks"] for c in job["children"]) == [[0, 1], [2, 3]], job
+    [stats] = seen["parent"]["job_stats"].values()
+    assert stats["packets"] == 2 * stats["results"] > 0, stats   # one stream a rack
+    for r, st in enumerate(seen["racks"]):
+        [job] = st["jobs"]
+        assert {m["ip"] for m in job["members"].values()} == {w.ip for w in lab.racks[r]}, job
+        assert st["tree"]["parent"] == lab.switch.ip and st["tree"]["ip"] == lab.uplinks[r].ip
 
 
 def test_a_racks_lab_is_found_again_by_its_prefix():
