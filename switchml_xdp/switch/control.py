@@ -357,7 +357,8 @@ class ControlServer:
         m = job.members[rank]
         if m.conn is not conn:
             return  # an old connection of a member that has resumed on a new one
-        self.abort(job, f"rank {rank} ({m.ip}) disconnected from the switch without leaving")
+        who = f"the rack box {m.ip} (rank {rank} behind it)" if m.rack else f"rank {rank} ({m.ip})"
+        self.abort(job, f"{who} disconnected from the switch without leaving")
 
     def abort(self, job: Job, reason: str) -> None:
         """End a job now: free its slots, and tell every other member why."""

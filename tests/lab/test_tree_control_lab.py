@@ -72,3 +72,20 @@ def test_rack_workers_join_their_box_and_learn_of_the_parent_lost(how):
         assert time.monotonic() - t0 < ABORT_WITHIN_S
         for c in (c0, c1):
             c.close()
+
+
+def test_a_rack_box_killed_is_told_to_the_other_racks_naming_it():
+    with RacksLab(2, 1, "tree") as lab, contextlib.ExitStack() as stack:
+        _, rack0, _ = switches_of_the_racks(stack, lab)
+        (c0, r0), (c1, r1) = _join_both(lab, "tree-ctl-rack-lost")
+        assert r0["ok"] and r1["ok"], (r0, r1)
+        t0 = time.monotonic()
+        rack0.proc.kill()
+        event = c1.recv(ABORT_WITHIN_S + 1)
+        assert event["event"] == "abort" and event["reason"] == (
+            f"the parent box {lab.switch.ip} aborted the job: the rack box {lab.uplinks[0].ip} "
+            f"(rank 0 behind it) disconnected from the switch without leaving"), event
+        assert time.monotonic() - t0 < ABORT_WITHIN_S
+        assert c0.recv(ABORT_WITHIN_S) is None   # its own box is gone: the connection closed
+        for c in (c0, c1):
+            c.close()

@@ -111,7 +111,8 @@ def test_a_rack_worker_lost_aborts_the_whole_job():
         assert event["event"] == "abort" and "rank 0" in event["reason"], event
         # The rack box closed its connections up: the parent aborts the job too.
         event = await w1.recv(2.0)
-        assert event["event"] == "abort" and "rank 0" in event["reason"], event
+        assert event["event"] == "abort" and event["reason"].startswith(
+            f"the rack box {UPLINK.ip} (rank "), event
     in_tree(body)
 
 
