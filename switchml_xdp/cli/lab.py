@@ -28,10 +28,11 @@ from switchml_xdp.lab import Host, Lab, LabError, cleanup_leftovers, igmp, lifec
 from switchml_xdp.lab.addressing import is_namespace_of, prefix_of
 from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.netns import ns_path, nsenter_argv
+from switchml_xdp.lab.racks import open_lab
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS
 
 from .common import CONTEXT, version_option
-from .lab_options import box_options, lab_errors, lab_options, loss_options, pct
+from .lab_options import box_options, lab_errors, lab_options, loss_options, pct, rack_options, racks_of
 from .lab_runs import bench, demo, train, vm
 
 
@@ -116,10 +117,12 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @click.option("--switch-args", default="", metavar="ARGS",
               help="Options for that switch, as on the `swml-switch up` command line "
                    "(e.g. '-k 64 --dataplane userspace').")
+@rack_options
 def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: int,
        box_rate: float | None, loss: float | None, dup: float | None, loss_port: int | None,
        queue: int | None, no_multicast: bool, snooping: bool, query_interval: float | None,
-       start_switch: bool, switch_args: str) -> None:
+       start_switch: bool, switch_args: str, racks: int | None, per_rack: str | None,
+       uplink_rate: float | None, layout: str | None) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.box_runs import capacity_args
     from switchml_xdp.lab.cluster import start_background_switch
@@ -127,6 +130,17 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
     args = tuple(shlex.split(switch_args))
     if args and not start_switch:
         raise click.BadParameter("only with --switch", param_hint="--switch-args")
+    sizes = racks_of(racks, per_rack, uplink_rate, layout)
+    if sizes is not None:
+        for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
+                            (loss_port, "--loss-port")):
+            if value:
+                raise click.BadParameter("not with --racks", param_hint=name)
+        if start_switch:
+            _check_switch_args(args)
+        _up_racks(sizes, layout or "tree", prefix, rate, uplink_rate, loss, dup, queue,
+                  args if start_switch else None)
+        return
     if query_interval is not None and not snooping:
         raise click.BadParameter("only with --snooping", param_hint="--query-interval")
     if snooping and no_multicast:
@@ -193,6 +207,51 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
     click.echo(f"remove it:   {_sudo()}{lab_cmd} down {lab.prefix}")
 
 
+def _up_racks(sizes: list[int], layout: str, prefix: str | None, rate: float | None,
+              uplink_rate: float | None, loss: float | None, dup: float | None,
+              queue: int | None, switch_args: tuple[str, ...] | None) -> None:
+    """`swml-lab up --racks`: a lab of racks left up; with switch_args, the
+    parent's switch and (tree) every rack box's as its child, in the background."""
+    from switchml_xdp.lab.cluster import start_background_switch
+    from switchml_xdp.lab.racks import RacksLab
+
+    with lab_errors():
+        lab = RacksLab(None, sizes, layout, prefix, rate, uplink_rate, keep=True, loss=loss,
+                       dup=dup, queue_packets=queue).start()
+        ready = []
+        if switch_args is not None:
+            try:
+                ready.append(start_background_switch(lab, switch_args))
+                ready += [start_background_switch(lab, [*switch_args, *lab.rack_box_args(r)],
+                                                  box=1 + r)
+                          for r in range(len(lab.switches) - 1)]
+            except BaseException:
+                lab.close()
+                raise
+    links = ", ".join(
+        [f"worker links {rate:g} Mbit/s" if rate else "worker links unshaped",
+         f"uplinks {uplink_rate:g} Mbit/s" if uplink_rate else "uplinks unshaped",
+         *([f"loss {pct(loss or 0)}, dup {pct(dup or 0)} on worker links and uplinks"]
+           if loss is not None or dup is not None else [])])
+    lab_cmd = command_name("swml-lab")
+    click.echo(f"lab {lab.prefix} is up: racks of {','.join(map(str, sizes))} workers, "
+               f"{layout}, {links}")
+    click.echo(host_table(lab))
+    for box, line in zip(lab.switches, ready):
+        click.echo(f"switch on {box.name}: {line.removeprefix('swml-switch: ')}")
+    if ready:
+        click.echo("\nrun one job, a worker in each namespace, each joining "
+                   + ("its rack's box" if layout == "tree" else "the parent across the core")
+                   + " (the job's token through the environment):")
+        click.echo("  export SWML_TOKEN=$(openssl rand -hex 16)")
+        for rank, w in enumerate(lab.workers):
+            click.echo(f"  {_sudo()}{lab_cmd} exec {w.ns} -- {command_name('swml-worker')} bench "
+                       f"--switch {lab.box_of(w).ip} --job j1 --rank {rank} "
+                       f"--world {len(lab.workers)}")
+    click.echo(f"description: {state_path(lab.prefix)}")
+    click.echo(f"remove it:   {_sudo()}{lab_cmd} down {lab.prefix}")
+
+
 def _namespace_of(host: str, prefix: str | None) -> str:
     """The namespace HOST names: a lab namespace itself (swl12345-w0), or a host
     name (w0, sw, sw1) of lab `prefix`, or of the caller's only lab."""
@@ -207,7 +266,7 @@ def _namespace_of(host: str, prefix: str | None) -> str:
                            f"{(mine or ['swl12345'])[0]}-{host})"
                            + (f" or --lab PREFIX: you have {len(mine)} labs" if mine else ""))
         prefix = mine[0]
-    return Lab.from_state(prefix).host(host).ns
+    return open_lab(prefix).host(host).ns
 
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
