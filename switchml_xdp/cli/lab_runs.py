@@ -97,15 +97,19 @@ def demo(workers, prefix, rate, boxes, ports, box_rate, size, iterations, warmup
               help="Where to save the loss and accuracy curves.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Also save both runs' curves as JSON.")
+@click.option("--racks", type=click.IntRange(1, None), default=None, hidden=True)
 def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, ports, box_rate,
           kill_box,
-          kill_after, ranks_per_host, fsdp2, png, json_path):
+          kill_after, ranks_per_host, fsdp2, png, json_path, racks):
     """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
 
     Same seeds both times; prints final accuracy and time per epoch of both and
     saves a PNG of the loss and accuracy curves (needs the torch extra,
     scikit-learn and matplotlib). With --boxes, the swml run goes over every
     box (SWML_SWITCH, the swml process group) and prints each box's share."""
+    if racks is not None:   # each rank would need its own rack's box, and SWML_SWITCH is one
+        raise click.UsageError("swml-lab train has no --racks yet; `swml-lab demo --racks` and "
+                               "`swml-lab bench --racks` run a job through racks")
     if (kill_box is None) != (kill_after is None):
         raise click.UsageError("--kill-box and --kill-after go together")
     if kill_box is not None and kill_box >= boxes:
