@@ -216,6 +216,11 @@ class Worker:
         if array.dtype not in (np.float32, np.int32):
             raise TypeError(f"{what} supports float32 and int32 arrays, not {array.dtype}")
         check_precision(precision, array.dtype, op)
+        for info in (b.info for b in self._boxes):
+            if precision == "16" and info.parent is not None:
+                raise ValueError(f"precision '16' cannot go through a tree of boxes: the rack box "
+                                 f"{info.switch_ip} sends its rack's sums up to {info.parent} in "
+                                 f"32 bits (docs/scale-out.md, \"A tree of boxes\"); use '32'")
         if precision not in self.precisions:
             raise ValueError(f"the {self.backend_name} backend does not stream precision "
                              f"{precision!r} yet (it does {', '.join(self.precisions)})")

@@ -49,6 +49,9 @@ class JobInfo:
     # What the box's port carries, bits/s (None: it does not say): a job over
     # several boxes splits every tensor in proportion (client/boxes.py).
     capacity_bps: int | None = None
+    # The box is a rack box under this parent box (docs/scale-out.md, "A tree
+    # of boxes"): 16-bit rounds cannot go up the tree.
+    parent: str | None = None
 
 
 def _capacity(value) -> int | None:
@@ -216,7 +219,8 @@ class ControlClient:
                        reply["slots"], sw["ip"], sw["mac"], sw["port"], grp["ip"], grp["mac"],
                        grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"],
                        sw.get("fanout", "multicast"), *_result_auth(reply),
-                       _capacity(sw.get("capacity_bps")))
+                       _capacity(sw.get("capacity_bps")),
+                       sw["parent"] if isinstance(sw.get("parent"), str) else None)
         self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
                             **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)

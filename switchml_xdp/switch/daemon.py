@@ -223,7 +223,9 @@ class Switch:
         """What joiners are told of the switch (and `status` shows)."""
         return {"iface": self.iface, "ip": self.ip, "mac": self.mac, "port": self.params.port,
                 "fanout": self.dp.fanout, "auth": self.auth, "capacity_bps": self.capacity_bps,
-                "ports": self.dp.ports}
+                "ports": self.dp.ports,
+                # a rack box: its members' rounds go on up (no 16-bit rounds)
+                **({"parent": self.parent[0]} if self.parent is not None else {})}
 
     def write_state(self) -> None:
         st = {"iface": self.iface, "pid": os.getpid(), "params": asdict(self.params),
