@@ -173,11 +173,10 @@ class RacksLab(Lab):
         lab = cls(None, racks["per_rack"], racks["layout"], prefix, state.get("rate_mbit"),
                   racks.get("uplink_rate_mbit"), keep=True, loss=state.get("loss"),
                   dup=state.get("dup"), queue_packets=state.get("queue_packets"))
-        missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
-        if missing:
-            raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
-        lab._created = lab.namespaces
-        lab._started = True
+        gone = next((ns for ns in lab.namespaces if not netns.ns_path(ns).exists()), None)
+        if gone:
+            raise LabError(f"racks lab {prefix} is incomplete: namespace {gone} is gone")
+        lab._created, lab._started = lab.namespaces, True
         return lab
 
     # -- building ---------------------------------------------------------------
