@@ -21,7 +21,7 @@ from typing import Protocol
 
 from ..switch import state_files
 from . import loss, netns
-from .addressing import MAX_BOXES, PREFIX_STEM, box_host, is_namespace_of, prefix_of
+from .addressing import MAX_BOXES, PREFIX_STEM, box_host, is_namespace_of, prefix_of, rack_port_host
 
 # beside the switches' own state files: one directory for what `swml-*` leaves in /run
 STATE_DIR = Path(state_files.STATE_DIR)
@@ -167,9 +167,9 @@ def lab_namespaces(prefix: str | None = None) -> list[str]:
 
 def remove_lab_files(prefix: str) -> None:
     """The state file and pinned maps of lab `prefix`, and whatever a switch
-    daemon on a box's interface left (pins, state, token and lock files),
-    once its namespaces are gone. Every box a lab may have is looked at: the
-    state file that says how many may be gone already."""
+    daemon on a box's interface (a rack box's too) left (pins, state, token
+    and lock files), once its namespaces are gone. Every box a lab may have
+    is looked at: the state file that says how many may be gone already."""
     from .. import bpf  # late: `swml-lab down` needs neither at import
     from ..switch import state_files
 
@@ -177,9 +177,9 @@ def remove_lab_files(prefix: str) -> None:
     loss.remove_pins(prefix)
     for box in range(MAX_BOXES):
         switch_log_path(prefix, box).unlink(missing_ok=True)
-        switch_iface = box_host(prefix, box).iface
-        if state_files.remove_leftover_files(switch_iface):
-            bpf.remove_pins(bpf.pin_dir(switch_iface))
+        for switch_iface in (box_host(prefix, box).iface, rack_port_host(prefix, box).iface):
+            if state_files.remove_leftover_files(switch_iface):
+                bpf.remove_pins(bpf.pin_dir(switch_iface))
 
 
 def _owner_pid(prefix: str) -> int | None:

@@ -252,3 +252,20 @@ def test_a_racks_lab_is_found_again_by_its_prefix():
             lab.close()
     assert subprocess.run(["ip", "netns", "list"], capture_output=True,
                           text=True).stdout.count(lab.prefix) == 0
+
+
+def test_a_killed_rack_box_leaves_nothing_once_its_lab_is_gone():
+    """A rack box's daemon killed leaves its pins and state (to be adopted
+    on restart); removing the lab removes them, as a box's."""
+    from pathlib import Path
+
+    from switchml_xdp import bpf
+
+    with RacksLab(1, 1, "tree") as lab:
+        rack_box = SwitchProcess(lab, lab.rack_box_args(0), box=1)
+        rack_box.proc.kill()
+        rack_box.proc.wait()
+        pins = Path(bpf.pin_dir(lab.rack_ports[0].iface))
+        assert pins.exists()
+    assert not pins.exists()
+    assert not list(Path("/run/swml").glob(f"{lab.rack_ports[0].iface}.*"))
