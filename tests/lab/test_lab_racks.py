@@ -269,3 +269,17 @@ def test_a_killed_rack_box_leaves_nothing_once_its_lab_is_gone():
         assert pins.exists()
     assert not pins.exists()
     assert not list(Path("/run/swml").glob(f"{lab.rack_ports[0].iface}.*"))
+
+
+def test_the_racks_bench_prints_one_rack_tree_and_flat_with_their_ratios(tmp_path):
+    from switchml_xdp.bench.racks_bench import RacksConfig, run_racks_bench
+
+    lines = []
+    cfg = RacksConfig([1, 2], rate_mbit=200, uplink_rate_mbit=100, size=256 << 10, iterations=1,
+                      json_path=str(tmp_path / "rows.json"))
+    doc = run_racks_bench(cfg, out=lines.append)
+    assert [r["row"] for r in doc["rows"]] == ["one rack of 2 alone", "tree, racks 1,2",
+                                               "flat, racks 1,2"]
+    assert all(r["tat_s"] > 0 and r["rel_err"] < 1e-6 for r in doc["rows"]), doc["rows"]
+    assert "tree/one rack" in lines[2] and "flat/tree" in lines[3], lines
+    assert json.loads((tmp_path / "rows.json").read_text())["rows"] == doc["rows"]
