@@ -530,6 +530,10 @@ int swml_switch(struct xdp_md *ctx)
 	if (job->up.ifindex && !(res.flags & SWML_SLOT_FINAL)) {
 		/* Complete here, not yet answered from above: up to the parent. */
 		int again = outcome == SWML_CNT_SHADOW_REPLY;
+		if (!swml_up_now(s, res.flags, again)) {
+			swml_count(SWML_CNT_UP_HELD);
+			return XDP_DROP;
+		}
 		swml_count(again ? SWML_CNT_RESENT_UP : SWML_CNT_SENT_UP);
 		swml_up_data(eth, ip, udp, h, &job->up, &res, again);
 		return bpf_redirect(job->up.ifindex, 0);

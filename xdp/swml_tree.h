@@ -21,6 +21,34 @@
 #ifndef SWML_TREE_H
 #define SWML_TREE_H
 
+/* How long after the round's partial went up a member's retransmission does
+ * not send it up again. The members of a round time out together: when one
+ * member's DATA was lost, all of them resend, and those that come after the
+ * late one completed the round would each send the partial up again, copies
+ * on the uplink that the parent answers with as many shadow replies
+ * (measured: a tenth more traffic on the uplink at 1% loss on the workers'
+ * links, docs/scale-out.md). Half the workers' shortest timeout
+ * (SWML_RTO_MIN_US, worker/engine_policy.h): a wave of resends falls inside
+ * it, and a partial or a RESULT really lost still goes up again at the next
+ * member's timeout. */
+#ifndef SWML_UP_HOLD_NS
+#define SWML_UP_HOLD_NS 1000000ULL
+#endif
+
+/* Whether a round's partial goes up now (noting when, if so): at its
+ * completion always, for a retransmission only past the hold. The slot's
+ * time is read and written outside its lock: two CPUs racing send it up
+ * twice, as without the hold. */
+static __always_inline int swml_up_now(SWML_SLOT_T s, __u32 ver, int again)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (again && now - s->up_ns[ver & 1] < SWML_UP_HOLD_NS)
+		return 0;
+	s->up_ns[ver & 1] = now;
+	return 1;
+}
+
 /* Rewrite a DATA packet whose round is complete at this box (its payload is
  * already the round's partial sum, res its header) into the box's DATA to
  * the parent: from the uplink's addresses to the parent's, as the parent

@@ -120,28 +120,32 @@
 /* A tree of boxes (docs/scale-out.md): what a rack box did with a round
  * complete among its members (counted besides COMPLETED and SHADOW_REPLY),
  * and with the parent's RESULTs (not DATA: outside the rx sum). */
-#define SWML_CNT_SENT_UP 13 /* its partial sum sent to the parent, as one member there */
-#define SWML_CNT_RESENT_UP \
-	14 /* a member's retransmission, not yet answered from above: the partial again */
-#define SWML_CNT_FROM_PARENT 15 /* the parent's RESULT for it, sent on to the members */
-#define SWML_CNT_PARENT_COPY 16 /* a RESULT from the parent for a round already answered: dropped */
+#define SWML_CNT_SENT_UP 13 /* the round's partial sent to the parent, one member there */
+/* a member's retransmission, not yet answered from above: the partial again */
+#define SWML_CNT_RESENT_UP 14
+/* a member's retransmission that came less than SWML_UP_HOLD_NS after the
+ * partial went up (xdp/swml_tree.h): not sent up again */
+#define SWML_CNT_UP_HELD 15
+#define SWML_CNT_FROM_PARENT 16 /* the parent's RESULT for it, sent on to the members */
+/* a RESULT from the parent for a round already answered (a copy): dropped */
+#define SWML_CNT_PARENT_COPY 17
 /* from a parent's address and job, but not its RESULT (authenticator, ports,
- * length, round): dropped. Outside the rx sum, as the rows above. */
-#define SWML_CNT_BAD_PARENT 17
-#define SWML_CNT_TRUNCATED 18   /* shorter than the headers or than its count */
-#define SWML_CNT_BAD_IP 19      /* IP options, fragment, or wrong length */
-#define SWML_CNT_BAD_VERSION 20 /* version nibble not SWML_VERSION */
-#define SWML_CNT_BAD_TYPE 21    /* type is not DATA */
-#define SWML_CNT_UNKNOWN_JOB 22 /* no such job */
-#define SWML_CNT_BAD_KEY 23     /* not the job's data key */
-#define SWML_CNT_BAD_RANK 24    /* not a rank that sends to this box */
-#define SWML_CNT_BAD_SOURCE 25  /* source IP/port not the one registered for the rank */
-#define SWML_CNT_BAD_SLOT 26    /* slot outside the job's range */
-#define SWML_CNT_BAD_COUNT 27   /* count != k */
-#define SWML_CNT_BAD_OP 28      /* op or format unknown, or int16 into a tree */
-#define SWML_CNT_STALE 29       /* a round older than the slot version's (replay, late copy) */
-#define SWML_CNT_BUSY 30        /* the slot stayed locked by another CPU (a stalled holder) */
-#define SWML_CNT_NUM 31
+ * length, round): dropped */
+#define SWML_CNT_BAD_PARENT 18
+#define SWML_CNT_TRUNCATED 19   /* shorter than the headers or than its count */
+#define SWML_CNT_BAD_IP 20      /* IP options, fragment, or wrong length */
+#define SWML_CNT_BAD_VERSION 21 /* version nibble not SWML_VERSION */
+#define SWML_CNT_BAD_TYPE 22    /* type is not DATA */
+#define SWML_CNT_UNKNOWN_JOB 23 /* no such job */
+#define SWML_CNT_BAD_KEY 24     /* not the job's data key */
+#define SWML_CNT_BAD_RANK 25    /* not a rank that sends to this box */
+#define SWML_CNT_BAD_SOURCE 26  /* source IP/port not the one registered for the rank */
+#define SWML_CNT_BAD_SLOT 27    /* slot outside the job's range */
+#define SWML_CNT_BAD_COUNT 28   /* count != k */
+#define SWML_CNT_BAD_OP 29      /* op or format unknown, or int16 into a tree */
+#define SWML_CNT_STALE 30       /* a round older than the slot version's (replay, late copy) */
+#define SWML_CNT_BUSY 31        /* the slot stayed locked by another CPU (a stalled holder) */
+#define SWML_CNT_NUM 32
 
 /* RESULT authenticator (the `key` field of a RESULT): SipHash-c-d keyed by
  * the job's 128-bit result key, which only the switch and the job's members

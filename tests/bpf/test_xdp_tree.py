@@ -7,6 +7,8 @@ on to the members signed with the local key; and the sums of two levels are
 one box's, bit for bit."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from xdp_tester import PROG_K, PROG_SLOTS, Action, SwitchTester, assert_accounte
 PARENT = Endpoint("02:5e:00:00:01:01", "10.254.0.1", wire.DEFAULT_PORT)
 UPLINK = Endpoint("02:5e:00:00:01:02", "10.254.0.2", wire.DEFAULT_PORT)  # the rack box on the core
 PARENT_JOB = 7
+HOLD_S = 1e-3   # SWML_UP_HOLD_NS (xdp/swml_tree.h)
 
 
 def uplink_to(parent_rank: int, auth: int = wire.AUTH_HEADER, *, src: Endpoint = UPLINK,
@@ -87,14 +90,21 @@ def test_retransmissions_send_the_partial_up_again_until_the_parent_answers(rack
     job = rack.add_job(job_id=2, ranks=(1, 2, 3), uplink=up)
     vals = [np.full(PROG_K, 10 * r) for r in (1, 2, 3)]
     first = rack.round(job, 0, vals, rnd=0)
-    again = rack.run(rack.data(job, 2, 0, vals[1], rnd=0, flags=wire.FLAG_RETRANS))
+    # A wave of resends right after the round went up (its members timed
+    # out together on a late one's DATA): held, the partial is on its way.
+    retrans = rack.data(job, 2, 0, vals[1], rnd=0, flags=wire.FLAG_RETRANS)
+    assert rack.run(retrans).action == Action.DROP
+    time.sleep(2 * HOLD_S)   # past the hold: the partial or the RESULT was lost
+    again = rack.run(retrans)
     assert again.action == Action.REDIRECT
     out = rack.result(again)
     assert int(out.header["flags"]) & wire.FLAG_RETRANS
     assert list(out.values) == list(rack.result(first).values) == [60] * PROG_K
     assert out.frame.dst == PARENT
+    assert rack.run(rack.data(job, 3, 0, vals[2], rnd=0, flags=wire.FLAG_RETRANS)).action == \
+        Action.DROP   # the same wave: held again
     c = rack.counters()
-    assert (c["sent_up"], c["resent_up"], c["shadow_reply"]) == (1, 1, 1)
+    assert (c["sent_up"], c["resent_up"], c["up_held"], c["shadow_reply"]) == (1, 1, 2, 3)
 
 
 @pytest.mark.parametrize("auth", [wire.AUTH_HEADER, wire.AUTH_FULL])
@@ -113,7 +123,8 @@ def test_the_parent_s_result_goes_on_to_the_members_and_becomes_the_shadow(rack,
     assert list(res.values) == list(final)
     assert wire.result_authentic(res.frame.payload, len(res.frame.payload), job.result_key,
                                  auth, PROG_K * 4)
-    # A member that missed it asks again: the shadow is the job's result now.
+    # A member that missed it asks again: the shadow is the job's result now
+    # (within the hold: a final round's shadow is not held).
     shadow = rack.run(rack.data(job, 1, 1, np.ones(PROG_K), rnd=0, flags=wire.FLAG_RETRANS))
     assert shadow.action == Action.TX
     sh = rack.result(shadow)
@@ -136,7 +147,8 @@ def test_results_not_the_parent_s_are_dropped_and_counted(rack):
     for frame in forged:
         assert rack.run(frame).action == Action.DROP
     assert rack.counters()["bad_parent"] == len(forged)
-    # None of them became the shadow: a retransmission still goes up.
+    # None of them became the shadow: a retransmission (past the hold) still goes up.
+    time.sleep(2 * HOLD_S)
     assert rack.run(rack.data(job, 0, 0, rnd=0, flags=wire.FLAG_RETRANS)).action == Action.REDIRECT
     # Another parent's, or another job's: not routed to us, left to the stack.
     other = parent_result(up, 0, 0, final, job=PARENT_JOB + 1)
