@@ -8,6 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Boxes watch each other closer than workers: a rack box heartbeats its
+# parent every TREE_HEARTBEAT_S, and each takes the other for lost after
+# TREE_LEASE_S of silence (at most the job's lease), so that a box that goes
+# dark (power, cable) fails the job on every rank within 2 s, as a lost box
+# does for its own workers (docs/scale-out.md, "Faults").
+TREE_HEARTBEAT_S = 0.25
+TREE_LEASE_S = 1.5
+
 
 @dataclass(frozen=True)
 class WireMember:

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 
 from .. import wire
+from .children import TREE_LEASE_S
 from .control_connection import (  # noqa: F401 - MAX_BUFFERED_OUTPUT: one of the limits named here
     IDLE_TIMEOUT_S,
     MAX_BUFFERED_OUTPUT,
@@ -357,8 +358,7 @@ class ControlServer:
         m = job.members[rank]
         if m.conn is not conn:
             return  # an old connection of a member that has resumed on a new one
-        who = f"the rack box {m.ip} (rank {rank} behind it)" if m.rack else f"rank {rank} ({m.ip})"
-        self.abort(job, f"{who} disconnected from the switch without leaving")
+        self.abort(job, f"{_who(m)} disconnected from the switch without leaving")
 
     def abort(self, job: Job, reason: str) -> None:
         """End a job now: free its slots, and tell every other member why."""
@@ -385,5 +385,10 @@ class ControlServer:
         while True:
             await asyncio.sleep(min(0.25, self.lease_s / 4))
             for job, m in self.table.expired(self.lease_s):
-                self.abort(job, f"rank {m.rank} ({m.ip}) stopped heartbeating "
-                                f"(lease of {self.lease_s:g} s expired)")
+                lease_s = min(self.lease_s, TREE_LEASE_S) if m.rack else self.lease_s
+                self.abort(job, f"{_who(m)} stopped heartbeating (lease of {lease_s:g} s expired)")
+
+
+def _who(m) -> str:
+    """A member as an abort's reason names it: a rank, or the rack box it is behind."""
+    return f"the rack box {m.ip} (rank {m.rank} behind it)" if m.rack else f"rank {m.rank} ({m.ip})"

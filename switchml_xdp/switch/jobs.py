@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .. import wire
 from ..wire import AUTH_MODES
-from .children import child_of, rank_mask, wire_members
+from .children import TREE_LEASE_S, child_of, rank_mask, wire_members
 from .maps import DataplaneMaps, JobEntry, UplinkEntry
 from .slots import SlotPool, SlotPoolExhausted
 
@@ -330,9 +330,13 @@ class JobTable:
         return False
 
     def expired(self, lease_s: float) -> list[tuple[Job, Member]]:
+        """Members silent for longer than their lease: `lease_s`, and at most
+        TREE_LEASE_S for a rank behind a rack box (a box heartbeats for it)."""
         now = time.monotonic()
+        rack_lease_s = min(lease_s, TREE_LEASE_S)
         return [(j, m) for j in self.jobs.values() if j.state == "running"
-                for m in j.members.values() if not m.left and now - m.last_seen > lease_s]
+                for m in j.members.values()
+                if not m.left and now - m.last_seen > (rack_lease_s if m.rack else lease_s)]
 
     def remove(self, job: Job) -> None:
         self._remove(job)

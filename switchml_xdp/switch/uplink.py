@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import net, wire
+from .children import TREE_HEARTBEAT_S, TREE_LEASE_S
 from .control_connection import Connection
 from .jobs import Job, JobStartFailed, JobTable, ParentPlan
 from .maps import UplinkEntry
@@ -108,8 +109,10 @@ class RankUp:
         if not self.result.done():
             self.result.set_result(None)
         link.replied(self.job)
-        await self._member(reader, float(reply.get("heartbeat_s", 1.0)),
-                           float(reply.get("lease_s", 3.0)))
+        # Closer than the parent's workers (children.py): a box gone dark
+        # is noticed within 2 s at either end.
+        await self._member(reader, min(float(reply.get("heartbeat_s", 1.0)), TREE_HEARTBEAT_S),
+                           min(float(reply.get("lease_s", 3.0)), TREE_LEASE_S))
 
     async def _member(self, reader, heartbeat_s: float, lease_s: float) -> None:
         """The rank's life at the parent: heartbeats out, events in."""

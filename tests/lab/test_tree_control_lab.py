@@ -89,3 +89,35 @@ def test_a_rack_box_killed_is_told_to_the_other_racks_naming_it():
         assert c0.recv(ABORT_WITHIN_S) is None   # its own box is gone: the connection closed
         for c in (c0, c1):
             c.close()
+
+
+@pytest.mark.parametrize("dark", ["rack box", "parent"])
+def test_a_box_gone_dark_fails_the_job_on_every_rack_within_2_s(dark):
+    """A box that goes dark (its links down: power, a cable) sends nothing,
+    not even a FIN: the other end notices by its heartbeats (children.py,
+    TREE_LEASE_S), and the job fails on every rank that can still hear,
+    naming the box."""
+    with RacksLab(2, 1, "tree") as lab, contextlib.ExitStack() as stack:
+        switches_of_the_racks(stack, lab)
+        (c0, r0), (c1, r1) = _join_both(lab, f"tree-dark-{dark.replace(' ', '-')}")
+        assert r0["ok"] and r1["ok"], (r0, r1)
+        t0 = time.monotonic()
+        if dark == "parent":
+            lab.run(lab.switch, ["ip", "link", "set", "dev", lab.switch.iface, "down"])
+            hear = [(c0, 0), (c1, 1)]
+        else:
+            box = lab.rack_ports[0]
+            for host in (box, lab.uplinks[0]):
+                lab.run(host, ["ip", "link", "set", "dev", host.iface, "down"])
+            hear = [(c1, 1)]
+        for c, r in hear:
+            event = c.recv(ABORT_WITHIN_S + 1)
+            said = (f"lost the parent box {lab.switch.ip} (no answer to heartbeats for 1.5 s)"
+                    if dark == "parent" else
+                    f"the parent box {lab.switch.ip} aborted the job: the rack box "
+                    f"{lab.uplinks[0].ip} (rank 0 behind it) stopped heartbeating (lease of 1.5 s "
+                    f"expired)")
+            assert event["event"] == "abort" and event["reason"] == said, (r, event)
+            assert time.monotonic() - t0 < ABORT_WITHIN_S, r
+        for c in (c0, c1):
+            c.close()
