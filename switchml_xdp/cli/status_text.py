@@ -50,11 +50,16 @@ def wrap(text: str, indent: str = "", more: str = "    ") -> list[str]:
                          break_on_hyphens=False) or [indent.rstrip()]
 
 
+# A rack box's rows (a tree of boxes): up to its parent and back down.
+TREE_OUTCOMES = ("sent_up", "resent_up", "up_held", "from_parent", "parent_copy", "bad_parent")
+
+
 def outcomes(st: dict) -> list[str]:
-    """OUTCOMES that this switch can count: the unicast fan-out's only with it."""
-    if st.get("fanout") == "unicast":
-        return OUTCOMES
-    return [n for n in OUTCOMES if not n.startswith("unicast_")]
+    """OUTCOMES that this switch can count: the unicast fan-out's only with
+    it, the tree's on a rack box."""
+    return [n for n in OUTCOMES
+            if (st.get("fanout") == "unicast" or not n.startswith("unicast_"))
+            and (st.get("tree") or n not in TREE_OUTCOMES)]
 
 
 def rate(v: float | None, fmt: str = ".0f") -> str:

@@ -48,6 +48,17 @@ def test_status_shows_a_rack_boxs_parent_and_its_jobs_there():
     assert "rack box" not in status_text.format_text(_switch(jobs=[], tree=None))
 
 
+def test_a_rack_box_s_counts_up_and_down_the_tree_show_on_rack_boxes_only():
+    tree = {"uplink": "eth2", "ip": "10.0.100.11", "parent": "10.0.100.1",
+            "parent_control_port": wire.DEFAULT_CONTROL_PORT, "jobs": {}}
+    counts = {**dict.fromkeys(wire.COUNTER_NAMES, 0), "rx": 9, "sent_up": 3, "resent_up": 1,
+              "up_held": 2, "from_parent": 3}
+    rack = status_text.format_text(_switch(jobs=[], tree=tree, counters=counts), show_all=True)
+    flat = status_text.format_text(_switch(jobs=[]), show_all=True)
+    for name in status_text.TREE_OUTCOMES:
+        assert name in rack and name not in flat, name
+
+
 def test_status_shows_a_parents_rack_boxes():
     rack = {"ip": "10.0.100.11", "port": wire.DEFAULT_PORT, "mac": "02:00:00:00:00:0b",
             "left": False, "rack": f"10.0.100.11:{wire.DEFAULT_PORT}"}
