@@ -24,9 +24,10 @@ HOLD_S = 1e-3   # SWML_UP_HOLD_NS (xdp/swml_tree.h)
 
 
 def uplink_to(parent_rank: int, auth: int = wire.AUTH_HEADER, *, src: Endpoint = UPLINK,
-              key: int = 0x1122334455667788, result_key: bytes = bytes(range(16))) -> UplinkEntry:
-    return UplinkEntry(ifindex=SwitchTester.TEST_RUN_IFINDEX, parent_ip=PARENT.ip,
-                       parent_port=PARENT.port, parent_mac=PARENT.mac, src_ip=src.ip,
+              key: int = 0x1122334455667788, result_key: bytes = bytes(range(16)),
+              parent: Endpoint = PARENT) -> UplinkEntry:
+    return UplinkEntry(ifindex=SwitchTester.TEST_RUN_IFINDEX, parent_ip=parent.ip,
+                       parent_port=parent.port, parent_mac=parent.mac, src_ip=src.ip,
                        src_port=src.port, src_mac=src.mac, job_id=PARENT_JOB, rank=parent_rank,
                        key=key, result_key=result_key, auth=auth)
 
@@ -214,3 +215,37 @@ def test_two_racks_and_a_parent_sum_exactly_as_one_box(rack_prog, sw):
         assert runs[0].action == Action.DROP and runs[1].action == Action.TX
         assert list(sw.result(runs[1]).values) == list(flat)
         rack_prog.reset()
+
+
+def test_a_result_lost_on_the_way_down_comes_back_through_the_parent_s_shadow(rack, sw):
+    """The parent's RESULT never reaches the rack box: a member's timeout
+    sends the partial up again (RETRANS), the parent answers it from its
+    shadow, unicast to the rack box's uplink, and the rack box takes that
+    answer as the round's result and sends it on."""
+    parent = sw.add_job(job_id=PARENT_JOB, ranks=(0, 2), slot_base=4)
+    uplink = Endpoint(UPLINK.mac, "10.254.0.9", wire.DEFAULT_PORT)   # the rack box's member address
+    sw.maps.write_member(PARENT_JOB, 0, uplink.ip, uplink.port)
+    up = uplink_to(0, src=uplink, key=parent.key, result_key=parent.result_key, parent=sw.switch)
+    job = rack.add_job(job_id=1, ranks=(0, 1), uplink=up)
+    vals = [np.full(PROG_K, 3), np.full(PROG_K, 4), np.full(PROG_K, 100)]
+
+    def to_parent(run):   # the rack box's DATA, as the parent's port receives it
+        return udp_frame(uplink, sw.switch, parse_udp_frame(run.frame).payload)
+
+    partial = rack.round(job, 0, vals[:2], rnd=0)
+    assert sw.run(to_parent(partial)).action == Action.DROP
+    assert sw.run(sw.data(parent, 2, 0, vals[2], rnd=0)).action == Action.TX   # lost, below
+    time.sleep(2 * HOLD_S)
+    again = rack.run(rack.data(job, 1, 0, vals[1], rnd=0, flags=wire.FLAG_RETRANS))
+    assert again.action == Action.REDIRECT
+    shadow = sw.run(to_parent(again))
+    assert shadow.action == Action.TX and sw.result(shadow).frame.dst == uplink
+    assert int(sw.result(shadow).header["flags"]) & wire.FLAG_SHADOW
+    down = rack.run(shadow.frame)
+    assert down.action == Action.REDIRECT
+    res = rack.result(down)
+    assert list(res.values) == [107] * PROG_K and res.frame.dst == job.group
+    assert int(res.header["flags"]) == 0 and int(res.header["job"]) == 1
+    c, p = rack.counters(), sw.counters()
+    assert (c["sent_up"], c["resent_up"], c["from_parent"]) == (1, 1, 1), c
+    assert (p["completed"], p["shadow_reply"]) == (1, 1), p
