@@ -81,9 +81,11 @@ def demo(workers, prefix, rate, boxes, ports, box_rate, size, iterations, warmup
 @click.option("--rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
               metavar="MBIT", help="Shape every worker link to MBIT Mbit/s each way (TBF).")
 @box_options
-@click.option("--kill-box", type=click.IntRange(0, MAX_BOXES - 1), default=None, metavar="B",
+@click.option("--kill-box", default=None, metavar="B",
               help="Power box B off (0: sw, 1: sw1, ...; its link down, its daemon killed) "
-                   "--kill-after seconds into the swml run, and print when each rank warned.")
+                   "--kill-after seconds into the swml run, and print when each rank warned; "
+                   "with --racks: parent (the same), or rN (rack N's box: its daemon killed and "
+                   "its data plane removed, the rack's routing kept).")
 @click.option("--kill-after", type=click.FloatRange(0, None, min_open=True), default=None,
               metavar="SECONDS", help="When --kill-box strikes, from the swml ranks' start.")
 @click.option("--ranks-per-host", type=click.IntRange(1, 16), default=1, show_default=True,
@@ -97,41 +99,63 @@ def demo(workers, prefix, rate, boxes, ports, box_rate, size, iterations, warmup
               help="Where to save the loss and accuracy curves.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Also save both runs' curves as JSON.")
-@click.option("--racks", type=click.IntRange(1, None), default=None, hidden=True)
+@rack_options
 def train(workers, epochs, batch, lr, seed, bucket_kb, backend, rate, boxes, ports, box_rate,
-          kill_box,
-          kill_after, ranks_per_host, fsdp2, png, json_path, racks):
+          kill_box, kill_after, ranks_per_host, fsdp2, png, json_path, racks, per_rack,
+          uplink_rate, layout):
     """Train an MLP on scikit-learn's digits with DDP, through the switch and with Gloo.
 
     Same seeds both times; prints final accuracy and time per epoch of both and
     saves a PNG of the loss and accuracy curves (needs the torch extra,
     scikit-learn and matplotlib). With --boxes, the swml run goes over every
-    box (SWML_SWITCH, the swml process group) and prints each box's share."""
-    if racks is not None:   # each rank would need its own rack's box, and SWML_SWITCH is one
-        raise click.UsageError("swml-lab train has no --racks yet; `swml-lab demo --racks` and "
-                               "`swml-lab bench --racks` run a job through racks")
+    box (SWML_SWITCH, the swml process group) and prints each box's share;
+    with --racks, each rank's SWML_SWITCH is its rack's box (tree) or the
+    parent (flat)."""
+    sizes = racks_of(racks, per_rack, uplink_rate, layout)
+    layout = layout or "tree"
     if (kill_box is None) != (kill_after is None):
         raise click.UsageError("--kill-box and --kill-after go together")
-    if kill_box is not None and kill_box >= boxes:
-        raise click.BadParameter(f"the lab has boxes 0..{boxes - 1}", param_hint="--kill-box")
+    box = kill_target(kill_box, boxes, sizes, layout)
     try:
         import matplotlib  # noqa: F401 - (imported to fail here, with the hint below)
         import sklearn  # noqa: F401 - (the same)
 
         import switchml_xdp.torch  # noqa: F401 - (says how to install torch if it is missing)
-        from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
+        from switchml_xdp.lab.train_example import TrainConfig
+        from switchml_xdp.lab.train_runs import run_lab_training
     except ImportError as e:
         raise click.ClickException(f"swml-lab train needs torch, scikit-learn and matplotlib: {e}") from None
     cfg = TrainConfig(epochs=epochs, batch=batch, lr=lr, seed=seed, bucket_kb=bucket_kb,
                       ranks_per_host=ranks_per_host, parallel="fsdp2" if fsdp2 else "ddp",
-                      boxes=boxes)
-    kill = (kill_box, kill_after) if kill_box is not None else None
+                      boxes=boxes, racks=sizes, layout=layout)
+    kill = (box, kill_after) if box is not None else None
     with lab_errors():
         try:
             run_lab_training(workers, cfg, backend, png, json_path, rate, out=click.echo,
-                             box_rate=box_rate, kill=kill, ports=ports)
+                             box_rate=box_rate, kill=kill, ports=ports, uplink_rate=uplink_rate)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from None
+
+
+def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layout: str) -> int | None:
+    """--kill-box as an index into the lab's switches (racks: 0 the parent,
+    1+N rack N's box); a click error in one line for a box the lab has not."""
+    if kill_box is None:
+        return None
+    name = kill_box.strip().lower()
+    if sizes is None:
+        if name.isdigit() and int(name) < boxes:
+            return int(name)
+        raise click.BadParameter(f"the lab has boxes 0..{boxes - 1}, not {kill_box!r}",
+                                 param_hint="--kill-box")
+    if name == "parent":
+        return 0
+    racks = len(sizes) if layout == "tree" else 0
+    if name[:1] == "r" and name[1:].isdigit() and int(name[1:]) < racks:
+        return 1 + int(name[1:])
+    has = (f"parent or r0..r{racks - 1} (rack boxes)" if racks
+           else "parent only (flat racks have no rack boxes)")
+    raise click.BadParameter(f"the racks' boxes are {has}, not {kill_box!r}", param_hint="--kill-box")
 
 
 @click.command()

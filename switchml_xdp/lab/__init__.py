@@ -19,10 +19,11 @@ Modules, each on top of the ones before it:
     box_ports   the switch as a box with several ports, each on its own segment (Lab(ports=P))
     namespace_lab  Lab: builds, uses and removes one lab
     cluster     the real switch daemon and workers run inside a Lab
-    train_example  `swml-lab train`: DDP training in a lab, through the switch and Gloo
+    train_example  `swml-lab train`'s rank: DDP training through the switch or Gloo
     box_runs    a job over the lab's boxes: a switch on each, each box's share printed
     lost_box    a box powered off mid-run (`swml-lab train --kill-box`), when ranks warned
     racks       RacksLab: racks of workers behind uplinks to a core, a tree of boxes or flat
+    train_runs  `swml-lab train`: the lab (plain or racks), both runs, summary, PNG
 The lab knows nothing of the benchmarks: `swml-lab demo` and `swml-lab vm`
 run one in a lab (switchml_xdp/bench/lab_demo.py), never the other way round.
 The same cluster in qemu VMs (`swml-lab vm`), apart from the above:

@@ -159,18 +159,19 @@ class RanksFailed(RuntimeError):
     """Rank processes exited non-zero or ran past their deadline."""
 
 
-def run_rank_processes(lab: Lab, placements: Sequence[tuple[Host, Sequence[str]]], timeout: float,
+def run_rank_processes(lab: Lab, placements: Sequence[tuple], timeout: float,
               env: dict[str, str] | None = None) -> list[tuple[str, str]]:
-    """run_ranks with processes: one per (host, argv), all at once, each in
-    its host's namespace with Gloo bound to the host's lab interface; returns
-    their (stdout, stderr) in order. RanksFailed with every failing rank's stderr tail if one exits
+    """run_ranks with processes: one per (host, argv) or (host, argv,
+    rank_env), all at once, each in its host's namespace with Gloo bound to
+    the host's lab interface, `env` and its own rank_env on top of ours;
+    returns their (stdout, stderr) in order. RanksFailed with every failing rank's stderr tail if one exits
     non-zero, or with every rank's if they are not all done within
     `timeout` seconds (then all are killed)."""
     procs = []
-    for host, argv in placements:
+    for host, argv, *rank_env in placements:
         # Gloo binds to the lab interface, not to whatever the hostname resolves to.
-        penv = {**os.environ, **(env or {}), "GLOO_SOCKET_IFNAME": host.iface,
-                "OMP_NUM_THREADS": "1"}
+        penv = {**os.environ, **(env or {}), **(rank_env[0] if rank_env else {}),
+                "GLOO_SOCKET_IFNAME": host.iface, "OMP_NUM_THREADS": "1"}
         procs.append(lab.popen(host, list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=penv))
     outs, errors = [], []

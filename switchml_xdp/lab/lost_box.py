@@ -51,11 +51,17 @@ class BoxKiller:
     imports and rendezvous make uneven."""
 
     def __init__(self, lab, box: int, after: float, kill_daemon: Callable[[], object],
-                 out: Callable[[str], None] = print, began: Callable[[], bool] = lambda: True):
+                 out: Callable[[str], None] = print, began: Callable[[], bool] = lambda: True,
+                 links: Sequence[Host] | None = None,
+                 what: str = "its link down, its daemon killed"):
+        """links: the hosts whose links go down before kill_daemon (default
+        the box's own); what: how the kill is told."""
         if not 0 <= box < len(lab.switches):
             raise ValueError(f"the lab has boxes 0..{len(lab.switches) - 1}, not {box}")
         self.lab, self.host, self.after = lab, lab.switches[box], after
         self.kill_daemon, self.out, self.began = kill_daemon, out, began
+        self.links = [self.host] if links is None else list(links)
+        self.what = what
         self.killed_at: float | None = None      # time.time() of the link going down
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="box-killer")
@@ -74,14 +80,14 @@ class BoxKiller:
             self._kill()
 
     def _kill(self) -> None:
-        host: Host = self.host
         self.killed_at = time.time()   # (a moment early: the ranks' delays are not flattered)
-        self.lab.run(host, ["ip", "link", "set", "dev", host.iface, "down"])
+        for host in self.links:
+            self.lab.run(host, ["ip", "link", "set", "dev", host.iface, "down"])
         self.kill_daemon()
-        self.out(f"  {self.describe()}: its link down, its daemon killed")
+        self.out(f"  {self.describe()}: {self.what}")
 
     def describe(self) -> str:
-        return (f"box {self.host.name} ({self.host.ip}) powered off "
+        return (f"box {self.host.name} ({self.host.ip}) {'powered off' if self.links else 'killed'} "
                 f"{self.killed_at - self._started:.1f} s into the training")
 
     def cancel(self) -> None:

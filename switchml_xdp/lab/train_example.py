@@ -9,25 +9,19 @@ with plain Gloo (DDP's built-in allreduce, over the same lab links; Gloo's TCP
 rendezvous is on worker 0). It prints the final test accuracy and the time
 per epoch of both, and saves a PNG of the loss and accuracy curves.
 
-The rank side is this module run as a script (`python -m
-switchml_xdp.lab.train_example --rank R ...`); `run_lab_training` drives
-the whole comparison.
+This module is the rank side (`python -m switchml_xdp.lab.train_example
+--rank R ...`); lab/train_runs.py drives the whole comparison.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import statistics
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import click
 
-from .lost_box import BEGAN_ENV, BoxKiller, report_lines, report_warnings, warning_records
+from .lost_box import BEGAN_ENV, report_warnings
 
 MODES = ("gloo", "swml")
 RENDEZVOUS_PORT = {"gloo": 29510, "swml": 29520}
@@ -48,6 +42,10 @@ class TrainConfig:
     # (the swml process group in the swml run), its gradients reduce-scattered.
     parallel: str = "ddp"
     boxes: int = 1             # >1: the swml run over that many boxes (SWML_SWITCH), via the group
+    # Workers in each rack of a RacksLab (None: the plain lab): each rank's
+    # SWML_SWITCH its rack's box (tree) or the parent (flat), via the group.
+    racks: list[int] | None = None
+    layout: str = "tree"
 
 
 # --------------------------------------------------------------------- rank side
@@ -127,11 +125,12 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
         xtr, ytr, xte, yte = load_digits_split(cfg)
         model = make_model(cfg)
         swml = None
-        if mode == "swml" and (cfg.ranks_per_host > 1 or cfg.parallel == "fsdp2" or cfg.boxes > 1):
+        if mode == "swml" and (cfg.ranks_per_host > 1 or cfg.parallel == "fsdp2" or cfg.boxes > 1
+                               or cfg.racks):
             # Several ranks a host: one Worker a host, through the swml
             # process group, which reduces each host's ranks first. Several
-            # boxes: the group is where training outlives a lost box
-            # (docs/scale-out.md).
+            # boxes, or racks: the group is where training outlives a lost
+            # box (docs/scale-out.md).
             from switchml_xdp.torch import SwmlOptions
 
             swml = dist.new_group(backend="swml", pg_options=SwmlOptions(
@@ -229,168 +228,6 @@ def _rank_main(rank, world, mode, master, switch, job, backend, config) -> None:
     result = train_rank(rank, world, mode, master, switch, job, backend, cfg)
     if result is not None:
         print("RESULT " + json.dumps(result), flush=True)
-
-
-# ----------------------------------------------------------------------- driver
-
-def _run_mode(lab, mode: str, cfg: TrainConfig, backend: str, job: str, timeout: float,
-              env: dict | None = None) -> dict:
-    """All ranks of one training run as processes in their namespaces; rank 0's
-    result, with every rank's warnings. The ranks find the boxes in SWML_SWITCH."""
-    from .cluster import RanksFailed, rank_result, run_rank_processes
-
-    per_host = cfg.ranks_per_host
-    world = len(lab.workers) * per_host
-    placements = []
-    for rank in range(world):
-        placements.append((lab.workers[rank // per_host], [
-            sys.executable, "-m", "switchml_xdp.lab.train_example", "--rank", str(rank),
-            "--world", str(world), "--mode", mode, "--master", lab.workers[0].ip,
-            "--job", job, "--backend", backend, "--config", json.dumps(cfg.__dict__)]))
-    boxes = ",".join(box.ip for box in lab.switches)
-    try:
-        outs = run_rank_processes(lab, placements, timeout, env={"SWML_SWITCH": boxes, **(env or {})})
-    except RanksFailed as e:
-        raise RuntimeError(f"{mode} training failed: {e}") from None
-    result = rank_result(outs[0][0])
-    if result is None:
-        raise RuntimeError(f"rank 0 ({mode}) printed no result")
-    notes = [ln for ln in outs[0][1].splitlines() if ln.startswith("switchml-xdp:")]
-    result["notes"] = notes
-    result["warnings"] = [w for stdout, _ in outs for w in warning_records(stdout)]
-    return result
-
-
-def time_per_epoch(result: dict) -> float:
-    """Median over epochs after the first (which includes DDP's warm-up)."""
-    times = result["epoch_s"][1:] or result["epoch_s"]
-    return statistics.median(times)
-
-
-def plot_curves(results: dict[str, dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    style = {"gloo": dict(color="tab:blue", lw=3.0, alpha=0.55),
-             "swml": dict(color="tab:orange", lw=1.4, marker="o", ms=3)}
-    label = {"gloo": "Gloo allreduce", "swml": "swml (switch, quantized)"}
-    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, r in results.items():
-        ax_l.plot(r["epoch"], r["train_loss"], label=f"{label[mode]}: train", **style[mode])
-        ax_l.plot(r["epoch"], r["test_loss"], ls="--", label=f"{label[mode]}: test",
-                  **{k: v for k, v in style[mode].items() if k != "marker"})
-        ax_a.plot(r["epoch"], r["test_acc"],
-                  label=f"{label[mode]}: {r['test_acc'][-1]:.2f}%", **style[mode])
-    ax_l.set(title="cross-entropy loss", xlabel="epoch", ylabel="loss", yscale="log")
-    ax_a.set(title="test accuracy", xlabel="epoch", ylabel="accuracy (%)")
-    ax_a.set_ylim(max(0.0, min(min(r["test_acc"]) for r in results.values()) - 2), 100.5)
-    for ax in (ax_l, ax_a):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    r0 = next(iter(results.values()))
-    times = ", ".join(f"{label[m]} {time_per_epoch(r) * 1e3:.0f} ms" for m, r in results.items())
-    how = r0["config"].get("parallel", "ddp").upper()
-    fig.suptitle(f"{how} on scikit-learn digits, {r0['world']} workers in the lab, MLP 64-"
-                 f"{r0['config']['hidden']}-10, same seeds\ntime per epoch: {times}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def summary_lines(results: dict[str, dict]) -> list[str]:
-    rows = [("mode", "final acc", "train loss", "time/epoch", "aggregation")]
-    for mode in MODES:
-        r = results[mode]
-        if mode == "swml":
-            w = r.get("worker", {})
-            how = (f"switch, {w.get('backend', '?')} datapath, k={w.get('k', '?')}, "
-                   f"{w.get('job_world', '?')} members: "
-                   f"{r.get('buckets', 0)} buckets, {w.get('packets_sent', 0)} packets, "
-                   f"{w.get('retransmissions', 0)} retransmissions")
-        else:
-            how = ("gloo reduce-scatter and all-gather (FSDP2)" if r["config"].get("parallel") == "fsdp2"
-                   else "gloo ring allreduce (DDP built-in)")
-        rows.append((mode, f"{r['test_acc'][-1]:.2f}%", f"{r['train_loss'][-1]:.4f}",
-                     f"{time_per_epoch(r) * 1e3:.1f} ms", how))
-    from .box_runs import box_lines
-
-    widths = [max(len(row[c]) for row in rows) for c in range(4)]
-    boxes = results["swml"].get("worker", {}).get("boxes")
-    return (["  ".join(v.ljust(w) for v, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
-            + box_lines([boxes], "swml run, rank 0's calls"))
-
-
-def run_lab_training(workers: int = 4, cfg: TrainConfig | None = None, backend: str = "auto",
-                     png: str = "swml-train.png", json_path: str | None = None,
-                     rate: float | None = None, timeout: float = 900.0, out=print,
-                     box_rate: float | None = None, kill: tuple[int, float] | None = None,
-                     ports: int = 1) -> dict:
-    """The whole comparison: lab, switches, both runs, summary, plot. Returns
-    both results. cfg.boxes boxes, their ports shaped to box_rate Mbit/s;
-    kill=(box, seconds): that box powered off that long into the swml run
-    (lost_box.py), and when each rank warned after it in results["swml"]["lost_box"]."""
-    from .box_runs import switches_on_every_box
-    from .namespace_lab import Lab
-
-    cfg = cfg or TrainConfig()
-    results: dict[str, dict] = {}
-    with Lab(workers=workers, rate_mbit=rate, boxes=cfg.boxes, box_rate_mbit=box_rate,
-             ports=ports) as lab, \
-            contextlib.ExitStack() as stack:
-        out(f"lab {lab.prefix}: {'boxes' if cfg.boxes > 1 else 'switch'} "
-            f"{','.join(box.ip for box in lab.switches)} + {workers} hosts x "
-            f"{cfg.ranks_per_host} rank(s)" + (f", links shaped to {rate:g} Mbit/s" if rate else "")
-            + (f", box ports to {box_rate:g} Mbit/s" if box_rate else ""))
-        switches = switches_on_every_box(stack, lab, box_rate=box_rate)
-        for sw in switches:
-            out(sw.ready_line)
-        for mode in MODES:
-            out(f"training with {mode}: {cfg.epochs} epochs, batch {cfg.batch} x "
-                f"{workers * cfg.ranks_per_host} ranks ...")
-            t0 = time.monotonic()
-            job = f"train-{secrets.token_hex(4)}"
-            killer = env = None
-            if kill and mode == "swml":
-                began = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "began")
-                env = {BEGAN_ENV: began}
-                killer = BoxKiller(lab, kill[0], kill[1], switches[kill[0]].proc.kill, out,
-                                   began=lambda: os.path.exists(began)).start()
-            try:
-                results[mode] = _run_mode(lab, mode, cfg, backend, job, timeout, env)
-            except RuntimeError as e:
-                if killer and killer.killed_at:
-                    raise RuntimeError(f"{e}\n({killer.describe()})") from None
-                raise
-            finally:
-                if killer:
-                    killer.cancel()
-            for note in results[mode].pop("notes", []):
-                out("  " + note)
-            out(f"  done in {time.monotonic() - t0:.1f} s")
-            if killer:
-                lost = results[mode]["lost_box"] = killer.report(results[mode]["warnings"],
-                                                                 workers * cfg.ranks_per_host)
-                if lost["killed"]:   # the epoch it fell in
-                    lost["epoch"] = 1 + sum(t < lost["killed_at"] for t in results[mode]["epoch_end_t"])
-    out("")
-    for line in summary_lines(results):
-        out(line)
-    if "lost_box" in results["swml"]:
-        for line in report_lines(results["swml"]["lost_box"]):
-            out(line)
-    diff = results["swml"]["test_acc"][-1] - results["gloo"]["test_acc"][-1]
-    n_test = results["gloo"]["test_samples"]
-    out(f"\naccuracy difference swml - gloo: {diff:+.2f} points (test set of {n_test} images; "
-        f"one image = {100 / n_test:.2f} points)")
-    plot_curves(results, png)
-    out(f"curves: {os.path.abspath(png)}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=1)
-        out(f"results: {os.path.abspath(json_path)}")
-    return results
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def _train(tmp_path, epochs: int, kill=None):
     pytest.importorskip("matplotlib", reason="the training example plots with matplotlib")
     if _torch_missing():
         pytest.skip(_torch_missing())
-    from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
+    from switchml_xdp.lab.train_example import TrainConfig
+    from switchml_xdp.lab.train_runs import run_lab_training
 
     said: list[str] = []
     res = run_lab_training(2, TrainConfig(epochs=epochs, boxes=2), "udp", str(tmp_path / "c.png"),

@@ -14,7 +14,8 @@ def test_lab_train_with_fsdp2(tmp_path):
     pytest.importorskip("matplotlib", reason="the training example plots with matplotlib")
     if NO_LAB:
         pytest.skip(NO_LAB)
-    from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
+    from switchml_xdp.lab.train_example import TrainConfig
+    from switchml_xdp.lab.train_runs import run_lab_training
 
     said = []
     res = run_lab_training(2, TrainConfig(epochs=3, parallel="fsdp2"), "udp",

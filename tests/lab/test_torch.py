@@ -237,7 +237,7 @@ def test_ddp_steps_end_within_tolerance_of_gloo(ranks):
 def test_training_example_rank_code(ranks, tmp_path):
     pytest.importorskip("sklearn", reason="the training example needs scikit-learn (python3-sklearn)")
     pytest.importorskip("matplotlib", reason="the training example plots with matplotlib")
-    from switchml_xdp.lab.train_example import plot_curves, summary_lines
+    from switchml_xdp.lab.train_runs import plot_curves, summary_lines
 
     train = ranks[0]["train"]
     assert all(ranks[i]["train"] == {"gloo": None, "swml": None} for i in range(1, WORLD))

@@ -205,7 +205,8 @@ def test_lab_train_with_two_ranks_a_host(tmp_path):
     from conftest import NO_LAB
     if NO_LAB:
         pytest.skip(NO_LAB)
-    from switchml_xdp.lab.train_example import TrainConfig, run_lab_training
+    from switchml_xdp.lab.train_example import TrainConfig
+    from switchml_xdp.lab.train_runs import run_lab_training
 
     res = run_lab_training(2, TrainConfig(epochs=2, ranks_per_host=2), "udp",
                            str(tmp_path / "c.png"), out=lambda *_: None)

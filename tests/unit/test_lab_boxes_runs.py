@@ -105,10 +105,10 @@ def test_demo_boxes_reach_the_run(monkeypatch):
 def test_train_boxes_and_the_kill_reach_the_run(monkeypatch):
     pytest.importorskip("sklearn", reason="swml-lab train needs scikit-learn")
     pytest.importorskip("matplotlib", reason="swml-lab train needs matplotlib")
-    from switchml_xdp.lab import train_example
+    from switchml_xdp.lab import train_runs
 
     seen = {}
-    monkeypatch.setattr(train_example, "run_lab_training",
+    monkeypatch.setattr(train_runs, "run_lab_training",
                         lambda workers, cfg, *a, **kw: seen.update(cfg=cfg, **kw))
     r = CliRunner().invoke(lab_cli.main, ["train", "--boxes", "3", "--box-rate", "100",
                                           "--kill-box", "1", "--kill-after", "4.5"])

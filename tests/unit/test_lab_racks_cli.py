@@ -72,13 +72,43 @@ def test_bench_bounds_one_rack_tree_and_flat():
     (["bench", "--racks", "2", "-k", "64"], "not with --racks"),
     (["bench", "--racks", "2", "--systems", "gloo"], "not with --racks"),
     (["bench", "--racks", "2", "--size", "1Q"], "not a size"),
-    (["train", "--racks", "2"], "no --racks yet"),
+    (["train", "--per-rack", "2"], "only with --racks"),
+    (["train", "--racks", "2", "-n", "4"], "not with --racks"),
+    (["train", "--racks", "2", "--boxes", "2"], "not with --racks"),
+    (["train", "--racks", "2", "--per-rack", "1,2,3"], "2 racks need"),
+    (["train", "--racks", "2", "--kill-box", "r2", "--kill-after", "1"], "r0..r1"),
+    (["train", "--racks", "2", "--kill-box", "1", "--kill-after", "1"], "parent or r0..r1"),
+    (["train", "--racks", "2", "--layout", "flat", "--kill-box", "r0", "--kill-after", "1"],
+     "parent only"),
+    (["train", "--racks", "2", "--kill-box", "parent"], "go together"),
+    (["train", "--kill-box", "r0", "--kill-after", "1"], "boxes 0..0"),
 ])
 def test_bad_racks_arguments_fail_before_anything_is_built(args, says):
     said = CliRunner().invoke(lab_cli.main, args)
     # a usage error (2), in one line that says why, never a traceback
     assert (said.exit_code, says in said.output, "Traceback" in said.output) == (2, True, False), \
         said.output
+
+
+def test_train_racks_reach_the_run_each_box_to_kill_by_its_name(monkeypatch):
+    pytest.importorskip("sklearn", reason="swml-lab train needs scikit-learn")
+    pytest.importorskip("matplotlib", reason="swml-lab train needs matplotlib")
+    pytest.importorskip("torch", reason="swml-lab train needs torch")
+    from switchml_xdp.lab import train_runs
+
+    seen = {}
+    monkeypatch.setattr(train_runs, "run_lab_training",
+                        lambda workers, cfg, *a, **kw: seen.update(cfg=cfg, **kw))
+    for box, index in (("r1", 2), ("parent", 0), ("R0", 1)):
+        r = CliRunner().invoke(lab_cli.main, ["train", "--racks", "2", "--per-rack", "2,3",
+                                              "--uplink-rate", "100", "--kill-box", box,
+                                              "--kill-after", "2"])
+        assert r.exit_code == 0, r.output
+        assert (seen["cfg"].racks, seen["cfg"].layout, seen["uplink_rate"], seen["kill"]) == \
+            ([2, 3], "tree", 100, (index, 2)), seen
+    r = CliRunner().invoke(lab_cli.main, ["train", "--racks", "3", "--layout", "flat"])
+    assert r.exit_code == 0 and seen["cfg"].racks == [2, 2, 2] and seen["kill"] is None, r.output
+    assert seen["cfg"].layout == "flat"
 
 
 def test_bench_racks_runs_the_racks_rows_loss_free_unless_told(monkeypatch, tmp_path):
