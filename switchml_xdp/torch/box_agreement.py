@@ -9,6 +9,13 @@ has moved on to c + 1, or sits idle after c: it redoes c with the others,
 from the input it kept), the union of the lost boxes, and which ranks are
 ahead. Boxes come back at call boundaries only, every `every` calls, and
 only when every rank reached them: never from one rank's timing.
+
+A rank whose job goes through a tree of boxes (its box a rack box) says
+so in its post: such a job lives or dies whole (the parent aborts it on
+every rack when any box of the tree is lost: docs/scale-out.md, "Faults"),
+so every rank then counts all of its own boxes lost, whichever box it saw
+go (its own rack box, an abort from it naming another, or only an
+interrupt), and every rank goes to Gloo alike.
 """
 from __future__ import annotations
 
@@ -30,11 +37,14 @@ class Agreement:
     call: int                   # the call every rank redoes
     lost: tuple[str, ...]       # the boxes lost, in the job's list order
     ahead: tuple[int, ...]      # ranks that had completed `call` already
+    why: tuple[int, str] | None = None  # the first rank (in rank order) that said why, and what
 
 
-def post(first_unfinished: int, lost: Sequence[str]) -> dict:
-    """What a rank posts."""
-    return {"call": int(first_unfinished), "lost": sorted(set(lost))}
+def post(first_unfinished: int, lost: Sequence[str], tree: bool = False, why: str = "") -> dict:
+    """What a rank posts: tree, whether its job goes through a tree of boxes;
+    why, its failure's words (where it had one)."""
+    return {"call": int(first_unfinished), "lost": sorted(set(lost)), "tree": bool(tree),
+            "why": why}
 
 
 def agree(posts: Sequence[dict], boxes: Sequence[str]) -> Agreement:
@@ -47,8 +57,11 @@ def agree(posts: Sequence[dict], boxes: Sequence[str]) -> Agreement:
         raise FailoverError(f"the ranks' posts disagree by more than one call ({calls}): "
                             "the group's calls are out of step")
     union = set().union(*(p["lost"] for p in posts))
+    if any(p.get("tree") for p in posts):    # the module's docstring: all or nothing
+        union = set(boxes)
+    why = next(((r, p["why"]) for r, p in enumerate(posts) if p.get("why")), None)
     return Agreement(first, tuple(b for b in boxes if b in union),
-                     tuple(r for r, c in enumerate(calls) if c > first))
+                     tuple(r for r, c in enumerate(calls) if c > first), why)
 
 
 def remaining(boxes: Sequence[str], lost: Sequence[str]) -> list[str]:

@@ -90,6 +90,12 @@ def _is_box_failure(error: BaseException) -> bool:
     return bool(lost_boxes(error)) or isinstance(error, CallInterrupted)
 
 
+def _why(error: BaseException) -> str:
+    """A failure's words for the agreement: a lost box's or an abort's (an
+    interrupt only repeats another rank's)."""
+    return str(error).splitlines()[0] if lost_boxes(error) and str(error) else ""
+
+
 class BoxFailover:
     """Runs the group's calls through its Worker (`group.worker`, replaced
     when the boxes change) or Gloo, and recovers from lost boxes."""
@@ -148,7 +154,7 @@ class BoxFailover:
             except BaseException as e:
                 if self.group.worker is None or not _is_box_failure(e):
                     raise
-                self._recover(c, lost_boxes(e))
+                self._recover(c, lost_boxes(e), _why(e))
                 x[...] = self.saved[c][0]
 
     def _through(self, x: np.ndarray, op: str, refused: bool = False) -> None:
@@ -201,17 +207,20 @@ class BoxFailover:
                                 f"within {self.timeout.total_seconds():g} s") from None
         return [json.loads(self.store.get(k)) for k in keys]
 
-    def _recover(self, first_unfinished: int, lost) -> None:
+    def _recover(self, first_unfinished: int, lost, why: str = "") -> None:
         """Agree on the lost boxes with every rank, go on without them, and
         take part in the redo of a call this rank had completed."""
-        g = self.generation
+        g, worker = self.generation, self.group.worker
+        tree = worker is not None and worker.info.parent is not None   # a rack box's job
         self.store.set(f"g{g}/failed", "1")     # the other ranks' watchers read it
-        agreed = agree(self._exchange(f"g{g}/post", post(first_unfinished, lost)), self.all_boxes)
+        agreed = agree(self._exchange(f"g{g}/post", post(first_unfinished, lost, tree, why)),
+                       self.all_boxes)
         left = remaining(self.boxes, agreed.lost)
         where = ", ".join(left) if left else "gloo (no box left)"
+        said = f" ({self._parties[:-1]} {agreed.why[0]}: {agreed.why[1]})" if agreed.why else ""
         self._say(f"switchml_xdp: box(es) {', '.join(agreed.lost) or '(none)'} lost at swml "
                   f"call #{agreed.call} (agreed by all {self.size} {self._parties}): that call "
-                  f"and the next go through {where}")
+                  f"and the next go through {where}{said}")
         self._rebuild(left)
         if agreed.ahead and self.group.worker is None:
             raise FailoverError(f"call #{agreed.call} gave its result on {self._parties[:-1]}(s) "

@@ -27,7 +27,8 @@ WAIT_S = 10.0
 class FakeJob:
     """One job on the boxes: call i's result is the sum of every rank's
     input. `fail[i] = {rank: boxes}`: that rank's call i sends, then fails
-    as BoxLost (the others get the result: they are ahead)."""
+    as BoxLost (the others get the result: they are ahead), or, for a call
+    in `unsent`, fails before it sends (its box gone: nobody gets the result)."""
 
     def __init__(self, boxes: list[str]):
         self.boxes = boxes
@@ -35,12 +36,15 @@ class FakeJob:
         self.inputs: dict[int, dict[int, np.ndarray]] = {}
         self.fail: dict[int, dict[int, list[str]]] = {}
         self.refused: set[int] = set()     # calls a party refused: CallMismatch on every one
+        self.unsent: set[int] = set()
 
     def allreduce(self, rank: int, index: int, x: np.ndarray, stopped) -> None:
         with self.cond:
-            self.inputs.setdefault(index, {})[rank] = x.copy()
-            self.cond.notify_all()
             lost = self.fail.get(index, {}).get(rank)
+            self.inputs.setdefault(index, {})
+            if not (lost and index in self.unsent):
+                self.inputs[index][rank] = x.copy()
+            self.cond.notify_all()
             if lost:
                 e = BoxLost(f"box {lost[0]}: the box is lost", lost)
                 e.lost_boxes = tuple(lost)
@@ -56,9 +60,10 @@ class FakeJob:
 
 
 class FakeWorker:
-    def __init__(self, job: FakeJob, rank: int):
+    def __init__(self, job: FakeJob, rank: int, parent: str | None = None):
         self.job, self.rank, self.calls, self.closed = job, rank, 0, False
         self._stopped = False
+        self.info = types.SimpleNamespace(parent=parent)   # a rack box's job: its parent
 
     def allreduce(self, x: np.ndarray, op: str) -> None:
         self._stopped = False
@@ -124,7 +129,10 @@ class Cluster:
 class Rank:
     """One rank: its group (worker, rank, size), its group thread, its
     failover. hosts: the leader of host `rank` of WORLD hosts, in a group
-    of `hosts` ranks, telling its host's other ranks by `tell`."""
+    of `hosts` ranks, telling its host's other ranks by `tell`; `parent`:
+    the parent box of its boxes (a job through a tree of boxes)."""
+
+    parent: str | None = None
 
     def __init__(self, cluster: Cluster, rank: int, boxes: str = BOXES, hosts: int = 0,
                  tell=None):
@@ -143,7 +151,7 @@ class Rank:
                                                  party=(rank, WORLD) if hosts else None, tell=tell)
 
     def _make(self, boxes, join_timeout, generation=0):
-        return FakeWorker(self.cluster.job(generation, boxes), self._rank)
+        return FakeWorker(self.cluster.job(generation, boxes), self._rank, self.parent)
 
     def rank(self) -> int:
         return self._rank
