@@ -204,6 +204,9 @@ def _train(rank: int, world: int, mode: str, switch: str | None, job: str | None
             result["buckets"] = hook_state.buckets if hook_state else swml.switch_calls
             result["fallback_buckets"] = (hook_state.fallback_buckets if hook_state
                                           else swml.fallbacks)
+        elif swml is not None:      # every box lost: the group went on through Gloo
+            result.update(every_box_lost=True, buckets=swml.switch_calls,
+                          fallback_buckets=swml.fallbacks)
         dist.barrier()
         return result if rank == 0 else None
     finally:

@@ -117,7 +117,9 @@ def summary_lines(results: dict[str, dict]) -> list[str]:
     rows = [("mode", "final acc", "train loss", "time/epoch", "aggregation")]
     for mode in MODES:
         r = results[mode]
-        if mode == "swml":
+        if mode == "swml" and r.get("every_box_lost"):
+            how = f"switch until every box was lost, then Gloo: {r['buckets']} buckets"
+        elif mode == "swml":
             w = r.get("worker", {})
             how = (f"switch, {w.get('backend', '?')} datapath, k={w.get('k', '?')}, "
                    f"{w.get('job_world', '?')} members: "
