@@ -20,7 +20,9 @@ from xdp_tester import PROG_K, PROG_SLOTS, Action, SwitchTester, assert_accounte
 PARENT = Endpoint("02:5e:00:00:01:01", "10.254.0.1", wire.DEFAULT_PORT)
 UPLINK = Endpoint("02:5e:00:00:01:02", "10.254.0.2", wire.DEFAULT_PORT)  # the rack box on the core
 PARENT_JOB = 7
-HOLD_S = 1e-3   # SWML_UP_HOLD_NS (xdp/swml_tree.h)
+# SWML_UP_HOLD_NS (xdp/swml_tree.h) in the tests' build: long enough that a
+# test run's next packet comes inside it however slow the machine.
+HOLD_S = 0.05
 
 
 def uplink_to(parent_rank: int, auth: int = wire.AUTH_HEADER, *, src: Endpoint = UPLINK,
@@ -35,7 +37,8 @@ def uplink_to(parent_rank: int, auth: int = wire.AUTH_HEADER, *, src: Endpoint =
 @pytest.fixture(scope="module")
 def rack_prog():
     require_bpf()
-    with SwitchTester(k=PROG_K, slots=PROG_SLOTS, uplink=True) as tester:
+    with SwitchTester(k=PROG_K, slots=PROG_SLOTS, uplink=True,
+                      defines={"SWML_UP_HOLD_NS": f"{int(HOLD_S * 1e9)}ULL"}) as tester:
         yield tester
 
 

@@ -149,9 +149,10 @@ class SwitchTester(XdpTester):
 
     def __init__(self, k: int = 8, slots: int = 16, port: int = wire.DEFAULT_PORT,
                  ip: str = SWITCH_IP, mac: str = SWITCH_MAC, fanout: str = "multicast",
-                 uplink: bool = False):
+                 uplink: bool = False, defines: dict[str, object] | None = None):
         """uplink: built as a rack box with an uplink (SWML_UPLINK): its one
-        port and its uplink are both the test run's device."""
+        port and its uplink are both the test run's device. defines: more
+        compiler defines (a tunable's value for a test)."""
         self.k, self.slots, self.port = k, slots, port
         self.switch = Endpoint(mac, ip, port)
         # SwitchMaps finds an interface's maps by its name: a made-up name, a directory of our own.
@@ -159,9 +160,11 @@ class SwitchTester(XdpTester):
         pins = bpf.pin_dir(self.pins_name)
         bpf.ensure_bpffs(pins)
         try:
-            defines = program_defines(SwitchParams(k, slots, port), pins, ip, mac, fanout)
+            extra, defines = defines, program_defines(SwitchParams(k, slots, port), pins, ip, mac,
+                                                      fanout)
             super().__init__(bpf.compile_program("swml_switch.c", "swml_switch",
-                                                 {**defines, **({"SWML_UPLINK": 1} if uplink else {})}))
+                                                 {**defines, **({"SWML_UPLINK": 1} if uplink else {}),
+                                                  **(extra or {})}))
             if uplink:
                 fill_ports(self.prog, [self.TEST_RUN_IFINDEX], fanout)
             self.maps = SwitchMaps(self.pins_name, k)
