@@ -18,8 +18,13 @@ tensors, the median of the slowest rank's time from a barrier:
                     across the core, rack r's n_r streams on its uplink;
                     bound max over racks of n_r S / uplink rate
 
+    gloo ring       the peer: torch.distributed's Gloo over the tree's
+                    links (no boxes: its ring crosses the core through the
+                    rack boxes' routing); bound 2(N-1)/N S / min(worker
+                    rate, uplink rate) in TCP frames
+
 all header-adjusted (constants.py), with the share of its bound each row
-reaches and the ratios tree / one rack and flat / tree. A loss after the
+reaches and the ratios tree / one rack, flat / tree and gloo / tree. A loss after the
 first adds a tree row with that loss on every worker link and uplink, each
 way, against the loss-free tree. The rows, the command and the figures go
 to --json, and a bar chart to --png where matplotlib is installed.
@@ -34,7 +39,7 @@ import sys
 from pathlib import Path
 
 from .allreduce_bench import parse_size
-from .constants import boxes_bound_s
+from .constants import GLOO_PORT, boxes_bound_s, gloo_bound_mbps
 from .rank_group import RankGroup
 
 K = 256
@@ -52,14 +57,17 @@ class RacksConfig:
     json_path: str | None = None
     png_path: str | None = None
     command: str = ""
+    gloo: bool = True     # the peer's row (needs torch)
 
 
 def bounds_s(cfg: RacksConfig) -> dict[str, float]:
     """Each row's bound (the module's docstring)."""
     up = [cfg.uplink_rate_mbit]
+    slowest = min(cfg.rate_mbit, cfg.uplink_rate_mbit or cfg.rate_mbit)
     return {"one rack": boxes_bound_s(cfg.size, max(cfg.per_rack), cfg.rate_mbit, [], K),
             "tree": boxes_bound_s(cfg.size, 1, cfg.rate_mbit, up, K),
-            "flat": max(boxes_bound_s(cfg.size, n, cfg.rate_mbit, up, K) for n in cfg.per_rack)}
+            "flat": max(boxes_bound_s(cfg.size, n, cfg.rate_mbit, up, K) for n in cfg.per_rack),
+            "gloo": cfg.size * 8 / (gloo_bound_mbps(slowest, sum(cfg.per_rack)) * 1e6)}
 
 
 def _argv_of(lab, job: str, size: int, box_ip):
@@ -104,6 +112,30 @@ def measure_racks(cfg: RacksConfig, layout: str, loss: float = 0.0) -> tuple[flo
         return _timed(lab, _argv_of(lab, layout, cfg.size, lambda h: lab.box_of(h).ip), cfg)
 
 
+def _torch_missing() -> str | None:
+    """Why the Gloo row cannot run here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed: make setup-torch"
+    return None
+
+
+def measure_gloo(cfg: RacksConfig) -> tuple[float, str, float]:
+    """Gloo's ring over the tree's links, no boxes up."""
+    from ..lab.racks import RacksLab
+
+    with RacksLab(None, cfg.per_rack, "tree", rate_mbit=cfg.rate_mbit,
+                  uplink_rate_mbit=cfg.uplink_rate_mbit) as lab:
+        master, world = lab.workers[0].ip, len(lab.workers)
+
+        def argv_of(rank, host):
+            return ["--system", "gloo", "--rank", str(rank), "--world", str(world),
+                    "--size", str(cfg.size), "--master", master,
+                    "--master-port", str(GLOO_PORT), "--iface", host.iface]
+        return _timed(lab, argv_of, cfg)
+
+
 def run_racks_bench(cfg: RacksConfig, out=print) -> dict:
     """The rows, printed as they come; the document --json gets."""
     sizes = ",".join(map(str, cfg.per_rack))
@@ -125,6 +157,10 @@ def run_racks_bench(cfg: RacksConfig, out=print) -> dict:
     tree = row(f"tree, racks {sizes}", bounds["tree"], measure_racks(cfg, "tree"),
                ("tree/one rack", one))
     row(f"flat, racks {sizes}", bounds["flat"], measure_racks(cfg, "flat"), ("flat/tree", tree))
+    if cfg.gloo and _torch_missing():
+        out(f"  gloo ring: not run ({_torch_missing()})")
+    elif cfg.gloo:
+        row(f"gloo ring, racks {sizes}", bounds["gloo"], measure_gloo(cfg), ("gloo/tree", tree))
     for loss in (p for p in cfg.losses if p):
         row(f"tree, {100 * loss:g}% loss", bounds["tree"], measure_racks(cfg, "tree", loss),
             ("vs loss-free", tree))

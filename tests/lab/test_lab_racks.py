@@ -272,14 +272,16 @@ def test_a_killed_rack_box_leaves_nothing_once_its_lab_is_gone():
 
 
 def test_the_racks_bench_prints_one_rack_tree_and_flat_with_their_ratios(tmp_path):
-    from switchml_xdp.bench.racks_bench import RacksConfig, run_racks_bench
+    from switchml_xdp.bench.racks_bench import RacksConfig, _torch_missing, run_racks_bench
 
     lines = []
     cfg = RacksConfig([1, 2], rate_mbit=200, uplink_rate_mbit=100, size=256 << 10, iterations=1,
                       json_path=str(tmp_path / "rows.json"))
     doc = run_racks_bench(cfg, out=lines.append)
+    gloo = [] if _torch_missing() else ["gloo ring, racks 1,2"]
     assert [r["row"] for r in doc["rows"]] == ["one rack of 2 alone", "tree, racks 1,2",
-                                               "flat, racks 1,2"]
+                                               "flat, racks 1,2", *gloo]
     assert all(r["tat_s"] > 0 and r["rel_err"] < 1e-6 for r in doc["rows"]), doc["rows"]
     assert "tree/one rack" in lines[2] and "flat/tree" in lines[3], lines
+    assert not gloo or "gloo/tree" in lines[4], lines
     assert json.loads((tmp_path / "rows.json").read_text())["rows"] == doc["rows"]

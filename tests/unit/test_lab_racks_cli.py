@@ -46,7 +46,7 @@ def test_flat_racks_are_one_subnet_on_the_parent():
 
 
 def test_bench_bounds_one_rack_tree_and_flat():
-    from switchml_xdp.bench.constants import boxes_bound_s
+    from switchml_xdp.bench.constants import boxes_bound_s, gloo_bound_mbps
     from switchml_xdp.bench.racks_bench import K, RacksConfig, bounds_s
 
     b = bounds_s(RacksConfig([2, 3, 4], rate_mbit=100, uplink_rate_mbit=100, size=1 << 20))
@@ -55,6 +55,9 @@ def test_bench_bounds_one_rack_tree_and_flat():
     assert b["flat"] == pytest.approx(4 * one)             # the rack of 4 on its uplink
     slow = bounds_s(RacksConfig([4, 4], rate_mbit=100, uplink_rate_mbit=50, size=1 << 20))
     assert slow["tree"] == pytest.approx(2 * one) and slow["flat"] == pytest.approx(8 * one)
+    # Gloo's ring: 2(N-1)/N of the tensor over its slowest link, in TCP frames.
+    assert slow["gloo"] == pytest.approx(
+        (1 << 20) * 8 / (gloo_bound_mbps(50, 8) * 1e6)) and slow["gloo"] > slow["tree"]
 
 
 @pytest.mark.parametrize("args, says", [
