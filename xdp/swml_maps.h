@@ -131,10 +131,13 @@ struct swml_slot {
 	__u8 op[2];     /* its op (SWML_OP_*) */
 	__s8 exp[2];    /* max block exponent over contributions */
 	__u8 flags[2];  /* OR of contributors' NONFINITE, and DISAGREE; SWML_SLOT_FINAL */
-	__u16 pad1;
-	/* A rack box (a tree of boxes): when the round's partial last went up
-	 * to the parent (bpf_ktime_get_ns), so that a wave of members'
-	 * retransmissions sends it up once (swml_tree.h, SWML_UP_HOLD_NS). */
+	/* A rack box (a tree of boxes): the member whose DATA completed the
+	 * round here, which the RESULT from above names when this box's
+	 * partial completed the parent's round (swml_tree.h); */
+	__u8 up_rank[2];
+	/* and when the round's partial last went up to the parent
+	 * (bpf_ktime_get_ns), so that a wave of members' retransmissions sends
+	 * it up once (SWML_UP_HOLD_NS). */
 	__u64 up_ns[2];
 	__s32 vals[2][SWML_K];
 };

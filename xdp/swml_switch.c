@@ -349,13 +349,14 @@ static __always_inline int swml_from_parent(struct xdp_md *ctx, struct ethhdr *e
 	struct swml_slot *s = slots.lookup(&slot_idx);
 	if (!s)
 		return swml_drop(SWML_CNT_BAD_PARENT);
+	u32 completer = 0;
 	int outcome =
 		swml_take_from_parent(s, h->flags & SWML_FLAG_SLOT_VER, bpf_ntohl(SWML_HDR(h, seq)),
-				      job->world, payload, h->exp, h->flags);
+				      job->world, payload, h->exp, h->flags, &completer);
 	swml_count(outcome);
 	if (outcome != SWML_CNT_FROM_PARENT)
 		return XDP_DROP;
-	swml_down_result(eth, ip, udp, h, job, job_id);
+	swml_down_result(eth, ip, udp, h, job, job_id, completer);
 	swml_sign(h, job, data_end, SWML_PAYLOAD_LEN);
 #ifdef SWML_FANOUT_UNICAST
 	return swml_to_fanout(ctx, job_id);
@@ -530,7 +531,7 @@ int swml_switch(struct xdp_md *ctx)
 	if (job->up.ifindex && !(res.flags & SWML_SLOT_FINAL)) {
 		/* Complete here, not yet answered from above: up to the parent. */
 		int again = outcome == SWML_CNT_SHADOW_REPLY;
-		if (!swml_up_now(s, res.flags, again)) {
+		if (!swml_up_now(s, res.flags, again, rank)) {
 			swml_count(SWML_CNT_UP_HELD);
 			return XDP_DROP;
 		}

@@ -41,13 +41,15 @@
  * completion always, for a retransmission only past the hold. The slot's
  * time is read and written outside its lock: two CPUs racing send it up
  * twice, as without the hold. */
-static __always_inline int swml_up_now(SWML_SLOT_T s, __u32 ver, int again)
+static __always_inline int swml_up_now(SWML_SLOT_T s, __u32 ver, int again, __u32 rank)
 {
 	__u64 now = bpf_ktime_get_ns();
 
 	if (again && now - s->up_ns[ver & 1] < SWML_UP_HOLD_NS)
 		return 0;
 	s->up_ns[ver & 1] = now;
+	if (!again)
+		s->up_rank[ver & 1] = rank;
 	return 1;
 }
 
@@ -95,9 +97,11 @@ static __always_inline void swml_up_data(struct ethhdr *eth, struct iphdr *ip, s
  *                         (a copy: a shadow reply crossing the multicast)
  *   SWML_CNT_BAD_PARENT   a round this box has not completed (the parent
  *                         cannot have answered it: not the parent's)
- *   SWML_CNT_BUSY         the slot's lock could not be had */
+ *   SWML_CNT_BUSY         the slot's lock could not be had
+ * Taken, *completer is the member whose DATA completed the round here. */
 static __always_inline int swml_take_from_parent(SWML_SLOT_T s, __u32 ver, __u32 seq, __u32 world,
-						 const __s32 *in, __s8 exp, __u8 flags)
+						 const __s32 *in, __s8 exp, __u8 flags,
+						 __u32 *completer)
 {
 	int outcome;
 
@@ -112,6 +116,7 @@ static __always_inline int swml_take_from_parent(SWML_SLOT_T s, __u32 ver, __u32
 		swml_copy(SWML_VALS(s, ver), in, SWML_K);
 		SWML_EXP(s, ver) = exp;
 		SWML_FLAGS(s, ver) = (flags & SWML_KEPT_FLAGS) | SWML_SLOT_FINAL;
+		*completer = s->up_rank[ver & 1];
 		outcome = SWML_CNT_FROM_PARENT;
 	}
 	SWML_SLOT_UNLOCK(s);
@@ -119,12 +124,18 @@ static __always_inline int swml_take_from_parent(SWML_SLOT_T s, __u32 ver, __u32
 }
 
 /* Rewrite the parent's RESULT, its payload final, into the local job's: from
- * this box's rack address to the job's group, its job id this box's, its
- * flags the round's version and kept flags (not the parent's SHADOW: the
- * members get it as the round's RESULT). Signed by the caller. */
+ * this box's rack address to the job's group, its job id this box's. Its
+ * flags stay the round's version, kept flags and SHADOW (the parent answered
+ * a resend: the round's RESULT was lost on its way to this box, a loss for
+ * every member). Its rank names the member that completed the round, as a
+ * one-box RESULT does (a worker's probe, client/retransmit.py, reads it):
+ * where this box's partial completed the parent's round, the member that
+ * completed it here (`completer`); else another rack's, which no member
+ * here has. Signed by the caller. */
 static __always_inline void swml_down_result(struct ethhdr *eth, struct iphdr *ip,
 					     struct udphdr *udp, struct swml_hdr *h,
-					     const struct swml_job *job, __u32 job_id)
+					     const struct swml_job *job, __u32 job_id,
+					     __u32 completer)
 {
 	__builtin_memcpy(eth->h_dest, job->group_mac, ETH_ALEN);
 	*(__u32 *)eth->h_source = (__u32)SWML_SWITCH_MAC_HI;
@@ -136,8 +147,10 @@ static __always_inline void swml_down_result(struct ethhdr *eth, struct iphdr *i
 	udp->source = bpf_htons(SWML_PORT);
 	udp->dest = job->result_port;
 	udp->check = 0;
-	h->flags &= SWML_FLAG_SLOT_VER | SWML_KEPT_FLAGS;
+	h->flags &= SWML_FLAG_SLOT_VER | SWML_KEPT_FLAGS | SWML_FLAG_SHADOW;
 	h->job = bpf_htons(job_id);
+	if (h->rank == job->up.rank)
+		h->rank = bpf_htons(completer);
 	h->reserved1 = 0;
 }
 

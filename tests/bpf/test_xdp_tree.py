@@ -51,11 +51,13 @@ def rack(rack_prog):
 
 def parent_result(up: UplinkEntry, slot: int, seq: int, values, *, ver: int = 0, exp: int = 0,
                   flags: int = 0, src: Endpoint = PARENT, result_key: bytes | None = None,
-                  job: int = PARENT_JOB, dst_port: int | None = None) -> bytes:
+                  job: int = PARENT_JOB, dst_port: int | None = None, rank: int | None = None) -> bytes:
     """The parent's RESULT of a round, to the parent job's group, signed as
-    the parent signs it (with `result_key`, default the uplink's)."""
+    the parent signs it (with `result_key`, default the uplink's), `rank`
+    the member that completed it there (default: the rack box itself)."""
     vals = np.asarray(values, "<i4")
-    buf = bytearray(wire.pack_header(wire.TYPE_RESULT, job, 0, slot, seq, len(vals),
+    rank = up.rank if rank is None else rank
+    buf = bytearray(wire.pack_header(wire.TYPE_RESULT, job, rank, slot, seq, len(vals),
                                      flags | ver, exp) + vals.tobytes())
     wire.sign_result(buf, up.result_key if result_key is None else result_key, up.auth,
                      vals.nbytes)
@@ -124,6 +126,7 @@ def test_the_parent_s_result_goes_on_to_the_members_and_becomes_the_shadow(rack,
     assert res.frame.src == rack.switch and res.frame.dst == job.group
     assert (int(res.header["job"]), int(res.header["exp"])) == (5, 3)
     assert int(res.header["flags"]) == wire.FLAG_NONFINITE   # version 0, not SHADOW
+    assert int(res.header["rank"]) == 1   # this box's partial completed it: rank 1's DATA here
     assert list(res.values) == list(final)
     assert wire.result_authentic(res.frame.payload, len(res.frame.payload), job.result_key,
                                  auth, PROG_K * 4)
@@ -136,8 +139,12 @@ def test_the_parent_s_result_goes_on_to_the_members_and_becomes_the_shadow(rack,
     assert int(sh.header["flags"]) == wire.FLAG_NONFINITE | wire.FLAG_SHADOW   # no slot bits
     # The parent's copy of the same RESULT (its shadow reply to a resend): dropped.
     assert rack.run(parent_result(up, 1, 1, final, exp=3)).action == Action.DROP
+    # Another rack completed the parent's round: its rank stays, none of ours.
+    rack.round(job, 2, [np.ones(PROG_K), np.ones(PROG_K)], rnd=0)
+    other = rack.run(parent_result(up, 2, 2, final, rank=9))
+    assert other.action == Action.REDIRECT and int(rack.result(other).header["rank"]) == 9
     c = rack.counters()
-    assert (c["from_parent"], c["parent_copy"], c["shadow_reply"], c["resent_up"]) == (1, 1, 1, 0)
+    assert (c["from_parent"], c["parent_copy"], c["shadow_reply"], c["resent_up"]) == (2, 1, 1, 0)
 
 
 def test_results_not_the_parent_s_are_dropped_and_counted(rack):
@@ -248,7 +255,11 @@ def test_a_result_lost_on_the_way_down_comes_back_through_the_parent_s_shadow(ra
     assert down.action == Action.REDIRECT
     res = rack.result(down)
     assert list(res.values) == [107] * PROG_K and res.frame.dst == job.group
-    assert int(res.header["flags"]) == 0 and int(res.header["job"]) == 1
+    # SHADOW kept: the round's RESULT was lost on its way here, a loss for
+    # every member (their probes resend what they deferred at once); the
+    # rank that completed the round here, rank 1, as a box of its own says.
+    assert int(res.header["flags"]) == wire.FLAG_SHADOW and int(res.header["job"]) == 1
+    assert int(res.header["rank"]) == 1
     c, p = rack.counters(), sw.counters()
     assert (c["sent_up"], c["resent_up"], c["from_parent"]) == (1, 1, 1), c
     assert (p["completed"], p["shadow_reply"]) == (1, 1), p
