@@ -55,9 +55,10 @@ class NoticeListener:
         try:
             key = str(len(self.heard) + 1)
             while self.store.check([key]):
-                self.heard.append(self.store.get(key).decode())
-                warnings.warn(f"{self.heard[-1]} (told by this host's leader, rank "
-                              f"{self.leader})", RuntimeWarning, stacklevel=1)
+                notice = self.store.get(key).decode()
+                warnings.warn(f"{notice} (told by this host's leader, rank {self.leader})",
+                              RuntimeWarning, stacklevel=1)
+                self.heard.append(notice)   # heard = warned: what a watcher may count on
                 key = str(len(self.heard) + 1)
         except Exception:  # noqa: BLE001 - a store going away at shutdown: calls say it
             pass
