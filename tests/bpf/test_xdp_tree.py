@@ -263,3 +263,18 @@ def test_a_result_lost_on_the_way_down_comes_back_through_the_parent_s_shadow(ra
     c, p = rack.counters(), sw.counters()
     assert (c["sent_up"], c["resent_up"], c["from_parent"]) == (1, 1, 1), c
     assert (p["completed"], p["shadow_reply"]) == (1, 1), p
+
+
+@pytest.mark.parametrize("fanout", ["multicast", "unicast"])
+def test_a_rack_box_of_two_rack_ports_loads_and_sends_up(fanout):
+    """The build of a rack box whose rack has two ports (SWML_PORTS=2 beside
+    SWML_UPLINK: the port places, the devmap or the fan-out, and the way up)
+    passes the verifier and sends a complete round up."""
+    require_bpf()
+    with SwitchTester(k=PROG_K, slots=PROG_SLOTS, uplink=True, fanout=fanout,
+                      defines={"SWML_PORTS": 2}) as box:
+        job = box.add_job(job_id=2, ranks=(3, 5), uplink=uplink_to(3))
+        run = box.round(job, 1, [np.full(PROG_K, 2), np.full(PROG_K, 5)], rnd=0)
+        assert run.action == Action.REDIRECT
+        assert list(box.result(run).values) == [7] * PROG_K
+        assert box.counters()["sent_up"] == 1
