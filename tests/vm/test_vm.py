@@ -97,14 +97,16 @@ def test_the_unicast_fanout_loads_and_serves_on_debian_12_s_kernel(capsys):
 
 @needs_vms
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("fanout", ["multicast", "unicast"])
-def test_a_rack_box_and_its_parent_serve_a_worker_vm_on_debian_12_s_kernel(capsys, fanout):
+@pytest.mark.parametrize("fanout, rack_ports", [("multicast", 1), ("unicast", 1), ("multicast", 2)])
+def test_a_rack_box_and_its_parent_serve_a_worker_vm_on_debian_12_s_kernel(capsys, fanout,
+                                                                           rack_ports):
     """The rack box's build of the switch program (xdp/swml_tree.h: a round
     up to the parent out of the uplink, the parent's RESULT down to the
-    members) passes Debian 12's verifier (6.1); with its parent in the same
-    VM behind a veth, the tree serves the worker VM exactly, every round
-    going up and coming down."""
-    switch = _serve_one_worker_vm(capsys, ("--fanout", fanout), tree=True)
+    members; with two rack ports, the devmap broadcast too) passes Debian
+    12's verifier (6.1); with its parent in the same VM behind a veth, the
+    tree serves the worker VM exactly, every round going up and coming
+    down."""
+    switch = _serve_one_worker_vm(capsys, ("--fanout", fanout), box_ports=rack_ports, tree=True)
     c = switch["counters"]
     assert c["sent_up"] == c["completed"] > 0, c
     assert c["from_parent"] >= c["completed"] and c["bad_parent"] == 0, c
