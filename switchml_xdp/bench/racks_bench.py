@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
 
 from .allreduce_bench import parse_size
 from .constants import GLOO_PORT, boxes_bound_s, gloo_bound_mbps
+from .output import NO_PLOT, pyplot, save_chart, save_doc
 from .rank_group import RankGroup
 
 K = 256
@@ -167,21 +167,14 @@ def run_racks_bench(cfg: RacksConfig, out=print) -> dict:
     doc = {"per_rack": cfg.per_rack, "rate_mbit": cfg.rate_mbit,
            "uplink_rate_mbit": cfg.uplink_rate_mbit, "size_bytes": cfg.size, "k": K,
            "iterations": cfg.iterations, "command": cfg.command, "rows": rows}
-    if cfg.json_path:
-        Path(cfg.json_path).write_text(json.dumps(doc, indent=1) + "\n")
-    if cfg.png_path:
-        out(plot(doc, Path(cfg.png_path)))
-    return doc
+    return save_doc(doc, cfg.json_path, cfg.png_path, plot, out)
 
 
 def plot(doc: dict, path: Path) -> str:
     """A bar a row (its TAT) and its bound as a tick; what was written, in a line."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed"
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     names = [r["row"] for r in doc["rows"]]
     fig, ax = plt.subplots(figsize=(7, 0.6 * len(names) + 1.5))
     ax.barh(names, [r["tat_s"] * 1e3 for r in doc["rows"]], color="tab:blue", label="TAT")
@@ -192,11 +185,7 @@ def plot(doc: dict, path: Path) -> str:
     up = doc["uplink_rate_mbit"]
     ax.set_title(f"{doc['size_bytes'] / 2**20:g} MiB, worker links {doc['rate_mbit']:g} Mbit/s, "
                  f"uplinks {f'{up:g} Mbit/s' if up else 'unshaped'}", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f"plot: {path}"
+    return save_chart(plt, fig, ax, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

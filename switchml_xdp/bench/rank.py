@@ -134,14 +134,17 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
 
     n = a.size // 4
     iterations, warmup = int(cmd["iterations"]), int(cmd["warmup"])
+    start_at = cmd.get("start_at")    # a time.monotonic() every rank of every job waits for
     ticks = [0.0] * len(CPU_FIELDS)
-    times, cpu_self = [], 0.0
+    times, ends, cpu_self = [], [], 0.0
     err = None
     before = impl.counters()
     src = [make_input("float32", n, a.rank, it) for it in range(min(iterations + warmup, 2))]
     buf = np.empty(n, np.float32)
     for it in range(warmup + iterations):
         np.copyto(buf, src[it % len(src)])        # the same tensors for every system
+        if it == warmup and start_at is not None:
+            time.sleep(max(0.0, float(start_at) - time.monotonic()))
         impl.barrier()
         s0, c0 = machine_cpu_times() if a.cpu else None, self_cpu_s()
         t0 = time.perf_counter()
@@ -150,13 +153,14 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
         c1, s1 = self_cpu_s(), machine_cpu_times() if a.cpu else None
         if it >= warmup:
             times.append(dt)
+            ends.append(time.monotonic())
             cpu_self += c1 - c0
             if a.cpu:
                 ticks = [t + (y - x) for t, x, y in zip(ticks, s0, s1)]
         if it == warmup and a.check:
             err = _check_error(a, result, it % len(src))
     after = impl.counters()
-    return {"rank": a.rank, "times": times, "cpu_times": ticks if a.cpu else None,
+    return {"rank": a.rank, "times": times, "ends": ends, "cpu_times": ticks if a.cpu else None,
             "self_cpu_s": cpu_self, "rel_err": err,
             "counters": {k: after[k] - before.get(k, 0) for k in after}, "gauges": impl.gauges()}
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class RankError(RuntimeError):
@@ -21,12 +21,14 @@ class RankGroup:
     """One process per worker, in the worker's namespace, driven in lockstep."""
 
     def __init__(self, lab, argv_of: Callable[[int, object], list[str]], timeout: float = 300.0,
-                 env: dict | None = None):
+                 env: dict | None = None, hosts: Sequence | None = None):
+        """hosts: the workers that run a rank, in rank order (default every
+        worker of the lab: several groups on one lab are several jobs)."""
         self.lab = lab
         self.procs = []
         self.impl = None
         self.errs = []             # stderr of each rank: a file, so it can never block the rank
-        for rank, host in enumerate(lab.workers):
+        for rank, host in enumerate(lab.workers if hosts is None else hosts):
             argv = [sys.executable, "-m", "switchml_xdp.bench.rank", *argv_of(rank, host)]
             err = tempfile.TemporaryFile("w+")
             self.errs.append(err)
@@ -68,9 +70,22 @@ class RankGroup:
         return [replies[r] for r in range(len(self.procs))]
 
     def run(self, iterations: int, warmup: int, timeout: float) -> list[dict]:
+        self.start(iterations, warmup)
+        return self._collect(timeout)
+
+    def start(self, iterations: int, warmup: int, start_at: float | None = None) -> None:
+        """Ask every rank to run, and return at once (collect() gets the
+        answers): several groups started so run together. start_at: a
+        time.monotonic() at which the first timed iteration begins."""
+        cmd = {"op": "run", "iterations": iterations, "warmup": warmup}
+        if start_at is not None:
+            cmd["start_at"] = start_at
         for p in self.procs:
-            p.stdin.write(json.dumps({"op": "run", "iterations": iterations, "warmup": warmup}) + "\n")
+            p.stdin.write(json.dumps(cmd) + "\n")
             p.stdin.flush()
+
+    def collect(self, timeout: float) -> list[dict]:
+        """Every rank's answer to start(), in rank order."""
         return self._collect(timeout)
 
     def close(self) -> None:

@@ -118,6 +118,17 @@ def lab_errors() -> Iterator[None]:
         raise click.ClickException(f"{e.strerror or e}{where}") from None
 
 
+def run_rows(run, cfg) -> None:
+    """A bench's rows, run(cfg, out=click.echo), its failures in one line
+    each; then where its JSON went (cfg.json_path)."""
+    with lab_errors():
+        try:
+            run(cfg, out=click.echo)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+    click.echo(f"rows: {cfg.json_path}")
+
+
 def pct(p: float) -> str:
     return f"{p * 100:.4g}%"
 

@@ -18,7 +18,7 @@ from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import allreduce_options
-from .lab_options import box_options, lab_errors, lab_options, list_of, rack_options, racks_of
+from .lab_options import box_options, lab_errors, lab_options, list_of, rack_options, racks_of, run_rows
 
 
 @click.command()
@@ -219,8 +219,16 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
               help="With --racks: workers in each rack, one count or one a rack (e.g. 2,3,4)")
 @click.option("--uplink-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
               metavar="MBIT", help="With --racks: every rack's uplink, each way [default: unshaped]")
+@click.option("--jobs", "jobs_spec", default=None, metavar="NxSIZE[,NxSIZE..]",
+              help="Instead of the sweep: competing jobs (N workers, float32 tensors of SIZE each, "
+                   "e.g. 2x2MiB,2x4MiB,2x8MiB,2x16MiB) through one box whose link (--box-rate, "
+                   "default --rate) is the bottleneck, all starting together, beside the same "
+                   "jobs as Gloo rings [--rate default: 100, --iterations: 10]")
+@click.option("--share", default="none", show_default=True, metavar="POLICY[,POLICY..]",
+              help="With --jobs: the box's share policies, a run each (none: the box as it is)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
-          env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate):
+          env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
+          jobs_spec, share):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -233,6 +241,13 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     from switchml_xdp.bench import lab_bench
     from switchml_xdp.bench.allreduce_bench import parse_size
 
+    if jobs_spec is not None:
+        from .lab_bench_jobs import bench_jobs
+
+        bench_jobs(jobs_spec, share, rate, box_rate, iterations, warmup, out_dir)
+        return
+    if click.get_current_context().get_parameter_source("share") == click.core.ParameterSource.COMMANDLINE:
+        raise click.BadParameter("only with --jobs", param_hint="--share")
     if racks_of(racks, per_rack, uplink_rate) is not None:
         _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir)
         return
@@ -305,12 +320,7 @@ def _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, l
                       (0.0, *(p for p in losses if p)), str(out / "racks_bench.json"),
                       str(out / "racks_bench.png"),
                       "swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
-    with lab_errors():
-        try:
-            run_racks_bench(cfg, out=click.echo)
-        except RuntimeError as e:
-            raise click.ClickException(str(e)) from None
-    click.echo(f"rows: {cfg.json_path}")
+    run_rows(run_racks_bench, cfg)
 
 
 # The same in qemu VMs: the VMs in switchml_xdp/lab/vm.py, the run in switchml_xdp/bench/lab_demo.py.
