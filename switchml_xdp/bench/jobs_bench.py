@@ -124,8 +124,31 @@ def alone_bound_s(cfg: JobsConfig, job: JobSpec) -> float:
 
 def makespan_bound_s(cfg: JobsConfig) -> float:
     """Every job's every byte into the box through its link at its rate."""
-    bits = sum(j.workers * j.size for j in cfg.jobs) * cfg.iterations * 8
-    return bits / (swml_bound_mbps(cfg.box_rate, K) * 1e6)
+    return sum(_link_time_s(cfg, j) for j in cfg.jobs)
+
+
+def _link_time_s(cfg: JobsConfig, job: JobSpec) -> float:
+    """A job's bytes into the box at the box link's whole rate, header-adjusted."""
+    return job.workers * job.size * cfg.iterations * 8 / (swml_bound_mbps(cfg.box_rate, K) * 1e6)
+
+
+def ideal_completions_s(cfg: JobsConfig) -> dict[str, list[float]] | None:
+    """Each job's completion on an ideal box whose link never idles: "fair",
+    equal rates for the jobs with data (processor sharing), and "srpt", the
+    smallest first (all start together, so shortest job first). None where a
+    job alone cannot fill the link (its workers' links slower than the box's):
+    these figures assume every job can."""
+    if any(j.workers * cfg.rate_mbit < cfg.box_rate for j in cfg.jobs):
+        return None
+    work = [_link_time_s(cfg, j) for j in cfg.jobs]
+    order = sorted(range(len(work)), key=work.__getitem__)
+    fair, srpt, t, done, before = [0.0] * len(work), [0.0] * len(work), 0.0, 0.0, 0.0
+    for rank, i in enumerate(order):
+        t += (work[i] - before) * (len(work) - rank)     # the jobs left share the link
+        fair[i], before = t, work[i]
+        done += work[i]
+        srpt[i] = done
+    return {"fair": fair, "srpt": srpt}
 
 
 def _hosts_of(lab, jobs: list[JobSpec]) -> list[list]:
@@ -224,7 +247,10 @@ def run_jobs_bench(cfg: JobsConfig, out=print) -> dict:
     elif cfg.gloo:
         jobs, _, impl = measure_gloo(cfg)
         gloo = {"impl": impl, "jobs": jobs, **_summary(jobs)}
-    bound = makespan_bound_s(cfg)
+    bound, ideal = makespan_bound_s(cfg), ideal_completions_s(cfg)
+    for name, done in (ideal or {}).items():
+        out(f"  ideal {name:<4} (the link never idle): jobs " + ", ".join(f"{t:.2f}" for t in done)
+            + f" s, average {sum(done) / len(done):.2f} s, last {max(done):.2f} s")
     policies = []
     for share in cfg.shares:
         jobs, sent, impl = measure_swml(cfg, share)
@@ -252,7 +278,7 @@ def run_jobs_bench(cfg: JobsConfig, out=print) -> dict:
     doc = {"jobs": [dataclasses.asdict(j) for j in cfg.jobs], "rate_mbit": cfg.rate_mbit,
            "box_rate_mbit": cfg.box_rate, "k": K, "iterations": cfg.iterations,
            "warmup": cfg.warmup, "makespan_bound_s": bound,
-           "alone_bound_s": [alone_bound_s(cfg, j) for j in cfg.jobs],
+           "alone_bound_s": [alone_bound_s(cfg, j) for j in cfg.jobs], "ideal_s": ideal,
            "command": cfg.command, "policies": policies, "gloo": gloo}
     return save_doc(doc, cfg.json_path, cfg.png_path, plot, out)
 

@@ -12,6 +12,7 @@ from switchml_xdp.bench.jobs_bench import (
     JobsConfig,
     JobSpec,
     alone_bound_s,
+    ideal_completions_s,
     makespan_bound_s,
     parse_jobs,
     parse_shares,
@@ -54,6 +55,19 @@ def test_the_makespan_bound_is_every_jobs_bytes_through_the_box_link():
     assert alone_bound_s(cfg, cfg.jobs[1]) == pytest.approx(2 * 4 * 2**20 * 10 * 8 * headers / 100e6)
     faster_box = JobsConfig(cfg.jobs, rate_mbit=100, box_rate_mbit=400, iterations=10)
     assert alone_bound_s(faster_box, cfg.jobs[1]) == pytest.approx(4 * 2**20 * 10 * 8 * headers / 100e6)
+
+
+def test_the_ideal_boxes_fair_and_shortest_first_completions():
+    cfg = JobsConfig(parse_jobs("2x8MiB,2x2MiB,2x4MiB"), rate_mbit=100, iterations=10)
+    unit = makespan_bound_s(JobsConfig(parse_jobs("2x2MiB"), rate_mbit=100, iterations=10))
+    ideal = ideal_completions_s(cfg)
+    # fair: the three share the link until the smallest is done (3 units each), then two ...
+    assert ideal["fair"] == pytest.approx([7 * unit, 3 * unit, 5 * unit])
+    # shortest first: one after the other, the smallest first; the last is the same
+    assert ideal["srpt"] == pytest.approx([7 * unit, unit, 3 * unit])
+    assert max(ideal["srpt"]) == pytest.approx(makespan_bound_s(cfg))
+    # a job whose workers cannot fill the box's link alone: no ideal figures
+    assert ideal_completions_s(JobsConfig(cfg.jobs, rate_mbit=100, box_rate_mbit=300)) is None
 
 
 @pytest.mark.parametrize("args, hint, says", [
