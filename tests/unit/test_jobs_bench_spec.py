@@ -74,6 +74,7 @@ def test_the_ideal_boxes_fair_and_shortest_first_completions():
     (["--jobs", "2x"], "--jobs", "a job is NxSIZE"),
     (["--jobs", "2x1MiB", "--share", "srpt-ish"], "--share", "--share takes none"),
     (["--jobs", "2x1MiB", "-n", "4"], "--workers", "not with --jobs"),
+    (["--jobs", "2x1MiB", "--size", "4MiB"], "--size", "not with --jobs"),
     (["--jobs", "2x1MiB", "--loss", "1%"], "--loss", "not with --jobs"),
     (["--jobs", "2x1MiB", "--racks", "2"], "--racks", "not with --jobs"),
     (["--share", "none"], "--share", "only with --jobs"),
