@@ -12,8 +12,9 @@ import click
 from .lab_options import run_rows
 
 # What a sweep has that the jobs' rows do not take (SPEC says where the workers are).
-NOT_WITH_JOBS = ("workers", "size", "wait_quiet", "queue", "losses", "ks", "systems", "job_slots", "no_check", "env",
-                 "fanout", "boxes", "ports", "collective", "racks", "per_rack", "uplink_rate")
+NOT_WITH_JOBS = ("workers", "size", "wait_quiet", "queue", "losses", "ks", "systems", "job_slots",
+                 "no_check", "env", "fanout", "boxes", "ports", "collective", "racks", "per_rack",
+                 "uplink_rate")
 
 
 def bench_jobs(spec: str, share: str, rate, box_rate, iterations: int, warmup: int,
