@@ -58,6 +58,7 @@ class RacksConfig:
     png_path: str | None = None
     command: str = ""
     gloo: bool = True     # the peer's row (needs torch)
+    queue: int | None = None   # every shaped queue's depth, packets (None: the shaper's default)
 
 
 def bounds_s(cfg: RacksConfig) -> dict[str, float]:
@@ -94,7 +95,7 @@ def measure_one_rack(cfg: RacksConfig) -> tuple[float, str, float]:
     from ..lab import Lab
     from ..lab.cluster import SwitchProcess
 
-    with Lab(workers=max(cfg.per_rack), rate_mbit=cfg.rate_mbit) as lab, \
+    with Lab(workers=max(cfg.per_rack), rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue) as lab, \
             SwitchProcess(lab, ["-k", str(K)]):
         return _timed(lab, _argv_of(lab, "one-rack", cfg.size, lambda h: lab.switch.ip), cfg)
 
@@ -106,7 +107,8 @@ def measure_racks(cfg: RacksConfig, layout: str, loss: float = 0.0) -> tuple[flo
     from ..lab.racks import RacksLab, switches_of_the_racks
 
     with RacksLab(None, cfg.per_rack, layout, rate_mbit=cfg.rate_mbit,
-                  uplink_rate_mbit=cfg.uplink_rate_mbit, loss=loss or None) as lab, \
+                  uplink_rate_mbit=cfg.uplink_rate_mbit, loss=loss or None,
+                  queue_packets=cfg.queue) as lab, \
             contextlib.ExitStack() as stack:
         switches_of_the_racks(stack, lab, ["-k", str(K)])
         return _timed(lab, _argv_of(lab, layout, cfg.size, lambda h: lab.box_of(h).ip), cfg)
@@ -126,7 +128,7 @@ def measure_gloo(cfg: RacksConfig) -> tuple[float, str, float]:
     from ..lab.racks import RacksLab
 
     with RacksLab(None, cfg.per_rack, "tree", rate_mbit=cfg.rate_mbit,
-                  uplink_rate_mbit=cfg.uplink_rate_mbit) as lab:
+                  uplink_rate_mbit=cfg.uplink_rate_mbit, queue_packets=cfg.queue) as lab:
         master, world = lab.workers[0].ip, len(lab.workers)
 
         def argv_of(rank, host):
@@ -140,8 +142,9 @@ def run_racks_bench(cfg: RacksConfig, out=print) -> dict:
     """The rows, printed as they come; the document --json gets."""
     sizes = ",".join(map(str, cfg.per_rack))
     up = f"{cfg.uplink_rate_mbit:g} Mbit/s" if cfg.uplink_rate_mbit else "unshaped"
+    queue = f"{cfg.queue}-packet queues" if cfg.queue else "the shapers' default queues (20 ms)"
     out(f"racks of {sizes} workers, worker links {cfg.rate_mbit:g} Mbit/s, uplinks {up} "
-        f"(each way), {cfg.size / 2**20:g} MiB float32, k={K}, {cfg.warmup} warm-up + "
+        f"(each way), {queue}, {cfg.size / 2**20:g} MiB float32, k={K}, {cfg.warmup} warm-up + "
         f"{cfg.iterations} iterations, medians")
     bounds, rows = bounds_s(cfg), []
 
@@ -164,7 +167,7 @@ def run_racks_bench(cfg: RacksConfig, out=print) -> dict:
     for loss in (p for p in cfg.losses if p):
         row(f"tree, {100 * loss:g}% loss", bounds["tree"], measure_racks(cfg, "tree", loss),
             ("vs loss-free", tree))
-    doc = {"per_rack": cfg.per_rack, "rate_mbit": cfg.rate_mbit,
+    doc = {"per_rack": cfg.per_rack, "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue,
            "uplink_rate_mbit": cfg.uplink_rate_mbit, "size_bytes": cfg.size, "k": K,
            "iterations": cfg.iterations, "command": cfg.command, "rows": rows}
     return save_doc(doc, cfg.json_path, cfg.png_path, plot, out)

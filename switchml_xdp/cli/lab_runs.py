@@ -249,7 +249,8 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     if click.get_current_context().get_parameter_source("share") == click.core.ParameterSource.COMMANDLINE:
         raise click.BadParameter("only with --jobs", param_hint="--share")
     if racks_of(racks, per_rack, uplink_rate) is not None:
-        _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir)
+        _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir,
+                     queue)
         return
 
     bad = [s for s in systems if s not in lab_bench.SYSTEMS]
@@ -291,12 +292,12 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
 
 
 # What a sweep has that the racks' rows do not take (bench --racks).
-NOT_WITH_RACKS = ("workers", "queue", "ks", "systems", "job_slots", "no_check", "env", "fanout",
+NOT_WITH_RACKS = ("workers", "ks", "systems", "job_slots", "no_check", "env", "fanout",
                   "boxes", "box_rate", "ports", "collective")
 
 
 def _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses,
-                 out_dir) -> None:
+                 out_dir, queue) -> None:
     """`swml-lab bench --racks`: bench/racks_bench.py's rows."""
     import time
 
@@ -319,7 +320,8 @@ def _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, l
     cfg = RacksConfig(sizes, rate or 100.0, uplink_rate, size_bytes, iterations, warmup,
                       (0.0, *(p for p in losses if p)), str(out / "racks_bench.json"),
                       str(out / "racks_bench.png"),
-                      "swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
+                      "swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]),
+                      queue=queue)
     run_rows(run_racks_bench, cfg)
 
 

@@ -131,3 +131,7 @@ def test_bench_racks_runs_the_racks_rows_loss_free_unless_told(monkeypatch, tmp_
                                           "--rate", "50", *out])
     assert r.exit_code == 0, r.output
     assert seen[-1].losses == (0.0, 0.01) and seen[-1].rate_mbit == 50.0
+    assert seen[-1].queue is None
+    r = CliRunner().invoke(lab_cli.main, ["bench", "--racks", "2", "--queue", "32", *out])
+    assert r.exit_code == 0, r.output
+    assert seen[-1].queue == 32       # shallow buffers: every shaped queue 32 packets
