@@ -75,6 +75,22 @@ def result_checker(result_key: bytes, auth: int):
     return authentic
 
 
+def pace_encode(value: int) -> int:
+    """A non-negative integer as a 16-bit pace code (swml_wire.h, SWML_PACE_*):
+    exact below 2^MANT_BITS, else rounded down to 11 significant bits;
+    saturated at the largest code."""
+    value = max(0, int(value))
+    e = max(0, value.bit_length() - PACE_MANT_BITS)  # noqa: F821 - set from the layout above
+    if e > PACE_EXP_MAX:  # noqa: F821 - set from the layout above
+        return 0xFFFF
+    return (e << PACE_MANT_BITS) | (value >> e)  # noqa: F821 - set from the layout above
+
+
+def pace_decode(code: int) -> int:
+    """The value a 16-bit pace code stands for."""
+    return (code & PACE_MANT_MASK) << (code >> PACE_MANT_BITS)  # noqa: F821 - set from the layout above
+
+
 def ver_type(kind: int) -> int:
     return (VERSION << 4) | kind  # noqa: F821 - set from the layout above
 

@@ -77,7 +77,7 @@ void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flag
 	put32(HDR_AT(h, tag), id->tag);
 	*HDR_AT(h, exp) = (uint8_t)exp;
 	*HDR_AT(h, owner) = owner;
-	put16(HDR_AT(h, reserved1), 0);
+	put16(HDR_AT(h, pace), 0);
 	memcpy(HDR_AT(h, key), &key_be, sizeof key_be);
 }
 

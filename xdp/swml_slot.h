@@ -284,7 +284,7 @@ static __always_inline void swml_result_hdr(struct swml_hdr *h, const struct swm
 	h->exp = res->exp;
 	/* owner stays the DATA's: every contribution to the round carries the
 	 * same (its call's shard layout, which the tag covers) */
-	h->reserved1 = 0;
+	h->pace = 0;
 	h->key = 0;
 }
 

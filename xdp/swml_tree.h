@@ -86,7 +86,7 @@ static __always_inline void swml_up_data(struct ethhdr *eth, struct iphdr *ip, s
 	h->tag = bpf_htonl(res->tag);
 	h->exp = res->exp;
 	h->owner = 0;
-	h->reserved1 = 0;
+	h->pace = 0;
 	h->key = up->key;
 }
 
@@ -151,7 +151,7 @@ static __always_inline void swml_down_result(struct ethhdr *eth, struct iphdr *i
 	h->job = bpf_htons(job_id);
 	if (h->rank == job->up.rank)
 		h->rank = bpf_htons(completer);
-	h->reserved1 = 0;
+	h->pace = 0;
 }
 
 #endif /* SWML_TREE_H */

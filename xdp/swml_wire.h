@@ -160,6 +160,20 @@
 #define SWML_SIP_D_ROUNDS 4  /* finalisation rounds */
 #define SWML_RESULT_KEY_LEN 16
 
+/* The `pace` field: a job's share of the box (docs/protocol.md, "Pace").
+ * A value v >= 0 in 16 bits as (e << SWML_PACE_MANT_BITS) | m, v = m << e,
+ * m < 2^SWML_PACE_MANT_BITS: exact below 2048, else within 1/1024, up to
+ * 2047 << 31. Zero: nothing said (a worker or box without shares).
+ * DATA: the payload bytes this rank has yet to send to this box in its
+ * current call, this packet's included (srpt serves the least first).
+ * RESULT: the rate the receiving rank may send to this box, in kbit/s of
+ * Ethernet frames (headers included). The RESULT's IPv4 DSCP is the job's
+ * mark (`swml-switch up --dscp`): a rank sends its DATA to the box with the
+ * DSCP of the box's last RESULT. */
+#define SWML_PACE_MANT_BITS 11
+#define SWML_PACE_MANT_MASK ((1 << SWML_PACE_MANT_BITS) - 1)
+#define SWML_PACE_EXP_MAX 31
+
 #ifndef SWML_NO_STRUCTS
 /* All multi-byte fields in network byte order. */
 struct swml_hdr {
@@ -175,7 +189,7 @@ struct swml_hdr {
 	__be32 tag;       /* call tag: equal for every contribution to a round */
 	__s8 exp;         /* block exponent; the switch returns the max */
 	__u8 owner;       /* 0, or 1 + the rank keeping the sum (a shard) */
-	__be16 reserved1; /* zero */
+	__be16 pace;      /* DATA: the call's bytes left; RESULT: the rank's rate (SWML_PACE_*) */
 	__be64 key;       /* DATA: the job's data key from the join; RESULT: its authenticator */
 } __attribute__((packed));
 #endif

@@ -256,7 +256,7 @@ def test_the_result_goes_to_the_job_s_group_from_the_switch(sw):
     assert (res.version, res.type) == (wire.VERSION, wire.TYPE_RESULT)
     h = res.header
     assert (h["job"], h["slot"], h["seq"], h["count"]) == (200, 1, 77, K)
-    assert (h["owner"], h["reserved1"]) == (0, 0)
+    assert (h["owner"], h["pace"]) == (0, 0)
     # Not the data key (it stays with the members) but the RESULT's authenticator.
     assert h["key"] != job.key and wire.result_authentic(res.frame.payload, len(res.frame.payload),
                                                         job.result_key, job.auth, 0)
