@@ -112,6 +112,15 @@ struct swml_job_stats {
 	__u64 shadow_replies; /* retransmissions answered from a completed round */
 };
 
+/* job_pace[job_id]: the job's part of the box under `swml-switch up --share`,
+ * written by the control plane (switchml_xdp/switch/shares.py) and stamped
+ * into every RESULT of the job (swml_wire.h, "pace"); all zero without shares. */
+struct swml_job_pace {
+	__be16 rate; /* pace code: the kbit/s each rank may send to this box; 0: no limit */
+	__u8 tos;    /* the IPv4 TOS of the job's RESULTs (DSCP << 2), where `mark` */
+	__u8 mark;   /* 1: set the RESULTs' TOS to `tos` (`--dscp`) */
+};
+
 /* In a slot version's flags (never on the wire): the round's result came
  * down from the parent box. Until then a round complete at a rack box holds
  * its partial sum, which goes up again for a member's retransmission. */

@@ -125,12 +125,15 @@ static __always_inline __u16 swml_ipv4_csum(struct iphdr *ip)
 }
 
 /* Turn the packet in place into a RESULT: addresses swapped for a unicast shadow
- * reply, or aimed at the job's multicast group. The payload is already written. */
+ * reply, or aimed at the job's multicast group; the job's pace and mark
+ * (job_pace) stamped. The payload is already written. */
 static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *ip,
 					     struct udphdr *udp, struct swml_hdr *h,
-					     const struct swml_job *job, int unicast,
+					     const struct swml_job *job, u32 job_id, int unicast,
 					     const struct swml_slot_result *res)
 {
+	const struct swml_job_pace *pace = job_pace.lookup(&job_id);
+
 	__u8 mac[ETH_ALEN];
 	__be32 switch_ip = ip->daddr;
 
@@ -147,11 +150,15 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
 	ip->saddr = switch_ip;
 	ip->ttl = 64;
+	if (pace && pace->mark)
+		ip->tos = pace->tos;
 	ip->check = swml_ipv4_csum(ip);
 	udp->source = bpf_htons(SWML_PORT);
 	udp->check = 0; /* optional for UDP over IPv4; the payload was rewritten */
 
 	swml_result_hdr(h, res, unicast);
+	if (pace)
+		h->pace = pace->rate;
 }
 
 #include "swml_tree.h"
@@ -511,6 +518,13 @@ int swml_switch(struct xdp_md *ctx)
 		js->results += outcome == SWML_CNT_COMPLETED;
 		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	}
+	/* What the rank has left of its call, for srpt (swml_wire.h, "pace"):
+	 * only when said and changed, a store a packet would bounce the entry
+	 * between CPUs. */
+	u32 said = bpf_ntohs(SWML_HDR(h, pace));
+	u32 *left = job_left.lookup(&job_id);
+	if (left && said && *left != said)
+		*left = said;
 #ifdef SWML_FANOUT_UNICAST
 	/* The packet passed every check: its source MAC and the port it came in
 	 * on are where the rank's unicast RESULTs go. Every rank of a round has
@@ -541,7 +555,7 @@ int swml_switch(struct xdp_md *ctx)
 	}
 	res.flags &= ~SWML_SLOT_FINAL;
 #endif
-	swml_make_result(eth, ip, udp, h, job, outcome == SWML_CNT_SHADOW_REPLY, &res);
+	swml_make_result(eth, ip, udp, h, job, job_id, outcome == SWML_CNT_SHADOW_REPLY, &res);
 	/* The format read again from the packet, not fmt16: with fmt16 kept
 	 * live to here, Debian 12's kernel (6.1) refused the program, its
 	 * verifier walking the int32 step's copy with an int16 frame's bound

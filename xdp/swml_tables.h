@@ -34,6 +34,12 @@ BPF_TABLE_PINNED("percpu_array", u32, struct swml_job_stats, job_stats, SWML_MAX
 		 SWML_PIN_DIR "/job_stats");
 BPF_TABLE_PINNED("percpu_array", u32, struct swml_port_stats, port_stats, 1,
 		 SWML_PIN_DIR "/port_stats");
+BPF_TABLE_PINNED("array", u32, struct swml_job_pace, job_pace, SWML_MAX_JOBS,
+		 SWML_PIN_DIR "/job_pace");
+/* job_left[job_id]: the pace code of the job's last DATA that passed every
+ * check and said one: what its rank had left of its call (swml_wire.h);
+ * written by the switch program only, read by the control plane's srpt. */
+BPF_TABLE_PINNED("array", u32, u32, job_left, SWML_MAX_JOBS, SWML_PIN_DIR "/job_left");
 BPF_TABLE_PINNED("hash", struct swml_parent_route, u32, parent_routes, SWML_MAX_JOBS,
 		 SWML_PIN_DIR "/parent_routes");
 

@@ -114,6 +114,13 @@ class Rate(Parsed):
         super().__init__("RATE", _imported("..switch.capacity", "parse_rate"), int)
 
 
+class DscpClasses(Parsed):
+    """DSCP values, highest priority first: 46,34,26,0 (switch/share_policy.py)."""
+
+    def __init__(self):
+        super().__init__("LIST", _imported("..switch.share_policy", "parse_dscp_classes"), tuple)
+
+
 def allreduce_options(size: str, iterations: int, warmup: int, iterations_flags=("--iterations",)):
     """--size, --iterations, --warmup, --dtype, --backend: how a benchmark
     reduces (swml-worker bench, swml-lab demo), with each command's defaults."""

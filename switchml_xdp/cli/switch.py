@@ -10,8 +10,10 @@ import click
 from .. import wire
 from ..switch import daemon
 from ..switch.dataplane import FANOUTS, SwitchParams
+from ..switch.share_policy import POLICIES
+from ..switch.shares import DEFAULT_MAX_WEIGHT, ShareConfig
 from . import status_view
-from .common import CONTEXT, IPv4Address, Listen, Rate, version_option
+from .common import CONTEXT, DscpClasses, IPv4Address, Listen, Rate, version_option
 from .switch_config import config_option
 
 
@@ -77,10 +79,22 @@ def main() -> None:
 @click.option("--parent-control-port", type=click.IntRange(1, 65535),
               default=wire.DEFAULT_CONTROL_PORT, show_default=True,
               help="the parent box's control port")
+@click.option("--share", type=click.Choice(POLICIES), default=None,
+              help="divide the box's capacity between the jobs with data to send: fair "
+                   "(equal parts), weighted (by each job's weight), srpt (the least left of "
+                   "its call first); each job's ranks are told their rate in every RESULT "
+                   "(docs/operations.md) [default: none, jobs share as their windows settle]")
+@click.option("--max-weight", type=click.FloatRange(0, None, min_open=True),
+              default=DEFAULT_MAX_WEIGHT, show_default=True,
+              help="the largest weight a job may ask for at join (asks above it get it)")
+@click.option("--dscp", type=DscpClasses(), default=None, metavar="LIST",
+              help="mark each job's RESULTs with a DSCP, which its ranks copy onto their DATA, "
+                   "from LIST (e.g. 46,34,26,0, highest priority first) by the job's place "
+                   "under --share, so that a fabric's priority queues serve jobs as the box does")
 @click.option("-v", "--verbose", is_flag=True, help="log joins, leaves and aborts")
 def up(config, iface, more_ports, elements, slots, job_slots, port, control_port, dataplane, mode, fanout,
        auth, lease, require_token, initial_seq, metrics, capacity, uplink, parent,
-       parent_control_port, verbose):
+       parent_control_port, share, max_weight, dscp, verbose):
     """Load the switch on IFACE and serve the control protocol until Ctrl-C.
 
     A box with several ports: `up eth1 eth2 ...`, the ports members of one
@@ -98,6 +112,8 @@ def up(config, iface, more_ports, elements, slots, job_slots, port, control_port
     if (uplink is None) != (parent is None):
         raise click.UsageError("a rack box needs both --uplink IFACE and --parent IP "
                                "(or neither)")
+    if dscp and share is None:
+        raise click.UsageError("--dscp marks jobs by their place under --share: give --share too")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="swml-switch: %(message)s")
     try:
@@ -105,7 +121,8 @@ def up(config, iface, more_ports, elements, slots, job_slots, port, control_port
                                    fanout, [iface, *more_ports], uplink)
         daemon.run(dp, control_port, job_slots, lease, require_token, initial_seq=initial_seq,
                    metrics=metrics, auth=auth, capacity_bps=capacity,
-                   parent=(parent, parent_control_port) if parent else None)
+                   parent=(parent, parent_control_port) if parent else None,
+                   share=ShareConfig(share, max_weight, dscp or ()) if share else None)
     except daemon.SwitchError as e:
         raise click.ClickException(str(e)) from None
 

@@ -34,6 +34,7 @@ from .control_connection import (  # noqa: F401 - MAX_BUFFERED_OUTPUT: one of th
 from .descriptors import control_connection_cap
 from .jobs import ControlError, Job, JobStartFailed, JobTable
 from .listener import Listener
+from .operator_ops import job_share
 from .quiet_log import QuietLog
 from .request_fields import FieldError, validate
 from .uplink import PARENT_GRACE_S, ParentLink
@@ -64,6 +65,7 @@ class ControlServer:
         self._ready: dict[int, asyncio.Event] = {}  # joining job -> set when all ranks are in
         self.idle_timeout_s = IDLE_TIMEOUT_S
         self._pending_by_ip: dict[str, int] = {}
+        self.operator_token: str | None = None   # the daemon's (operator_ops.py)
 
     async def start(self, host: str, port: int) -> None:
         self.idle_timeout_s = idle_timeout_from_env()
@@ -183,10 +185,10 @@ class ControlServer:
         op = msg.get("op")
         conn.op = op if isinstance(op, str) and len(op) < 32 else None
         handlers = {"join": self._join, "resume": self._resume, "leave": self._leave,
-                    "heartbeat": self._heartbeat, "status": self._status}
+                    "heartbeat": self._heartbeat, "status": self._status, "job": self._job}
         handler = handlers.get(op if isinstance(op, str) else "")
         if handler is None:
-            conn.error(f"unknown op {op!r}; ops are join, resume, leave, heartbeat, status")
+            conn.error(f"unknown op {op!r}; ops are {', '.join(handlers)}")
             return
         try:
             # The door: every field checked once, before any handler sees it.
@@ -349,6 +351,9 @@ class ControlServer:
 
     async def _status(self, conn: Connection, msg: dict) -> None:
         conn.send(self.status_reply())
+
+    async def _job(self, conn: Connection, msg: dict) -> None:
+        conn.send(job_share(self.table, self.operator_token, self.switch_info["iface"], msg))
 
     # --- failures ------------------------------------------------------------
     def _lost(self, conn: Connection) -> None:

@@ -27,6 +27,7 @@ from .dataplane import DEFAULT_FANOUT, Dataplane, DataplaneError, SwitchParams, 
 from .jobs import JobTable
 from .metrics import MetricsError, MetricsServer, SwitchCollector
 from .ports import box_address
+from .shares import ShareConfig, Shares, keep_shares
 from .state_files import (
     LockError,
     lock_holder,
@@ -34,6 +35,7 @@ from .state_files import (
     read_token_digests,
     remove_state,
     take_lock,
+    write_operator_token,
     write_state,
 )
 from .uplink import ParentLink, uplink_port
@@ -102,12 +104,15 @@ class Switch:
     def __init__(self, dataplane: Dataplane, control_port: int,
                  job_slots: int = DEFAULT_JOB_SLOTS, lease_s: float = DEFAULT_LEASE_S,
                  require_token: bool = False, initial_seq: int = 0, auth: str = "header",
-                 capacity_bps: int | None = None, parent: tuple[str, int] | None = None):
+                 capacity_bps: int | None = None, parent: tuple[str, int] | None = None,
+                 share: ShareConfig | None = None):
         """capacity_bps: what joiners are told the box carries (switch/capacity.py;
         None: the port's link speed, where the kernel knows it). parent: a
         rack box's parent box (address, control port), reached through the
         data plane's uplink (docs/scale-out.md, "A tree of boxes")."""
         self.parent = parent
+        self.share = share    # `--share`: the policy between jobs (shares.py)
+        self.operator_token: str | None = None
         self.link: ParentLink | None = None
         self.dp, self.iface, self.params = dataplane, dataplane.iface, dataplane.params
         if capacity_bps is not None and capacity_bps <= 0:
@@ -142,6 +147,11 @@ class Switch:
             except NetError as e:
                 raise SwitchError(f"the uplink: {e}") from None
         self.capacity_bps = box_capacity_bps(self.dp.ports, self.configured_capacity_bps)
+        if self.share is not None and not self.capacity_bps:
+            raise SwitchError(f"--share divides the box's capacity, which the kernel does not "
+                              f"know for {', '.join(self.dp.ports)}: give --capacity RATE")
+        if self.share is not None and self.share.dscp and self.dp.name != "xdp":
+            raise SwitchError("--dscp marks RESULTs in the xdp data plane only")
         descriptors.raise_limit()
         # Before anything is loaded: a second `up`, however close behind, stops here.
         try:
@@ -162,6 +172,10 @@ class Switch:
                               on_change=self.write_state, require_token=self.require_token,
                               initial_seq=self.initial_seq, auth=self.auth,
                               below_parent=self.link is not None)
+        if self.share is not None:
+            self.table.shares = Shares(self.share.policy, self.capacity_bps, maps,
+                                       self.share.max_weight, self.share.dscp)
+        self.operator_token = write_operator_token(self.iface)
         if adopt is not None:
             self._adopt(adopt)
         self.dp.start(adopt)
@@ -246,6 +260,7 @@ class Switch:
         return {"counters": self.dp.maps.read_counters(), "job_stats": read_job_stats(self.dp.maps),
                 "port_stats": [{"port": p, **row} for p, row in zip(self.dp.ports, ports)],
                 "dataplane": self.dp.name,
+                "shares": self.table.shares.info() if self.table.shares else None,
                 "mode": self.dp.mode, "params": asdict(self.params),
                 "tree": self.link.describe() if self.link else None, **self.dp.status_extra()}
 
@@ -255,14 +270,19 @@ class Switch:
         self.server = ControlServer(self.table, self.switch_info(), self.lease_s,
                                     lambda: {"require_token": self.require_token, **self.status_extra()},
                                     parent=self.link)
+        self.server.operator_token = self.operator_token
         try:
             await self.server.start(self.ip, self.control_port)
         except OSError as e:
             raise SwitchError(f"cannot listen on {self.ip}:{self.control_port}: {e.strerror}") from None
         exporter = await self._start_metrics(metrics) if metrics else None
+        keeper = (asyncio.create_task(keep_shares(self.table.shares, self.table))
+                  if self.table.shares else None)
         try:
             await self._serve_until_stopped(ready_cb)
         finally:
+            if keeper is not None:
+                keeper.cancel()
             if exporter is not None:
                 await exporter.close()
 
@@ -291,13 +311,13 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
         lease_s: float = DEFAULT_LEASE_S, require_token: bool = False,
         initial_seq: int = 0, metrics: tuple[str, int] | None = None,
         auth: str = "header", capacity_bps: int | None = None,
-        parent: tuple[str, int] | None = None) -> dict[str, int]:
+        parent: tuple[str, int] | None = None, share: ShareConfig | None = None) -> dict[str, int]:
     """Serve until SIGINT/SIGTERM; returns the data plane's final counters.
     metrics: (address, port) of a Prometheus endpoint to serve as well;
     parent: a rack box's parent box (address, control port)."""
     t0 = time.monotonic()
     sw = Switch(dataplane, control_port, job_slots, lease_s, require_token, initial_seq, auth,
-                capacity_bps, parent)
+                capacity_bps, parent, share)
     iface, params = sw.iface, sw.params
     try:
         sw.load()
@@ -316,6 +336,7 @@ def run(dataplane: Dataplane, control_port: int, job_slots: int = DEFAULT_JOB_SL
               + (f", metrics http://{metrics[0]}:{metrics[1]}/metrics" if metrics else "")
               + (f", below the parent box {parent[0]} through {dataplane.uplink} "
                  f"({sw.link.port.ip})" if parent else "")
+              + (f", shares {share.policy} of {sw.capacity_bps / 1e6:g} Mbit/s" if share else "")
               + f") in {time.monotonic() - t0:.2f} s", flush=True)
 
     try:

@@ -17,120 +17,18 @@ control.py's door); what is checked here depends on the table's state.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .. import wire
 from ..wire import AUTH_MODES
 from .children import TREE_LEASE_S, child_of, rank_mask, wire_members
-from .maps import DataplaneMaps, JobEntry, UplinkEntry
+from .job_records import ControlError, Job, JobStartFailed, Member, ParentPlan, token_digest
+from .maps import DataplaneMaps, JobEntry
+from .share_policy import parse_weight
+from .shares import Shares
 from .slots import SlotPool, SlotPoolExhausted
-
-
-class ControlError(Exception):
-    """A request the control plane refuses; the message goes back to the client."""
-
-
-class JobStartFailed(ControlError):
-    """The barrier completed but the job could not get an id or slots: every
-    rank that waited is told, and the job is gone."""
-
-    def __init__(self, job: Job, reason: str):
-        super().__init__(reason)
-        self.job = job
-
-
-def token_digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
-@dataclass
-class Member:
-    rank: int
-    ip: str
-    port: int
-    mac: str
-    conn: object = None          # the control connection, to push events on
-    last_seen: float = field(default_factory=time.monotonic)
-    left: bool = False
-    rack: bool = False           # behind the rack box at ip:port (a tree: children.py)
-
-
-@dataclass(frozen=True)
-class ParentPlan:
-    """How a rack box's job starts, as its parent box's join replies said
-    (docs/scale-out.md, "A tree of boxes"): the parent's window and first seq,
-    this box's ranks, and its way up."""
-    slots: int
-    seq_base: int
-    ranks: tuple[int, ...]
-    uplink: UplinkEntry
-
-
-@dataclass
-class Job:
-    name: str
-    id: int | None                # None until the barrier completes
-    world: int
-    port: int                     # the workers' UDP port (RESULTs go there)
-    slot_base: int | None         # the slot range, also taken at the barrier
-    slot_count: int
-    token_hash: bytes | None = None   # SHA-256 of the job's token; None: an open job
-    # The data key every DATA packet carries (drawn at the barrier, told to the
-    # members in the join reply, kept only in the data plane's jobs map after).
-    key: int | None = None
-    # The key of its RESULTs' authenticator (drawn at the barrier too, told
-    # only in the join reply: unlike the data key, it never goes on the wire).
-    result_key: bytes | None = None
-    seq_base: int = 0             # the seq of the job's first packet
-    members: dict[int, Member] = field(default_factory=dict)
-    state: str = "joining"        # joining -> running -> ended
-    created: float = field(default_factory=time.time)
-    failure: str | None = None    # why a job ended before it started (told to its joiners)
-    boxes: str | None = None      # the boxes its ranks join, as its first rank listed them
-
-    @property
-    def protected(self) -> bool:
-        return self.token_hash is not None
-
-    def check_token(self, token) -> None:
-        """Refuse (ControlError) unless `token` is this job's token. An open
-        job (no token at its first join) takes requests without one."""
-        if self.token_hash is None:
-            if token is not None:
-                raise ControlError(f"job {self.name!r} was opened without a token; "
-                                   f"a rank with a token cannot join it")
-            return
-        if not isinstance(token, str):
-            raise ControlError(f"job {self.name!r} needs its token")
-        if not hmac.compare_digest(token_digest(token), self.token_hash):
-            raise ControlError(f"wrong token for job {self.name!r}")
-
-    @property
-    def group(self) -> tuple[str, str | None]:
-        return wire.group_of_job(self.id) if self.id is not None else (None, None)
-
-    def missing_ranks(self) -> list[int]:
-        return [r for r in range(self.world) if r not in self.members]
-
-    def describe(self) -> dict:
-        gip, gmac = self.group
-        out = {"name": self.name, "id": self.id, "world": self.world, "state": self.state,
-               "protected": self.protected, "port": self.port,
-               "slot_base": self.slot_base, "slots": self.slot_count,
-               "group": {"ip": gip, "mac": gmac},
-               "members": {str(r): {"ip": m.ip, "port": m.port, "mac": m.mac, "left": m.left,
-                                    **({"rack": f"{m.ip}:{m.port}"} if m.rack else {})}
-                           for r, m in sorted(self.members.items())}}
-        children = [w for w in wire_members(self.members.values()) if w.rack]
-        if children:
-            out["children"] = [{"box": w.address, "rank": w.rank, "ranks": list(w.ranks)}
-                               for w in children]
-        return out
 
 
 class JobTable:
@@ -154,6 +52,8 @@ class JobTable:
         self.initial_seq = initial_seq
         # What RESULT authenticators cover (`up --auth`): AUTH_MODES' keys.
         self.auth = auth
+        # `up --share`: the share loop (shares.py), which follows this table.
+        self.shares: Shares | None = None
 
     # --- joining ---------------------------------------------------------
     def join(self, msg: dict, conn, peer_ip: str) -> Job:
@@ -209,6 +109,8 @@ class JobTable:
                     f"host reduce among themselves first, as the torch backend does "
                     f"(docs/pytorch.md)")
 
+        if msg.get("weight") is not None and len(job.members) == 0:
+            job.weight = self.join_weight(msg["weight"])
         job.members[rank] = Member(rank, ip, port, mac, conn, rack=rack)
         self.jobs[name] = job
         try:
@@ -243,6 +145,8 @@ class JobTable:
         used = {j.id for j in self.jobs.values() if j.id is not None}
         free_ids = [i for i in range(1, wire.MAX_JOBS) if i not in used]
         want = plan.slots if plan else self.job_slots
+        if self.shares is not None and not plan:
+            want = max(1, min(want, self.slot_quota(job.weight)))
         try:
             if not free_ids:
                 raise ControlError(f"too many concurrent jobs (limit {wire.MAX_JOBS - 1})")
@@ -277,6 +181,7 @@ class JobTable:
             job.slot_count = 0
             raise
         job.state = "running"
+        job.senders = len(members)
         now = time.monotonic()
         for m in job.members.values():
             m.last_seen = now
@@ -395,5 +300,51 @@ class JobTable:
                 if j.state == "running" and j.token_hash is not None}
 
     def describe(self) -> list[dict]:
-        return [j.describe() for j in sorted(self.jobs.values(),
-                                             key=lambda j: (j.id is None, j.id or 0, j.name))]
+        out = []
+        for j in sorted(self.jobs.values(), key=lambda j: (j.id is None, j.id or 0, j.name)):
+            d = j.describe()
+            share = self.shares.describe(j) if self.shares else None
+            if share is not None:
+                d["share"] = share
+            out.append(d)
+        return out
+
+    # --- shares (shares.py) ------------------------------------------------
+    def join_weight(self, asked) -> float:
+        """The weight a join gets: what it asked (a number above zero,
+        checked at the door) capped at the box's --max-weight; 1 unasked."""
+        if asked is None:
+            return 1.0
+        cap = self.shares.max_weight if self.shares else None
+        return min(float(asked), cap) if cap else float(asked)
+
+    def set_share(self, name: str, weight=None, dscp=None) -> Job:
+        """The operator's `swml-switch job NAME --weight W --dscp D`: all or
+        nothing, a one-line ControlError for what is refused."""
+        if self.shares is None:
+            raise ControlError("this box divides nothing between jobs: start it with "
+                               "swml-switch up --share fair|weighted|srpt")
+        job = self.jobs.get(name)
+        if job is None:
+            raise ControlError(f"no job {name!r} on this box")
+        if weight is not None:
+            try:
+                weight = parse_weight(weight, self.shares.max_weight)
+            except ValueError as e:
+                raise ControlError(str(e)) from None
+        if dscp is not None and (isinstance(dscp, bool) or not isinstance(dscp, int)
+                                 or not 0 <= dscp <= 63):
+            raise ControlError(f"a DSCP mark is an integer 0..63, not {dscp!r}")
+        if weight is not None:
+            job.weight = weight
+        if dscp is not None:
+            job.dscp = dscp
+        return job
+
+    def slot_quota(self, weight: float) -> int:
+        """Under --share, the most slots a starting job of `weight` gets: its
+        weight's part of the pool among the jobs running, itself and room
+        for one more job of weight 1 counted, so that no job takes the pool
+        and a later one still finds slots (docs/operations.md)."""
+        others = sum(j.weight for j in self.jobs.values() if j.state == "running")
+        return int(self.pool.total * weight / (weight + others + 1.0))

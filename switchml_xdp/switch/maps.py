@@ -44,6 +44,18 @@ class UplinkEntry:
 
 
 @dataclass(frozen=True)
+class JobPace:
+    """One row of `job_pace` (struct swml_job_pace): what a job's RESULTs say
+    of its share of the box."""
+    rate_code: int = 0       # wire.pace_encode(kbit/s a rank may send); 0: no limit
+    dscp: int | None = None  # the RESULTs' DSCP; None: left as the DATA had it
+
+    @property
+    def tos(self) -> int:
+        return (self.dscp or 0) << 2
+
+
+@dataclass(frozen=True)
 class JobEntry:
     """What the data plane knows of a job (one row of the `jobs` map)."""
     world: int
@@ -128,6 +140,15 @@ class DataplaneMaps(abc.ABC):
         """Per active job id: what the data plane did for it since it started,
         cumulative (JOB_STATS_FIELDS: packets, bytes, results, shadow_replies)."""
 
+    @abc.abstractmethod
+    def write_job_pace(self, job_id: int, pace: JobPace) -> None:
+        """What the job's RESULTs carry of its share of the box (shares.py)."""
+
+    @abc.abstractmethod
+    def read_job_progress(self, job_ids) -> dict[int, tuple[int, int]]:
+        """Per job id of `job_ids`: (frame bytes of DATA taken in, cumulative;
+        the pace code its last DATA said, 0 if none)."""
+
     def close(self) -> None:  # noqa: B027 - optional: most maps hold nothing open
         """Release what the maps hold open (the data in them stays)."""
 
@@ -147,6 +168,8 @@ class SwitchMaps(DataplaneMaps):
         self.job_stats = PinnedMap(f"{self.dir}/job_stats", ctype("swml_job_stats"), percpu=True)
         self.slots = PinnedMap(f"{self.dir}/slots", self.Slot) if self.Slot else None
         self.parent_routes = PinnedMap(f"{self.dir}/parent_routes", ct.c_uint32, key=self.Route)
+        self.job_pace = PinnedMap(f"{self.dir}/job_pace", ctype("swml_job_pace"))
+        self.job_left = PinnedMap(f"{self.dir}/job_left", ct.c_uint32)
         stats = f"{self.dir}/port_stats"   # not there: a data plane from before ports
         self.port_stats = (PinnedMap(stats, ctype("swml_port_stats"), percpu=True)
                            if os.path.exists(stats) else None)
@@ -157,7 +180,7 @@ class SwitchMaps(DataplaneMaps):
 
     def close(self) -> None:
         for m in (self.jobs, self.members, self.counters, self.job_stats, self.slots,
-                  self.port_stats, self.parent_routes):
+                  self.port_stats, self.parent_routes, self.job_pace, self.job_left):
             if m is not None:
                 m.close()
 
@@ -173,10 +196,12 @@ class SwitchMaps(DataplaneMaps):
             up = self.uplink_row(e.uplink)
             ct.memmove(v.up, ct.byref(up), ct.sizeof(up))
         self.job_stats.zero(job_id)
+        self.job_left.update(job_id, ct.c_uint32(0))
         self.jobs.update(job_id, v)
 
     def clear_job(self, job_id: int, world: int) -> None:
         self.jobs.update(job_id, self.Job())
+        self.job_pace.update(job_id, self.job_pace.value_type())
         for rank in range(min(world, wire.MAX_WORLD)):
             self.members.update(job_id * wire.MAX_WORLD + rank, self.Member())
 
@@ -245,3 +270,13 @@ class SwitchMaps(DataplaneMaps):
                 rows = self.job_stats.lookup(job_id)
                 out[job_id] = {f: sum(getattr(r, f) for r in rows) for f in JOB_STATS_FIELDS}
         return out
+
+    # --- shares ----------------------------------------------------------
+    def write_job_pace(self, job_id: int, pace: JobPace) -> None:
+        row = self.job_pace.value_type(rate=wire.port_to_be16(pace.rate_code), tos=pace.tos,
+                                       mark=int(pace.dscp is not None))
+        self.job_pace.update(job_id, row)
+
+    def read_job_progress(self, job_ids) -> dict[int, tuple[int, int]]:
+        return {j: (sum(r.bytes for r in self.job_stats.lookup(j)), self.job_left.lookup(j).value)
+                for j in job_ids}

@@ -118,6 +118,18 @@ class Mac:
 
 
 @dataclass(frozen=True)
+class Weight:
+    """A job's weight: a finite JSON number above zero (not a boolean); the
+    cap is the table's (jobs.py)."""
+
+    def check(self, key: str, v: object, fields: dict) -> float:
+        is_number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not is_number or not (math.isfinite(v) and v > 0):
+            raise FieldError(f"'{key}' must be a number above zero, got {shown(v)}")
+        return float(v)
+
+
+@dataclass(frozen=True)
 class Flag:
     """A JSON true or false (not 0 or 1)."""
 
@@ -130,7 +142,7 @@ class Flag:
 @dataclass(frozen=True)
 class Nullable:
     """`field`, or null (what an absent field also gives)."""
-    field: Integer | Text
+    field: Integer | Text | Weight
 
     def check(self, key: str, v: object, fields: dict):
         return None if v is None else self.field.check(key, v, fields)
@@ -141,7 +153,7 @@ REQUIRED = object()   # a field without a default
 
 @dataclass(frozen=True)
 class Field:
-    kind: Integer | Seconds | Text | Ipv4 | Mac | Flag | Nullable
+    kind: Integer | Seconds | Text | Ipv4 | Mac | Flag | Weight | Nullable
     default: object = REQUIRED
 
 
@@ -167,12 +179,19 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         # A rank behind the rack box at ip:port, which joins for it (a tree
         # of boxes: docs/protocol.md, "Rack boxes").
         "rack": Field(Flag(), False),
+        # Its weight under `up --share weighted`, capped at --max-weight.
+        "weight": Field(Nullable(Weight()), None),
     },
     "resume": {"job": JOB, "token": TOKEN, "job_id": Field(Integer(1, wire.MAX_JOBS - 1)),
                "rank": Field(Integer(0, wire.MAX_WORLD - 1))},
     "heartbeat": {"token": TOKEN},
     "leave": {"token": TOKEN},
     "status": {},
+    # The operator's `swml-switch job NAME --weight W --dscp D`: `operator`
+    # is the daemon's operator token (only root can read it on the box).
+    "job": {"operator": Field(Text(MAX_TOKEN_LEN)), "job": JOB,
+            "weight": Field(Nullable(Weight()), None),
+            "dscp": Field(Nullable(Integer(0, 63)), None)},
 }
 
 

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import struct
 
 STATE_DIR = "/run/swml"
@@ -35,6 +36,12 @@ def state_path(iface: str) -> str:
 
 def tokens_path(iface: str) -> str:
     return f"{STATE_DIR}/{iface}.tokens.json"
+
+
+def operator_path(iface: str) -> str:
+    """The operator token of the daemon on `iface`: who can read it (root)
+    may change jobs' shares through the control port (`swml-switch job`)."""
+    return f"{STATE_DIR}/{iface}.operator"
 
 
 def lock_path(iface: str) -> str:
@@ -127,11 +134,27 @@ def write_state(iface: str, state: dict, token_digests: dict[str, str]) -> None:
     _write_json(state_path(iface), state, 0o644)
 
 
+def write_operator_token(iface: str) -> str:
+    """A fresh operator token for the daemon starting on `iface`, in a file
+    only root reads; the token."""
+    os.makedirs(STATE_DIR, exist_ok=True)
+    token = secrets.token_hex(16)
+    _write_text(operator_path(iface), token + "\n", 0o600)
+    return token
+
+
+def read_operator_token(iface: str) -> str:
+    """The operator token of the daemon on `iface` (OSError where there is
+    none or this user may not read it)."""
+    with open(operator_path(iface)) as f:
+        return f.read().strip()
+
+
 def remove_state(iface: str) -> bool:
     """Remove the state and token files (not the lock); returns whether there
     was a state file."""
     had_state = False
-    for path in (state_path(iface), tokens_path(iface)):
+    for path in (state_path(iface), tokens_path(iface), operator_path(iface)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             had_state = had_state or path == state_path(iface)
@@ -154,9 +177,13 @@ def remove_leftover_files(iface: str) -> bool:
 
 def _write_json(path: str, obj, mode: int) -> None:
     """Replace `path` atomically with a file of that mode (never briefly wider)."""
+    _write_text(path, json.dumps(obj, indent=1), mode)
+
+
+def _write_text(path: str, text: str, mode: int) -> None:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     os.fchmod(fd, mode)   # also when the file was left by an earlier daemon
     with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
+        f.write(text)
     os.replace(tmp, path)

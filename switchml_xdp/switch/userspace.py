@@ -37,7 +37,7 @@ from .. import bpf, net, wire
 from ..layout import ctype, dtype, xdp_dir
 from .data_port import hold_data_port
 from .dataplane import Dataplane, DataplaneError, SwitchParams
-from .maps import DataplaneMaps, JobEntry
+from .maps import DataplaneMaps, JobEntry, JobPace
 
 SOURCE = Path(__file__).with_name("userspace_dp.c")
 RCVBUF = 32 << 20
@@ -48,6 +48,7 @@ log = logging.getLogger("swml.userspace")
 JOB_DTYPE = dtype("us_job")
 MEMBER_DTYPE = dtype("us_member")
 JOB_STATS_DTYPE = dtype("swml_job_stats")
+JOB_PACE_DTYPE = dtype("swml_job_pace")
 
 
 # ------------------------------------------------------------------ the C part
@@ -123,11 +124,13 @@ class MemoryMaps(DataplaneMaps):
         self.vals = np.zeros((slots, 2, k), np.int32)
         self.counters = np.zeros(wire.CNT_NUM, np.uint64)
         self.job_stats = np.zeros(wire.MAX_JOBS, JOB_STATS_DTYPE)
+        self.job_pace = np.zeros(wire.MAX_JOBS, JOB_PACE_DTYPE)
+        self.job_left = np.zeros(wire.MAX_JOBS, np.uint32)
         self.stop = np.zeros(1, np.uint32)
 
     def c_state(self) -> _State:
         tables = ("jobs", "members", "seen", "seq", "count", "tag", "op", "exp", "flags", "vals",
-                  "counters", "job_stats", "stop")
+                  "counters", "job_stats", "job_pace", "job_left", "stop")
         return _State(k=self.k, nslots=self.nslots, **{t: getattr(self, t).ctypes.data for t in tables})
 
     # --- jobs and members -------------------------------------------------------
@@ -139,11 +142,13 @@ class MemoryMaps(DataplaneMaps):
         row["result_port"] = wire.port_to_be16(e.result_port)
         row["result_key"], row["auth"] = e.sip_key, e.auth
         self.job_stats[job_id] = np.zeros((), JOB_STATS_DTYPE)
+        self.job_left[job_id] = 0
         row["active"] = 1          # last: the data plane matches the job from now on
 
     def clear_job(self, job_id: int, world: int) -> None:
         self.jobs[job_id]["active"] = 0   # first: packets stop matching
         self.jobs[job_id] = np.zeros((), JOB_DTYPE)
+        self.job_pace[job_id] = np.zeros((), JOB_PACE_DTYPE)
         base = job_id * wire.MAX_WORLD
         self.members[base:base + min(world, wire.MAX_WORLD)] = np.zeros((), MEMBER_DTYPE)
 
@@ -174,6 +179,13 @@ class MemoryMaps(DataplaneMaps):
         active = np.flatnonzero(self.jobs["active"])
         return {int(j): {f: int(self.job_stats[j][f]) for f in JOB_STATS_DTYPE.names}
                 for j in active}
+
+    def write_job_pace(self, job_id: int, pace: JobPace) -> None:
+        self.job_pace[job_id] = (wire.port_to_be16(pace.rate_code), pace.tos,
+                                 int(pace.dscp is not None))
+
+    def read_job_progress(self, job_ids) -> dict[int, tuple[int, int]]:
+        return {j: (int(self.job_stats[j]["bytes"]), int(self.job_left[j])) for j in job_ids}
 
 
 

@@ -78,6 +78,8 @@ struct us_state {
 	int32_t *vals;                    /* [nslots][2][k] */
 	uint64_t *counters;               /* [SWML_CNT_NUM] */
 	struct swml_job_stats *job_stats; /* [SWML_MAX_JOBS] */
+	struct swml_job_pace *job_pace;   /* [SWML_MAX_JOBS]: the control plane's, read */
+	uint32_t *job_left;               /* [SWML_MAX_JOBS]: written here (swml_maps.h) */
 	volatile uint32_t *stop;          /* non-zero: return */
 	uint64_t batches;                 /* recvmmsg calls that returned data */
 	uint64_t batched;                 /* datagrams they returned */
@@ -208,11 +210,14 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 	js->bytes += (uint64_t)len + SWML_L2L4_OVERHEAD; /* frame bytes, as the XDP switch counts */
 	js->results += outcome == SWML_CNT_COMPLETED;
 	js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
+	if (ntohs(h->pace)) /* what the rank has left of its call, for srpt */
+		st->job_left[job_id] = ntohs(h->pace);
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return 0;
 
 	memcpy(buf + SWML_HDR_LEN, payload, payload_len);
 	swml_result_hdr(h, &res, outcome == SWML_CNT_SHADOW_REPLY);
+	h->pace = st->job_pace[job_id].rate; /* no DSCP here: `--dscp` needs the xdp data plane */
 	h->key = swml_result_auth(job->result_key, job->auth, h,
 				  payload_len); /* SipHash's bytes, LE */
 	memset(to, 0, sizeof(*to));
