@@ -5,6 +5,8 @@ datapath checks between packets."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import socket
 import threading
 import time
@@ -15,6 +17,24 @@ from .abort import AbortSignal, JobAborted
 
 __all__ = ["ControlClient", "ControlError", "JobAborted", "JobInfo"]
 
+
+
+WEIGHT_ENV = "SWML_JOB_WEIGHT"
+
+
+def job_weight_from_env() -> float | None:
+    """$SWML_JOB_WEIGHT: a number above zero, or None where unset; a
+    ValueError in one line otherwise (before anything is sent)."""
+    text = os.environ.get(WEIGHT_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        w = float(text)
+    except ValueError:
+        w = float("nan")
+    if not math.isfinite(w) or w <= 0:
+        raise ValueError(f"{WEIGHT_ENV} must be a number above zero, not {text!r}")
+    return w
 
 class ControlError(RuntimeError):
     """The switch refused a request, or could not be reached; says why."""
@@ -190,12 +210,17 @@ class ControlClient:
     # --- the protocol ------------------------------------------------------------
     def join(self, job: str, world: int, rank: int, ip: str, port: int, mac: str = "",
              timeout: float = 60.0, k: int | None = None, token: str | None = None,
-             boxes: str | None = None) -> JobInfo:
+             boxes: str | None = None, weight: float | None = None) -> JobInfo:
         """token: the job's secret (every rank the same); None: an open job.
-        boxes: a job over several boxes, every box it joins (client/boxes.py)."""
+        boxes: a job over several boxes, every box it joins (client/boxes.py).
+        weight: what the job asks for under a box's `--share weighted`
+        (capped there); None: $SWML_JOB_WEIGHT where set (docs/operations.md)."""
         self._token = {"token": token} if token is not None else {}
         msg = {"op": "join", "job": job, "world": world, "rank": rank, "ip": ip, "port": port,
                "mac": mac, "timeout": timeout, **self._token}
+        weight = weight if weight is not None else job_weight_from_env()
+        if weight is not None:
+            msg["weight"] = weight
         if k is not None:
             msg["k"] = k
         if boxes is not None:
