@@ -36,6 +36,7 @@
  *   shard_owner(p, n, k, lag, shard, world)   packet p's owner byte (plans.shard_owners)
  *   window_trace(slots, window, events)       window.c on a list of events, for
  *                                             tests against window.py
+ *   pace_encode(value), pace_decode(code)     packet.c's pace codes (wire.py's)
  * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
  * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
@@ -416,6 +417,28 @@ static PyObject *py_shard_owner(PyObject *self, PyObject *args)
 	return PyLong_FromLong(swml_shard_owner(p, n, k, lag, shard, world));
 }
 
+/* pace_encode(value), pace_decode(code): packet.c's pace codes, for tests
+ * against switchml_xdp/wire.py's. */
+static PyObject *py_pace_encode(PyObject *self, PyObject *args)
+{
+	unsigned long long v;
+
+	if (!PyArg_ParseTuple(args, "K", &v))
+		return NULL;
+	return PyLong_FromLong(swml_pace_encode(v));
+}
+
+static PyObject *py_pace_decode(PyObject *self, PyObject *args)
+{
+	unsigned int code;
+
+	if (!PyArg_ParseTuple(args, "I", &code))
+		return NULL;
+	if (code > 0xffff)
+		return PyErr_Format(PyExc_ValueError, "pace_decode: a 16-bit code, not %u", code);
+	return PyLong_FromUnsignedLongLong(swml_pace_decode((uint16_t)code));
+}
+
 /* result_tag(result_key, hdr, auth, payload_len): the authenticator a RESULT
  * whose swml header (and payload after it) is in hdr must carry. The udp
  * backend checks RESULTs with it, fake switches in tests sign with it. */
@@ -488,8 +511,9 @@ static int window_arg(PyObject *obj, struct swml_window_policy *w)
 	return 0;
 }
 
-/* window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap)]
- * after each event: ("ack", rtt, now), ("loss", now) or ("sent", now). */
+/* window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap,
+ * rate_bound)] after each event: ("ack", rtt, now), ("loss", now), ("sent",
+ * now) or ("rate", bits_per_s, frame_bits). */
 static PyObject *py_window_trace(PyObject *self, PyObject *args)
 {
 	unsigned int slots;
@@ -523,12 +547,14 @@ static PyObject *py_window_trace(PyObject *self, PyObject *args)
 			swml_window_loss(&w, a);
 		else if (!strcmp(kind, "sent"))
 			swml_window_sent(&w, a);
+		else if (!strcmp(kind, "rate"))
+			swml_window_set_rate(&w, a, b);
 		else {
 			PyErr_Format(PyExc_ValueError, "unknown window event %s", kind);
 			goto fail;
 		}
-		row = Py_BuildValue("(dddId)", w.cwnd, w.srtt, w.next_send, swml_window_limit(&w),
-				    swml_window_gap(&w));
+		row = Py_BuildValue("(dddIdi)", w.cwnd, w.srtt, w.next_send, swml_window_limit(&w),
+				    swml_window_gap(&w), swml_window_rate_bound(&w));
 		if (!row || PyList_Append(out, row) < 0) {
 			Py_XDECREF(row);
 			goto fail;
@@ -797,7 +823,9 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
 	    put_u64(d, "window_waits", s->window_waits) ||
-	    put_u64(d, "pace_waits", s->pace_waits) ||
+	    put_u64(d, "pace_waits", s->pace_waits) || put_u64(d, "rate_waits", s->rate_waits) ||
+	    put_u64(d, "rate_kbps", self->stream.rate_kbps) ||
+	    put_u64(d, "dscp", self->stream.dscp) ||
 	    put_u64(d, "cwnd", (uint64_t)self->stream.win.cwnd) ||
 	    put_u64(d, "tx_kicks", self->xsk.kicks) ||
 	    put_u64(d, "tx_kick_errors", self->xsk.kick_errors) ||
@@ -880,7 +908,12 @@ static PyMethodDef module_methods[] = {
 	{"shard_owner", py_shard_owner, METH_VARARGS,
 	 "shard_owner(p, n, k, lag, shard, world) -> the owner byte of packet p (plans.shard_owners)"},
 	{"window_trace", py_window_trace, METH_VARARGS,
-	 "window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap)]"},
+	 "window_trace(slots, window, events) -> [(cwnd, srtt, next_send, limit, gap, "
+	 "rate_bound)]"},
+	{"pace_encode", py_pace_encode, METH_VARARGS,
+	 "pace_encode(value) -> the 16-bit pace code (wire.pace_encode)"},
+	{"pace_decode", py_pace_decode, METH_VARARGS,
+	 "pace_decode(code) -> the value it stands for (wire.pace_decode)"},
 	{"block_exponents", py_block_exponents, METH_VARARGS,
 	 "block_exponents(x: float32, k, exp_out: int8[nb], nonfinite_out: bool[nb])"},
 	{"quantize", py_quantize, METH_VARARGS,

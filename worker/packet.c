@@ -56,12 +56,36 @@ void swml_build_template(uint8_t t[SWML_L2L4_LEN], const struct swml_addrs *a, u
 	put16(udp + 6, 0); /* no UDP checksum (allowed over IPv4) */
 }
 
+void swml_template_set_tos(uint8_t t[SWML_L2L4_LEN], uint8_t tos)
+{
+	uint8_t *ip = t + SWML_ETH_LEN;
+
+	ip[1] = tos;
+	put16(ip + 10, 0);
+	put16(ip + 10, ipv4_checksum(ip));
+}
+
+uint16_t swml_pace_encode(uint64_t v)
+{
+	const int bits = v ? 64 - __builtin_clzll(v) : 0;
+	const int e = bits > SWML_PACE_MANT_BITS ? bits - SWML_PACE_MANT_BITS : 0;
+
+	if (e > SWML_PACE_EXP_MAX)
+		return 0xffff;
+	return (uint16_t)((unsigned int)e << SWML_PACE_MANT_BITS | (v >> e));
+}
+
+uint64_t swml_pace_decode(uint16_t code)
+{
+	return (uint64_t)(code & SWML_PACE_MANT_MASK) << (code >> SWML_PACE_MANT_BITS);
+}
+
 /* Field by field, through struct swml_hdr's offsets (swml_wire.h is the one
  * layout): the header may sit at any alignment in the frame. */
 #define HDR_AT(h, field) ((h) + offsetof(struct swml_hdr, field))
 
 void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags, uint16_t slot,
-			 uint32_t seq, int8_t exp, uint8_t owner)
+			 uint32_t seq, int8_t exp, uint8_t owner, uint16_t pace)
 {
 	uint64_t key_be = htobe64(id->key);
 
@@ -77,7 +101,7 @@ void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flag
 	put32(HDR_AT(h, tag), id->tag);
 	*HDR_AT(h, exp) = (uint8_t)exp;
 	*HDR_AT(h, owner) = owner;
-	put16(HDR_AT(h, pace), 0);
+	put16(HDR_AT(h, pace), pace);
 	memcpy(HDR_AT(h, key), &key_be, sizeof key_be);
 }
 
@@ -121,6 +145,8 @@ int swml_parse_result(const uint8_t *f, uint32_t len, const struct swml_addrs *a
 		r->payload = NULL;
 	}
 	r->fmt = got;
+	r->tos = ip[1];
+	r->pace = get16(HDR_AT(h, pace));
 	r->op = *HDR_AT(h, op);
 	r->job = job;
 	r->rank = get16(HDR_AT(h, rank));

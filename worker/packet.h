@@ -43,16 +43,27 @@ struct swml_data_id {
 	uint64_t key;
 };
 
+/* Set the IPv4 TOS of a template built above (its checksum follows). */
+void swml_template_set_tos(uint8_t tmpl[SWML_L2L4_LEN], uint8_t tos);
+
+/* A value as a 16-bit pace code, and back (swml_wire.h, SWML_PACE_*; the
+ * same arithmetic as switchml_xdp/wire.py's pace_encode and pace_decode). */
+uint16_t swml_pace_encode(uint64_t v);
+uint64_t swml_pace_decode(uint16_t code);
+
 /* Write the swml header of a DATA packet at h (any alignment); owner: 0, or
- * 1 + the rank that keeps this packet's elements (stream.h, shards). */
+ * 1 + the rank that keeps this packet's elements (stream.h, shards); pace:
+ * the pace code of the call's payload bytes left (docs/transport.md). */
 void swml_write_data_hdr(uint8_t *h, const struct swml_data_id *id, uint8_t flags, uint16_t slot,
-			 uint32_t seq, int8_t exp, uint8_t owner);
+			 uint32_t seq, int8_t exp, uint8_t owner, uint16_t pace);
 
 /* A RESULT as the engine sees it; payload points into the frame (unaligned),
  * NULL for a DISAGREE result in another format than the call's and for a
  * header-only one (SWML_FLAG_HEADER_ONLY). */
 struct swml_result {
 	uint8_t flags, op, fmt;
+	uint8_t tos;   /* the IPv4 TOS: the job's DSCP mark in its high six bits */
+	uint16_t pace; /* the rank's rate to the box, a pace code (0: no limit) */
 	int8_t exp;
 	uint16_t job, rank, slot, count; /* rank: whose packet completed the round */
 	uint32_t seq, tag;

@@ -159,6 +159,16 @@ void swml_stream_free(struct swml_stream *st)
 	st->queued = NULL;
 }
 
+/* What packet p's DATA says in `pace`: the call's payload bytes not yet sent
+ * once, its own included; a resend counts itself on top of those
+ * (docs/transport.md, "The box's rate"). */
+static uint64_t bytes_left(const struct plan *pl, uint64_t p, int retrans)
+{
+	const uint64_t left = retrans ? pl->N - pl->next_new + 1 : pl->N - p;
+
+	return left * (pl->frame_len - SWML_HEADERS_LEN);
+}
+
 /* Write packet p (Ethernet to payload) at f. */
 static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int retrans,
 		  uint8_t *f)
@@ -209,7 +219,8 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 		}
 	}
 	swml_write_data_hdr(f + SWML_L2L4_LEN, &pl->id, flags, (uint16_t)(i % pl->S),
-			    pl->seq0 + (uint32_t)p, exp, owner_of(st, pl, p));
+			    pl->seq0 + (uint32_t)p, exp, owner_of(st, pl, p),
+			    swml_pace_encode(bytes_left(pl, p, retrans)));
 }
 
 /* A packet went onto the tx ring in slot s: start its timer. */
@@ -467,10 +478,29 @@ static void pump(struct swml_stream *st, struct plan *pl)
 		if (st->win.next_send > now) {
 			pl->pace_until = (uint64_t)(st->win.next_send * 1e9) + 1;
 			st->stats.pace_waits += first;
+			st->stats.rate_waits += first && swml_window_rate_bound(&st->win);
 			pl->waiting = pl->next_new;
 			return;
 		}
 		send_new(st, pl, pl->next_new++);
+	}
+}
+
+/* An authentic RESULT: the box's word on this rank's rate and the job's DSCP
+ * (docs/transport.md, "The box's rate"). */
+static void box_pace(struct swml_stream *st, const struct plan *pl, const struct swml_result *r)
+{
+	const uint8_t dscp = r->tos >> 2;
+
+	if (r->pace != st->pace_code) {
+		st->pace_code = r->pace;
+		st->rate_kbps = swml_pace_decode(r->pace);
+		swml_window_set_rate(&st->win, st->rate_kbps * 1e3, 8.0 * pl->frame_len);
+	}
+	if (dscp != st->dscp) {
+		st->dscp = dscp;
+		for (uint8_t fmt = 0; fmt < SWML_FMT_NUM; fmt++)
+			swml_template_set_tos(st->tmpl[fmt], (uint8_t)(dscp << 2));
 	}
 }
 
@@ -492,9 +522,12 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 		if (swml_parse_result(frame, d->len, &st->cfg.addrs, st->cfg.job, pl->k, pl->id.fmt,
 				      &r) == 0) {
 			if (!swml_result_authentic(frame, d->len, &r, pl->k, st->cfg.result_key,
-						   st->cfg.auth))
+						   st->cfg.auth)) {
 				st->stats.forged++;
-			else if (on_result(st, pl, &r))
+				continue;
+			}
+			box_pace(st, pl, &r);
+			if (on_result(st, pl, &r))
 				*disagree = 1;
 		} else {
 			st->stats.ignored++;
@@ -639,6 +672,8 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 				      .tag = call->tag,
 				      .key = st->cfg.key};
 	pl.frame_len = SWML_HEADERS_LEN + swml_fmt_size(call->fmt) * k;
+	/* the box's cap holds, in frames of this call's size */
+	swml_window_set_rate(&st->win, st->win.rate, 8.0 * pl.frame_len);
 	pl.data = data;
 	pl.n = n;
 	pl.k = k;

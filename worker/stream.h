@@ -27,7 +27,11 @@
  * Every in-flight packet has a retransmission timer that doubles up to a cap;
  * results of packets not in flight count as duplicates.
  * New packets go in order of p, at most the congestion window's limit in
- * flight, paced (window.h: the rules of switchml_xdp/client/window.py).
+ * flight, paced (window.h: the rules of switchml_xdp/client/window.py), no
+ * faster than the rate the box's last authentic RESULT stamped in `pace`,
+ * with the DSCP of its IPv4 TOS; every DATA packet's `pace` says the call's
+ * payload bytes not yet sent once, its own included (docs/transport.md, "The
+ * box's rate").
  *
  * No Python here: the caller releases the GIL around swml_stream_run().
  */
@@ -99,6 +103,7 @@ struct swml_stream_stats {
 	uint64_t pace_waits;        /* ready packets that waited for their paced send time */
 	uint64_t spurious_timeouts; /* probes whose original was in the round after all */
 	uint64_t header_only;       /* header-only RESULTs taken: another rank's shard */
+	uint64_t rate_waits;        /* of the pace_waits, those the box's rate cap set */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -120,6 +125,12 @@ struct swml_stream {
 	/* the RTT estimator and the congestion window, kept across tensors */
 	uint64_t srtt_ns, rttvar_ns, rto_ns;
 	struct swml_window win;
+	/* what the box's last authentic RESULT said (docs/transport.md, "The
+	 * box's rate"): its pace code, the rate in kbit/s (0: no cap), the DSCP
+	 * our DATA to it carries from then on */
+	uint16_t pace_code;
+	uint8_t dscp;
+	uint64_t rate_kbps;
 	uint32_t n_inflight; /* slots with a packet in flight */
 	uint8_t *queued;     /* 0, or QUEUED_NEW / QUEUED_RETRANS: waits for a tx frame */
 	uint32_t n_queued, queue_cursor;

@@ -19,6 +19,21 @@ void swml_window_init(struct swml_window *w, uint32_t slots,
 	w->target = policy->target_backlog;
 	w->last_decrease = -1e300;
 	w->next_send = 0.0;
+	w->rate = w->frame_bits = 0.0;
+}
+
+void swml_window_set_rate(struct swml_window *w, double bits_per_s, double frame_bits)
+{
+	const int ok = bits_per_s > 0.0 && frame_bits > 0.0;
+
+	w->rate = ok ? bits_per_s : 0.0;
+	w->frame_bits = ok ? frame_bits : 0.0;
+}
+
+/* The cap holds the stream below half of what the window would send. */
+static int capped(const struct swml_window *w)
+{
+	return w->rate > 0.0 && w->cwnd / w->srtt > 2.0 * w->rate / w->frame_bits;
 }
 
 static int may_decrease(const struct swml_window *w, double now)
@@ -42,7 +57,8 @@ void swml_window_ack(struct swml_window *w, double rtt, double now)
 		target = p->max_backlog;
 	w->target = target;
 	if (backlog <= target) {
-		w->cwnd += p->ai / w->cwnd;
+		if (!capped(w))
+			w->cwnd += p->ai / w->cwnd;
 	} else if (may_decrease(w, now)) {
 		double f = p->beta * (backlog - target) / backlog;
 
@@ -69,11 +85,28 @@ uint32_t swml_window_limit(const struct swml_window *w)
 	return w->policy.enabled ? (uint32_t)w->cwnd : w->slots;
 }
 
-double swml_window_gap(const struct swml_window *w)
+double swml_window_window_gap(const struct swml_window *w)
 {
 	if (!w->policy.enabled || w->srtt == 0.0)
 		return 0.0;
 	return w->srtt / w->cwnd;
+}
+
+double swml_window_rate_gap(const struct swml_window *w)
+{
+	return w->rate > 0.0 ? w->frame_bits / w->rate : 0.0;
+}
+
+double swml_window_gap(const struct swml_window *w)
+{
+	const double g = swml_window_window_gap(w), r = swml_window_rate_gap(w);
+
+	return r > g ? r : g;
+}
+
+int swml_window_rate_bound(const struct swml_window *w)
+{
+	return swml_window_rate_gap(w) > swml_window_window_gap(w);
 }
 
 void swml_window_sent(struct swml_window *w, double now)

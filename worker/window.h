@@ -23,6 +23,7 @@ struct swml_window {
 	struct swml_window_policy policy;
 	uint32_t slots;
 	double cwnd, srtt, base, backlog, target, last_decrease, next_send;
+	double rate, frame_bits; /* the box's cap in bits/s (0: none), a DATA frame's bits */
 };
 
 void swml_window_init(struct swml_window *w, uint32_t slots,
@@ -33,8 +34,16 @@ void swml_window_ack(struct swml_window *w, double rtt, double now);
 void swml_window_loss(struct swml_window *w, double now);
 /* Packets that may be in flight now. */
 uint32_t swml_window_limit(const struct swml_window *w);
-/* Seconds between two paced sends (0: no pacing yet or at all). */
+/* The box's cap: bits_per_s of frames of frame_bits each (0: no cap). */
+void swml_window_set_rate(struct swml_window *w, double bits_per_s, double frame_bits);
+/* The window's seconds between two paced sends (0: none yet or at all). */
+double swml_window_window_gap(const struct swml_window *w);
+/* The cap's seconds between two sends (0: no cap). */
+double swml_window_rate_gap(const struct swml_window *w);
+/* Seconds between two paced sends: the larger of the two (0: no pacing). */
 double swml_window_gap(const struct swml_window *w);
+/* The cap, not the window, sets the pace now. */
+int swml_window_rate_bound(const struct swml_window *w);
 /* A new packet went out at now. */
 void swml_window_sent(struct swml_window *w, double now);
 

@@ -45,7 +45,14 @@ AIMD on loss):
   times out at every rank, so halving on each would starve a lossy job;
 - sends are paced at cwnd per srtt, with a credit of `pace_burst` packets so
   a loop that wakes late (timer slack, a busy core) catches up without a
-  burst of the whole window.
+  burst of the whole window;
+- the box's rate (`set_rate`: what its RESULTs stamp in `pace`, docs/transport.md,
+  "The box's rate") caps that pace: two sends are at least frame_bits / rate
+  apart, window or no window (SWML_WINDOW=off). While the cap holds the
+  stream below half of what the window would send (cwnd / srtt above twice
+  the cap's packets a second), the window does not grow: it would learn
+  nothing from acks that the cap spaced, and once the cap is lifted a window
+  inflated meanwhile would go out as one burst.
 A slot's round trip also contains the wait for the slowest rank: a rank that
 is ahead sees a backlog and slows down to the others' pace, the rank that
 completes rounds sees the network's, so the job runs at the pace of its
@@ -119,6 +126,19 @@ class CongestionWindow:
         self.target = policy.target_backlog   # the backlog allowed, as of the last result
         self.last_decrease = -1e300
         self.next_send = 0.0
+        self.rate = 0.0                  # the box's cap in bits/s (0: none)
+        self.frame_bits = 0.0            # a DATA frame's bits, headers included
+
+    def set_rate(self, bits_per_s: float, frame_bits: float) -> None:
+        """The box's cap on this stream: bits_per_s of frames of frame_bits
+        each (0: no cap)."""
+        ok = bits_per_s > 0.0 and frame_bits > 0.0
+        self.rate = float(bits_per_s) if ok else 0.0
+        self.frame_bits = float(frame_bits) if ok else 0.0
+
+    def capped(self) -> bool:
+        """The cap holds the stream below half of what the window would send."""
+        return self.rate > 0.0 and self.cwnd / self.srtt > 2.0 * self.rate / self.frame_bits
 
     # ---------------------------------------------------------------- signals
     def _clamp(self) -> None:
@@ -137,7 +157,8 @@ class CongestionWindow:
         target = self.target = min(p.max_backlog,
                                    max(p.target_backlog, p.target_delay_s * self.cwnd / self.srtt))
         if backlog <= target:
-            self.cwnd += p.ai / self.cwnd
+            if not self.capped():
+                self.cwnd += p.ai / self.cwnd
         elif self._may_decrease(now):
             self.cwnd *= 1.0 - min(p.max_mdf, p.beta * (backlog - target) / backlog)
             self.last_decrease = now
@@ -158,11 +179,24 @@ class CongestionWindow:
         """Packets that may be in flight now."""
         return int(self.cwnd) if self.policy.enabled else self.slots
 
-    def gap(self) -> float:
-        """Seconds between two paced sends (0: no pacing yet or at all)."""
+    def window_gap(self) -> float:
+        """The window's seconds between two paced sends (0: none yet or at all)."""
         if not self.policy.enabled or self.srtt == 0.0:
             return 0.0
         return self.srtt / self.cwnd
+
+    def rate_gap(self) -> float:
+        """The box's cap's seconds between two sends (0: no cap)."""
+        return self.frame_bits / self.rate if self.rate > 0.0 else 0.0
+
+    def gap(self) -> float:
+        """Seconds between two paced sends (0: no pacing yet or at all)."""
+        g, r = self.window_gap(), self.rate_gap()
+        return r if r > g else g
+
+    def rate_bound(self) -> bool:
+        """The cap, not the window, sets the pace now."""
+        return self.rate_gap() > self.window_gap()
 
     def send_at(self) -> float:
         """The earliest time the next packet may go."""

@@ -149,11 +149,63 @@ def test_the_engine_window_is_bit_for_bit_the_python_one(policy):
             events.append(("sent", t))
         elif r < 0.98:
             events.append(("ack", 0.0002 + rng.expovariate(2000), t))
-        else:
+        elif r < 0.995:
             events.append(("loss", t))
+        else:  # the box's cap: none, binding (1-100 Mbit/s), or above the window's pace
+            events.append(("rate", rng.choice([0.0, 1e6, 2.5e7, 1e8, 1e11]),
+                           rng.choice([8.0 * (74 + 1024), 8.0 * (74 + 512)])))
     for slots in (1, 7, 128):
-        assert _engine().window_trace(slots, policy.as_tuple(), events) == \
-            _python_trace(slots, policy, events)
+        python = _python_trace(slots, policy, events)
+        assert _engine().window_trace(slots, policy.as_tuple(), events) == python
+        assert any(row[5] for row in python), "the trace never tried the box's cap"
+
+
+FRAME_BITS = 8.0 * (74 + 1024)     # a DATA frame of 256 int32, headers included
+
+
+def test_the_box_s_rate_spaces_sends_window_or_no_window():
+    for policy in (DEFAULT_WINDOW, NO_WINDOW):
+        w = CongestionWindow(slots=128, policy=policy)
+        w.set_rate(10e6, FRAME_BITS)                 # 10 Mbit/s: 878.4 us a frame
+        assert w.gap() == pytest.approx(FRAME_BITS / 10e6) and w.rate_bound()
+        t, sent = 5.0, 0
+        w.next_send = t                               # not idle: no credit
+        while w.send_at() <= t + 0.1:                # 100 ms of sending
+            w.sent(w.send_at())
+            sent += 1
+        assert sent == pytest.approx(0.1 * 10e6 / FRAME_BITS, abs=1)
+        w.set_rate(0, FRAME_BITS)                    # lifted
+        assert w.rate_gap() == 0.0 and not w.rate_bound()
+    assert CongestionWindow(8, NO_WINDOW).gap() == 0.0
+
+
+def test_the_gap_is_the_larger_of_the_window_s_and_the_cap_s():
+    w = CongestionWindow(slots=128, policy=WindowPolicy(initial=10))
+    w.on_ack(0.001, 0.001)                           # 10 packets a ms: 100 us apart
+    w.set_rate(1e9, FRAME_BITS)                      # 8.8 us a frame: the window's pace
+    assert w.gap() == pytest.approx(w.srtt / w.cwnd) and not w.rate_bound()
+    w.set_rate(10e6, FRAME_BITS)                     # 878 us: the cap's
+    assert w.gap() == pytest.approx(FRAME_BITS / 10e6) and w.rate_bound()
+
+
+def test_the_window_does_not_inflate_behind_the_cap_and_grows_once_it_is_lifted():
+    w = CongestionWindow(slots=1024, policy=WindowPolicy(initial=32))
+    w.set_rate(10e6, FRAME_BITS)                     # ~1138 packets/s; 32 / 1 ms is 28x that
+    t = 0.0
+    for _ in range(5000):                            # loss-free, queue-free acks
+        t += 0.001
+        w.on_ack(0.001, t)
+    assert w.cwnd == 32
+    w.set_rate(0, 0)
+    for _ in range(32):
+        t += 0.001
+        w.on_ack(0.001, t)
+    assert 32.9 < w.cwnd < 33.1                      # about ai a round trip again
+    # a cap the window is near (within 2x) does not stop its growth
+    near = CongestionWindow(slots=1024, policy=WindowPolicy(initial=8))
+    near.set_rate(8 / 0.001 * FRAME_BITS, FRAME_BITS)   # the window's own pace
+    near.on_ack(0.001, 0.0)
+    assert near.cwnd > 8
 
 
 def test_the_engine_refuses_a_bad_window():
@@ -174,6 +226,6 @@ def _engine():
 def _python_trace(slots, policy, events):
     w, rows = CongestionWindow(slots, policy), []
     for kind, *args in events:
-        {"ack": w.on_ack, "loss": w.on_loss, "sent": w.sent}[kind](*args)
-        rows.append((w.cwnd, w.srtt, w.next_send, w.limit(), w.gap()))
+        {"ack": w.on_ack, "loss": w.on_loss, "sent": w.sent, "rate": w.set_rate}[kind](*args)
+        rows.append((w.cwnd, w.srtt, w.next_send, w.limit(), w.gap(), int(w.rate_bound())))
     return rows
