@@ -13,10 +13,18 @@ A datagram counts as a RESULT of the call only if it comes from the switch's
 address and port, is a RESULT of this job with k elements, carries the seq
 of one of the call's packets in flight on its slot, and the call's tag and op
 (`accept`). One such RESULT flagged DISAGREE ends the call with CallMismatch.
+
+The box's word on shares (pace.py): every DATA says the call's bytes left,
+every authentic RESULT's rate caps the window's pace and its DSCP marks our
+DATA from then on. The TOS is read with recvmsg (IP_RECVTOS) from the first
+datagram of each batch only, the others with recvfrom: recvmsg and its
+ancillary data cost ~0.5 us more a datagram (docs/transport.md, "The box's
+rate"), and a job's mark changes seldom.
 """
 from __future__ import annotations
 
 import select
+import socket
 import time
 
 import numpy as np
@@ -24,6 +32,7 @@ import numpy as np
 from .. import wire
 from .backend import Backend
 from .calls import SEQ_MASK, Call, CallSpan, check_length, resync_index
+from .pace import TOS_CMSG_SPACE, BoxPace, bytes_left, tos_of
 from .plans import make_plan, packets_needed, shard_owners
 from .port import reserve_port
 from .retransmit import PYTHON_POLICY, RetransmitTimers
@@ -59,10 +68,13 @@ class UdpBackend(Backend):
         self.window = CongestionWindow(info.slots, self.window_policy)
         self.sock = reserve_port(info.port, info.group_ip, self.local.ip, rcvbuf=8 << 20)
         self.sock.setblocking(False)
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        self.box = BoxPace(self.window, self.sock)
         self.dest = (info.switch_ip, info.switch_port)
         self.next_index = 0  # p_job: packets of the job's life; slot and version follow from it
         self._counters = {"packets_sent": 0, "retransmissions": 0, "results": 0, "duplicates": 0,
-                          "shadow_replies": 0, "ignored": 0, "forged": 0, "header_only": 0}
+                          "shadow_replies": 0, "ignored": 0, "forged": 0, "header_only": 0,
+                          "pace_waits": 0, "rate_waits": 0}
         k = info.k
         # One transmit buffer and one view of the received values per payload
         # format (SWML_FMT_*: int32, int32 in offset binary, int16), chosen per
@@ -72,6 +84,8 @@ class UdpBackend(Backend):
         self._tx_by_fmt = {f: bytearray(wire.HDR_LEN + np.dtype(e).itemsize * k)
                            for f, e in self._elem_by_fmt.items()}
         self._rx = bytearray(2048)
+        self._rx_bufs = [self._rx]
+        self._rx_tos = -1  # the datagram's TOS where it was read (-1: not)
         self._rx_vals_by_fmt = {f: np.frombuffer(self._rx, dtype=e, count=k, offset=wire.HDR_LEN)
                                 for f, e in self._elem_by_fmt.items()}
         self._select_fmt(wire.FMT_INT32)
@@ -91,6 +105,8 @@ class UdpBackend(Backend):
         self._fmt, self._tx = fmt, self._tx_by_fmt[fmt]
         self._elem, self._rx_vals = self._elem_by_fmt[fmt], self._rx_vals_by_fmt[fmt]
         self._min_len = len(self._tx)
+        self._payload_bytes = len(self._tx) - wire.HDR_LEN
+        self.box.frame(8.0 * (wire.HEADERS_LEN + self._payload_bytes))
 
     def close(self) -> None:
         self.sock.close()
@@ -98,10 +114,12 @@ class UdpBackend(Backend):
     def stats(self) -> dict:
         return {**self._counters, "spurious_timeouts": self.timers.spurious,
                 "rto_us": int(self.timers.estimator.rto * 1e6),
-                "cwnd": int(self.window.cwnd)}
+                "cwnd": int(self.window.cwnd), "rate_kbps": self.box.rate_kbps,
+                "dscp": self.box.dscp}
 
-    def _send(self, plan, p: int, retrans: bool) -> None:
-        """Packet p of the current call (run() set _call_fields)."""
+    def _send(self, plan, p: int, retrans: bool, first_unsent: int) -> None:
+        """Packet p of the current call (run() set _call_fields); first_unsent:
+        the first packet not yet sent once (pace.bytes_left)."""
         op, tag, seq0, start = self._call_fields
         info = self.info
         i, S = start + p, info.slots
@@ -109,7 +127,9 @@ class UdpBackend(Backend):
         flags |= ((i // S) & 1) * wire.FLAG_SLOT_VER | (wire.FLAG_RETRANS if retrans else 0)
         HDR.pack_into(self._tx, 0, self._data_vt, flags, op, self._fmt, info.job_id,
                       info.rank, i % S, info.k, (seq0 + p) & SEQ_MASK, tag, exp,
-                      self._owners[p], 0, info.key)
+                      self._owners[p],
+                      wire.pace_encode(bytes_left(plan.npackets, first_unsent, p, retrans,
+                                                  self._payload_bytes)), info.key)
         self._tx[wire.HDR_LEN:] = values.astype(self._elem, copy=False).tobytes()
         self.sock.sendto(self._tx, self.dest)
         self._counters["packets_sent"] += 1
@@ -148,7 +168,7 @@ class UdpBackend(Backend):
         unanswered."""
         if source != self.dest or nbytes < wire.HDR_LEN:
             return FOREIGN, -1, 0, 0, -1
-        vt, flags, op, fmt, job, rank, slot, count, seq, tag, exp, _r0, _r1, _key = \
+        vt, flags, op, fmt, job, rank, slot, count, seq, tag, exp, _owner, pace, _key = \
             HDR.unpack_from(self._rx)
         info = self.info
         if vt != self._result_vt or job != info.job_id or count != info.k:
@@ -159,6 +179,7 @@ class UdpBackend(Backend):
         if not (self._authentic_header(self._rx, nbytes, 0) if header_only else
                 self._authentic(self._rx, nbytes, FMT_BYTES.get(fmt, 4) * count)):
             return FORGED, -1, 0, 0, -1
+        self.box.heard(pace, self._rx_tos)
         p = (seq - span.seq_base - span.start) & SEQ_MASK  # CallSpan.packet_of, inline
         if p >= span.npackets or slot != (span.start + p) % info.slots:
             return FOREIGN, -1, 0, 0, -1
@@ -193,6 +214,7 @@ class UdpBackend(Backend):
         next_new = 0       # new packets go in order: the first never sent
         in_flight_count = 0
         pace_until = None  # a ready packet waits for its paced send time
+        waiting = -1       # the packet last counted as waiting for its pace
         last_progress = time.monotonic()
 
         def ready(p: int) -> bool:
@@ -201,15 +223,19 @@ class UdpBackend(Backend):
         def pump(now: float) -> float | None:
             """New packets while the window has room and the pace allows;
             returns when the next one may go if the pace holds it back."""
-            nonlocal next_new, in_flight_count
+            nonlocal next_new, in_flight_count, waiting
             limit = window.limit()
             while next_new < N and ready(next_new):
                 if in_flight_count >= limit:
                     return None
                 if window.send_at() > now:
+                    if waiting != next_new:  # each waiting packet counts once
+                        waiting = next_new
+                        self._counters["pace_waits"] += 1
+                        self._counters["rate_waits"] += window.rate_bound()
                     return window.send_at()
                 window.sent(now)
-                self._send(plan, next_new, False)
+                self._send(plan, next_new, False, next_new)
                 sent[next_new] = True
                 timers.sent(next_new)
                 next_new += 1
@@ -230,9 +256,15 @@ class UdpBackend(Backend):
             wait = POLL_MAX_S if wake is None else wake - time.monotonic()
             progress = False
             if poller.poll(max(0, min(wait, POLL_MAX_S)) * 1000):
-                for _ in range(RX_BATCH):
+                for i in range(RX_BATCH):
                     try:
-                        nbytes, source = self.sock.recvfrom_into(self._rx)
+                        if i:
+                            nbytes, source = self.sock.recvfrom_into(self._rx)
+                            self._rx_tos = -1
+                        else:
+                            nbytes, anc, _, source = self.sock.recvmsg_into(self._rx_bufs,
+                                                                            TOS_CMSG_SPACE)
+                            self._rx_tos = tos_of(anc)
                     except BlockingIOError:
                         break
                     verdict, p, flags, exp, rank = self.accept(nbytes, source, call, span,
@@ -280,7 +312,7 @@ class UdpBackend(Backend):
                 lost = False
                 for p in timers.expired():
                     self._counters["retransmissions"] += 1
-                    self._send(plan, p, True)
+                    self._send(plan, p, True, next_new)
                     lost = True
                 if lost:
                     window.on_loss(now)

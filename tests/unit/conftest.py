@@ -16,8 +16,8 @@ def fake():
     made = []
 
     def make(answer, seq_base=0, k=8, slots=4, stall_timeout=5.0, auth=wire.AUTH_HEADER,
-             policy=None):
-        sw = FakeSwitch(answer)
+             policy=None, switch=FakeSwitch):
+        sw = switch(answer)
         info = JobInfo(name="fake", job_id=3, world=1, rank=0, k=k, slots=slots,
                        switch_ip="127.0.0.1", switch_mac="00:00:00:00:00:00", switch_port=sw.port,
                        group_ip=GROUP, group_mac="01:00:5e:4d:00:09", port=free_port(),
