@@ -30,7 +30,7 @@ from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, box_host, bridge_iface, bridge_ns, check_names, new_prefix, worker_host
 from .errors import LabError
-from .shaping import box_rates, check_queue, check_rate, shape_links
+from .shaping import box_rates, check_bands, check_queue, check_rate, shape_links
 
 log = logging.getLogger(__name__)
 
@@ -59,32 +59,30 @@ class Lab:
                  loss_port: int | None = None, igmp: bool = False,
                  queue_packets: int | None = None, multicast: bool = True,
                  query_interval_s: float | None = None, boxes: int = 1,
-                 box_rate_mbit: float | None = None, ports: int = 1):
-        """loss, dup: probabilities (0.05 or "5%") of dropping, and of
-        duplicating, data-port UDP frames on every worker link in both
-        directions; giving either (or loss_port) attaches the loss injector at
-        build time, set_loss() does it later otherwise. loss_port: the UDP
-        port subject to loss (default the switch's data port; 0 = all UDP).
-        igmp: the bridge snoops IGMP and, once the querier on its uplink
-        asked, floods no group nobody joined, like a strict switch
-        (lab/igmp.py); the querier asks
-        every query_interval_s (default the tests' 5 s; real networks' is
-        125 s, igmp.REAL_QUERY_INTERVAL_S). queue_packets:
-        every shaped queue's depth in packets, a switch port's buffer
-        (needs rate_mbit; lab/shaping.py). multicast=False: the bridge
-        carries no IPv4 multicast from the switch, as a cloud VPC (for
-        `swml-switch up --fanout unicast`; not with loss, whose injector
-        takes the switch's port). boxes: how many switch hosts
-        (lab.switches; lab.switch is the first), box_rate_mbit the rate of
-        each one's link, both ways, or a list of one each (lab/shaping.py).
-        ports: the switch as a box with that many ports, each on its own
-        segment (lab/box_ports.py); box_rate_mbit is then each port's."""
+                 box_rate_mbit: float | None = None, ports: int = 1,
+                 dscp_bands: Sequence[int] | None = None):
+        """loss, dup: probabilities (0.05 or "5%") of dropping, and of duplicating, data-port UDP
+        frames on every worker link in both directions; giving either (or loss_port) attaches the
+        loss injector at build time, set_loss() does it later otherwise. loss_port: the UDP port
+        subject to loss (default the switch's data port; 0 = all UDP). igmp: the bridge snoops
+        IGMP and, once the querier on its uplink asked, floods no group nobody joined, like a
+        strict switch (lab/igmp.py); the querier asks every query_interval_s (default the tests'
+        5 s; real networks' is 125 s, igmp.REAL_QUERY_INTERVAL_S). queue_packets: every shaped
+        queue's depth in packets, a switch port's buffer (needs rate_mbit; lab/shaping.py).
+        multicast=False: the bridge carries no IPv4 multicast from the switch, as a cloud VPC (for
+        `swml-switch up --fanout unicast`; not with loss, whose injector takes the switch's port).
+        boxes: how many switch hosts (lab.switches; lab.switch is the first), box_rate_mbit the
+        rate of each one's link, both ways, or a list of one each (lab/shaping.py). ports: the
+        switch as a box with that many ports, each on its own segment (lab/box_ports.py);
+        box_rate_mbit is then each port's. dscp_bands: DSCP values, highest priority first, that
+        every box's port serves in that order (needs both rates; lab/shaping.py)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
         box_ports.check_ports(ports, boxes, igmp)
         box_rates(box_rate_mbit, max(boxes, ports))
         check_queue(queue_packets)
+        self.dscp_bands = check_bands(dscp_bands, rate_mbit is not None and box_rate_mbit is not None)
         if queue_packets is not None and rate_mbit is None and box_rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")
         self.queue_packets = queue_packets
@@ -169,7 +167,7 @@ class Lab:
             "prefix": self.prefix,
             "bridge": {"ns": self.bridge_ns, "iface": self.bridge},
             "rate_mbit": self.rate_mbit, "box_rate_mbit": self.box_rate_mbit,
-            "queue_packets": self.queue_packets,
+            "queue_packets": self.queue_packets, "dscp_bands": self.dscp_bands,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
             "multicast": self.multicast,
@@ -197,7 +195,8 @@ class Lab:
                   multicast=state.get("multicast", True),
                   query_interval_s=state.get("query_interval_s"),
                   boxes=len(state.get("switches") or [state["switch"]]),
-                  box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1))
+                  box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1),
+                  dscp_bands=state.get("dscp_bands"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -330,8 +329,7 @@ class Lab:
             self._attach_loss_injector()
         if self.rate_mbit is not None or self.box_rate_mbit is not None:
             shape_links(self._ipr, self.bridge_ns, self.switches + self.box_ports, self.workers,
-                        self.rate_mbit,
-                        self.queue_packets, self.box_rate_mbit)
+                        self.rate_mbit, self.queue_packets, self.box_rate_mbit, self.dscp_bands)
         if self.igmp:
             self._wait_for_querier()
 

@@ -2,7 +2,8 @@
 
 Optional shaping (`Lab(rate_mbit=...)`) gives every worker link the same rate
 in each direction, for every kind of traffic, and `Lab(box_rate_mbit=...)`
-every box's link; `shape_links` says how, and docs/design-decisions.md
+every box's link, whose port can serve DSCP priority bands
+(`Lab(dscp_bands=...)`); `shape_links` says how, and docs/design-decisions.md
 ("Lab") why.
 """
 from __future__ import annotations
@@ -24,6 +25,12 @@ HTB_PARENT_CLASS = 0x10001   # 1:1, the sources' parent where the port has a rat
 TBF_CLASS = 0x10001          # 1:1, where TBF attaches its inner qdisc
 QUEUE_HANDLE_BASE = 0x200000 # 20:, 21:, ... for the pfifo children
 MAX_QUEUE_PACKETS = 100_000
+MAX_BANDS = 8                # HTB's priorities (TC_HTB_NUMPRIO)
+MAX_DSCP = 63
+BAND_CLASS_BASE = 0x1000     # 1:(1000 + 8i + b): source i's band b
+BAND_SHARE = 100             # all the bands' guarantees together: 1/100 of the link
+MIN_BAND_RATE = 1000         # bytes/s: a band's guarantee, at least
+TOS_DSCP_MASK = "0x00fc0000" # the DSCP bits of the IPv4 header's first word (TOS byte)
 
 
 def check_rate(rate_mbit: float | None, what: str = "rate") -> None:
@@ -48,6 +55,38 @@ def box_rates(box_rate_mbit: float | Sequence[float] | None, boxes: int) -> list
 def check_queue(queue_packets: int | None) -> None:
     if queue_packets is not None and not 1 <= queue_packets <= MAX_QUEUE_PACKETS:
         raise LabError(f"queue must be 1..{MAX_QUEUE_PACKETS} packets, not {queue_packets!r}")
+
+
+def check_bands(bands: Sequence[int] | None, shaped: bool = True) -> tuple[int, ...] | None:
+    """DSCP values for the box ports' priority bands, highest priority first
+    (the last band also takes every other DSCP), or LabError in one line.
+    shaped: the lab has both the workers' rate and the boxes' (the bands live
+    in the workers' classes on a box's port, which its rate makes a bottleneck)."""
+    if bands is None:
+        return None
+    if not shaped:
+        raise LabError("dscp bands need a worker rate and a box rate (they order the "
+                       "box's shaped port)")
+    try:
+        values = tuple(bands) if not isinstance(bands, (str, bytes)) else ()
+    except TypeError:   # not a sequence
+        values = ()
+    if not (1 <= len(values) <= MAX_BANDS and len(set(values)) == len(values)
+            and all(type(v) is int and 0 <= v <= MAX_DSCP for v in values)):
+        raise LabError(f"dscp bands: 1 to {MAX_BANDS} distinct DSCP values 0..{MAX_DSCP}, "
+                       f"highest priority first, not {bands!r}")
+    return values
+
+
+def dscp_key(dscp: int) -> str:
+    """A u32 key that matches an IPv4 header whose DSCP is `dscp` (its TOS
+    byte is the first word's second; the ECN bits below it are ignored)."""
+    return f"0x{dscp << 18:08x}/{TOS_DSCP_MASK}+0"
+
+
+def _source_key(ip: str) -> str:
+    """A u32 key that matches an IPv4 header whose source is `ip`."""
+    return f"0x{ipaddress.IPv4Address(ip).packed.hex()}/0xffffffff+12"
 
 
 def _queue(ipr: IPRoute, index: int, parent: int, n: int, queue_packets: int | None) -> None:
@@ -81,7 +120,8 @@ def shape(ipr: IPRoute, index: int, rate_mbit: float, queue_packets: int | None 
 
 
 def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequence[str],
-                     queue_packets: int | None = None, total_mbit: float | None = None) -> None:
+                     queue_packets: int | None = None, total_mbit: float | None = None,
+                     bands: Sequence[int] | None = None) -> None:
     """Limit what interface `index` sends from each IPv4 source in `sources`
     to rate_mbit, independently: an HTB root qdisc with one class per source
     (1:10, 1:11, ...; rate = ceil, no borrowing), chosen by a u32 filter on the
@@ -90,7 +130,8 @@ def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequen
     bottleneck of its own. total_mbit: the sources' classes share one parent
     class (1:1) of that rate as well, the port's own rate: each is guaranteed
     its share of it and borrows up to rate_mbit (HTB lets a class within its
-    own rate ignore its parent, so the shares sum to the total)."""
+    own rate ignore its parent, so the shares sum to the total). bands: DSCP
+    values, highest priority first, served in that order (_bands)."""
     rate = _bytes_per_s(rate_mbit)
     ipr.tc("add", "htb", index, HTB_HANDLE, default=0)   # 0: unclassified -> direct queue
     parent, guaranteed = HTB_HANDLE, rate
@@ -100,13 +141,44 @@ def shape_per_source(ipr: IPRoute, index: int, rate_mbit: float, sources: Sequen
         guaranteed = min(rate, total // len(sources))
         ipr.tc("add-class", "htb", index, parent, parent=HTB_HANDLE, rate=total, ceil=total,
                burst=_burst(total), cburst=_burst(total), quantum=_quantum(total))
+    quantum = _quantum(guaranteed)
+    band_rate = max(MIN_BAND_RATE, guaranteed // (BAND_SHARE * len(bands))) if bands else 0
+    if bands and total_mbit is not None:
+        guaranteed = band_rate * len(bands)     # the rest of the link goes by priority
     for i, ip in enumerate(sources):
         classid = HTB_HANDLE | (HTB_CLASS_BASE + i)
         ipr.tc("add-class", "htb", index, classid, parent=parent, rate=guaranteed, ceil=rate,
-               burst=_burst(rate), cburst=_burst(rate), quantum=_quantum(guaranteed))
+               burst=_burst(rate), cburst=_burst(rate), quantum=quantum)
+        if bands:
+            _bands(ipr, index, classid, i, _source_key(ip), bands, band_rate, rate, quantum,
+                   queue_packets)
+            continue
         _queue(ipr, index, classid, i, queue_packets)
         ipr.tc("add-filter", "u32", index, parent=HTB_HANDLE, prio=1, protocol=0x0800,
-               target=classid, keys=[f"0x{ipaddress.IPv4Address(ip).packed.hex()}/0xffffffff+12"])
+               target=classid, keys=[_source_key(ip)])
+
+
+def _bands(ipr: IPRoute, index: int, source_class: int, i: int, source_key: str,
+           bands: Sequence[int], band_rate: int, ceil: int, quantum: int,
+           queue_packets: int | None) -> None:
+    """Source i's priority bands: a leaf class each under its class, with
+    HTB prio = the band's place (0 first), a guarantee of band_rate and a
+    ceil of `ceil`. HTB serves every class within its own rate first, then
+    lends what is left of a parent's rate to the waiting classes of the
+    lowest prio value first, so with small guarantees the link goes to the
+    highest band that has frames and the others keep only band_rate (no
+    sch_prio under the shaper: docs/design-decisions.md, "Lab"). A u32 filter
+    on the source and the DSCP picks the band; anything else from the source
+    goes to the last band."""
+    last = len(bands) - 1
+    for b, dscp in enumerate(bands):
+        leaf = HTB_HANDLE | (BAND_CLASS_BASE + MAX_BANDS * i + b)
+        ipr.tc("add-class", "htb", index, leaf, parent=source_class, rate=band_rate, ceil=ceil,
+               burst=_burst(ceil), cburst=_burst(ceil), quantum=quantum, prio=b)
+        _queue(ipr, index, leaf, MAX_BANDS * i + b, queue_packets)
+        keys = [source_key] if b == last else [source_key, dscp_key(dscp)]
+        ipr.tc("add-filter", "u32", index, parent=HTB_HANDLE, prio=2 if b == last else 1,
+               protocol=0x0800, target=leaf, keys=keys)
 
 
 def _quantum(rate: int) -> int:
@@ -117,7 +189,8 @@ def _quantum(rate: int) -> int:
 def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequence[Host],
                 workers: Sequence[Host], rate_mbit: float | None,
                 queue_packets: int | None = None,
-                box_rate_mbit: float | Sequence[float] | None = None) -> None:
+                box_rate_mbit: float | Sequence[float] | None = None,
+                dscp_bands: Sequence[int] | None = None) -> None:
     """Every worker gets rate_mbit up and rate_mbit down, whatever sends;
     every box (switch host) box_rate_mbit both ways (or one rate each). Either may be None
     (that kind of link unshaped). `ipr_in(ns)` gives a netlink socket in
@@ -153,7 +226,9 @@ def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequ
     these qdiscs and are independent of them. queue_packets, if given, is
     every shaped queue's depth in packets (a switch port's buffer), else TBF's
     20 ms; a box's own interface keeps the queue an unshaped one has
-    (lab/wiring.py) unless queue_packets says otherwise."""
+    (lab/wiring.py) unless queue_packets says otherwise. dscp_bands: every
+    worker's class on a box's port serves its frames in those priority bands
+    (shape_per_source), so the marked job's DATA goes first."""
     br = ipr_in(bridge_ns)
     if rate_mbit is not None:
         for w in workers:
@@ -163,7 +238,7 @@ def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequ
         port = net.link_index(box.peer, bridge_ns)
         if rate_mbit is not None:
             shape_per_source(br, port, rate_mbit, [w.ip for w in workers], queue_packets,
-                             total_mbit=box_rate)
+                             total_mbit=box_rate, bands=dscp_bands)
         elif box_rate is not None:
             shape(br, port, box_rate, queue_packets)
         if box_rate is not None:
