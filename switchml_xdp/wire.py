@@ -105,8 +105,9 @@ def group_of_job(job_id: int) -> tuple[str, str]:
 
 def pack_header(kind: int, job: int, rank: int, slot: int, seq: int, count: int,
                 flags: int = 0, exp: int = 0, *, key: int = 0, tag: int = 0, op: int = 0,
-                fmt: int = 0, owner: int = 0) -> bytes:
+                fmt: int = 0, owner: int = 0, pace: int = 0) -> bytes:
     h = np.zeros(1, HDR_DTYPE)
+    h["pace"] = pace
     h["ver_type"], h["flags"], h["job"], h["rank"] = ver_type(kind), flags, job, rank
     h["slot"], h["seq"], h["exp"], h["count"] = slot, seq & 0xFFFFFFFF, exp, count
     h["key"], h["tag"], h["op"], h["fmt"], h["owner"] = key, tag, op, fmt, owner

@@ -114,17 +114,19 @@ class UdpFrame:
     udp_length: int
     udp_checksum: int
     payload: bytes  # the UDP payload, as long as the UDP header says
+    tos: int = 0    # the IPv4 TOS byte (DSCP << 2 | ECN)
 
 
 def parse_udp_frame(frame: bytes) -> UdpFrame:
     ethertype, = struct.unpack_from("!H", frame, 12)
     assert ethertype == ETH_P_IP, f"not IPv4: ethertype {ethertype:#06x}"
     ip = frame[14:34]
-    ver_ihl, _, ip_length, _, _, ttl, proto, _, saddr, daddr = struct.unpack("!BBHHHBBH4s4s", ip)
+    ver_ihl, tos, ip_length, _, _, ttl, proto, _, saddr, daddr = struct.unpack("!BBHHHBBH4s4s", ip)
     assert ver_ihl == 0x45 and proto == IPPROTO_UDP, f"not IPv4/UDP without options: {ip.hex()}"
     sport, dport, udp_length, udp_checksum = struct.unpack_from("!HHHH", frame, 34)
     return UdpFrame(dst=Endpoint(mac_text(frame[0:6]), str(ipaddress.IPv4Address(daddr)), dport),
                     src=Endpoint(mac_text(frame[6:12]), str(ipaddress.IPv4Address(saddr)), sport),
                     ttl=ttl, ip_checksum_ok=ipv4_checksum(ip) == 0, ip_length=ip_length,
                     udp_length=udp_length, udp_checksum=udp_checksum,
-                    payload=frame[42:34 + udp_length])  # not the Ethernet padding
+                    payload=frame[42:34 + udp_length],  # not the Ethernet padding
+                    tos=tos)

@@ -228,7 +228,7 @@ class SwitchTester(XdpTester):
              op: int = wire.OP_SUM, tag: int = 0, key: int | None = None, fmt: int = wire.FMT_INT32,
              kind: int = wire.TYPE_DATA, count: int | None = None, ver_type: int | None = None,
              src: Endpoint | None = None, dst: Endpoint | None = None, owner: int = 0,
-             **breakage) -> bytes:
+             pace: int = 0, **breakage) -> bytes:
         """A frame of (job, rank, slot, round) to the switch from the rank's
         registered address: a DATA packet of `values` (default k ones), as a
         worker streams it: round `rnd` of the slot (default `ver`, else 0) is
@@ -237,6 +237,7 @@ class SwitchTester(XdpTester):
         (default the job's), `op`, `fmt`, `tag`, `kind`, `count` (default
         len(values)) and `ver_type` (the header's first byte, whole) in the
         swml header, `owner` (1 + the rank keeping the sum: a shard's),
+        `pace` (the call's bytes left, a pace code),
         `src`/`dst` the sender/receiver, `breakage` goes to frames.udp_frame
         (ip_options, frag_off, ip_length, udp_length)."""
         elem = "<i2" if fmt == wire.FMT_INT16 else "<i4"  # the payload's format on the wire
@@ -248,7 +249,7 @@ class SwitchTester(XdpTester):
                                             len(vals) if count is None else count,
                                             flags | (ver & wire.FLAG_SLOT_VER), exp,
                                             key=job.key if key is None else key, tag=tag, op=op,
-                                            fmt=fmt, owner=owner))
+                                            fmt=fmt, owner=owner, pace=pace))
         if ver_type is not None:
             header[0] = ver_type
         return udp_frame(src or self.member(job, rank), dst or self.switch,
