@@ -271,12 +271,26 @@ class ControlClient:
         return True
 
     def status(self) -> dict:
+        return self.ask({"op": "status"})
+
+    def set_job_share(self, operator: str, job: str, weight: float | None = None,
+                      dscp: int | None = None) -> dict:
+        """The operator's `job` op (`swml-switch job`): set a running job's
+        weight and/or pinned DSCP mark; ControlError with the box's one line
+        where it refuses."""
+        return self.ask({"op": "job", "operator": operator, "job": job, "weight": weight,
+                         "dscp": dscp})
+
+    def ask(self, obj: dict) -> dict:
+        """One request, its reply (ControlError with the box's reason where
+        it refuses)."""
         if self._reader is not None:  # joined: the reader thread owns the connection's input
-            return self.request({"op": "status"})
-        self._send({"op": "status"})
+            return self.request(obj)
+        self._send(obj)
         reply = self._read_line()
         if reply is None or not reply.get("ok"):
-            raise ControlError((reply or {}).get("error", "no status from the switch"))
+            raise ControlError((reply or {}).get("error", f"no reply from the switch to "
+                                                          f"{obj.get('op')}"))
         return reply
 
     def leave(self) -> None:
