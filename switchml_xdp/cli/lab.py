@@ -32,7 +32,16 @@ from switchml_xdp.lab.racks import open_lab
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS
 
 from .common import CONTEXT, version_option
-from .lab_options import box_options, lab_errors, lab_options, loss_options, pct, rack_options, racks_of
+from .lab_options import (
+    box_options,
+    dscp_bands_of,
+    lab_errors,
+    lab_options,
+    loss_options,
+    pct,
+    rack_options,
+    racks_of,
+)
 from .lab_runs import bench, demo, train, vm
 
 
@@ -99,6 +108,11 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
               metavar="PACKETS", help="Every shaped queue's depth in packets, like a switch "
               "port's buffer (needs --rate or --box-rate) [default: TBF's 20 ms]")
+@click.option("--dscp-bands", default=None, metavar="LIST", callback=dscp_bands_of,
+              help="Every box's shaped port serves the workers' frames by DSCP, LIST highest "
+                   "priority first (e.g. 46,34,26,0; any other DSCP goes with the last), as a "
+                   "fabric's priority queues would (needs --rate and --box-rate; the switch "
+                   "marks jobs with --switch-args '--share fair --dscp LIST').")
 @click.option("--no-multicast", is_flag=True,
               help="The bridge carries no IPv4 multicast from the switch, like a cloud VPC "
                    "(start the switch with --fanout unicast there); not with loss.")
@@ -120,9 +134,10 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @rack_options
 def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: int,
        box_rate: float | None, loss: float | None, dup: float | None, loss_port: int | None,
-       queue: int | None, no_multicast: bool, snooping: bool, query_interval: float | None,
-       start_switch: bool, switch_args: str, racks: int | None, per_rack: str | None,
-       uplink_rate: float | None, layout: str | None) -> None:
+       queue: int | None, dscp_bands: tuple[int, ...] | None, no_multicast: bool,
+       snooping: bool, query_interval: float | None, start_switch: bool, switch_args: str,
+       racks: int | None, per_rack: str | None, uplink_rate: float | None,
+       layout: str | None) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.box_runs import capacity_args
     from switchml_xdp.lab.cluster import start_background_switch
@@ -133,7 +148,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
     sizes = racks_of(racks, per_rack, uplink_rate, layout)
     if sizes is not None:
         for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
-                            (loss_port, "--loss-port")):
+                            (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands")):
             if value:
                 raise click.BadParameter("not with --racks", param_hint=name)
         if start_switch:
@@ -141,6 +156,9 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         _up_racks(sizes, layout or "tree", prefix, rate, uplink_rate, loss, dup, queue,
                   args if start_switch else None)
         return
+    if dscp_bands and (rate is None or box_rate is None):
+        raise click.BadParameter("needs --rate and --box-rate (the bands order a box's shaped "
+                                 "port)", param_hint="--dscp-bands")
     if query_interval is not None and not snooping:
         raise click.BadParameter("only with --snooping", param_hint="--query-interval")
     if snooping and no_multicast:
@@ -157,7 +175,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
                   loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue,
                   multicast=not no_multicast, igmp=snooping,
                   query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate,
-                  ports=ports).start()
+                  ports=ports, dscp_bands=dscp_bands).start()
         ready = []
         if start_switch:
             try:
@@ -177,6 +195,8 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         shaping += f", box links to {box_rate:g} Mbit/s"
     if queue:
         shaping += f", {queue}-packet queues"
+    if dscp_bands:
+        shaping += f", DSCP bands {','.join(map(str, dscp_bands))} on box ports"
     if no_multicast:
         shaping += "; no multicast from the switch"
     if snooping:

@@ -14,7 +14,7 @@ from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
 from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.loss import probability
 from switchml_xdp.lab.racks import LAYOUTS, MAX_RACKS, rack_sizes
-from switchml_xdp.lab.shaping import MAX_RATE_MBIT
+from switchml_xdp.lab.shaping import MAX_RATE_MBIT, check_bands
 from switchml_xdp.net import NetError
 
 from .common import Parsed
@@ -131,6 +131,15 @@ def run_rows(run, cfg) -> None:
 
 def pct(p: float) -> str:
     return f"{p * 100:.4g}%"
+
+
+def dscp_bands_of(ctx, param, value):
+    """A click callback: "46,34,0" -> (46, 34, 0), the lab's DSCP bands
+    (switchml_xdp/lab/shaping.py check_bands), or a one-line click error."""
+    try:
+        return check_bands(list_of(int, "dscp")(ctx, param, value))
+    except LabError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def list_of(kind, what: str):

@@ -35,3 +35,20 @@ def test_dscp_key_matches_the_tos_byte_without_ecn():
     assert dscp_key(46) == "0x00b80000/0x00fc0000+0"
     assert dscp_key(63) == "0x00fc0000/0x00fc0000+0"
     assert dscp_key(0) == "0x00000000/0x00fc0000+0"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--dscp-bands", "46,46"], "dscp bands: 1 to 8 distinct DSCP values"),
+    (["--dscp-bands", "ef"], "invalid literal"),
+    (["--dscp-bands", "46,0"], "needs --rate and --box-rate"),
+    (["--dscp-bands", "46,0", "--rate", "40"], "needs --rate and --box-rate"),
+    (["--dscp-bands", "46,0", "--racks", "2"], "not with --racks"),
+])
+def test_swml_lab_up_refuses_bad_bands_before_building(args, says):
+    from click.testing import CliRunner
+
+    from switchml_xdp.cli import lab as lab_cli
+
+    r = CliRunner().invoke(lab_cli.main, ["up", *args])
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "Traceback" not in r.output, r.output
