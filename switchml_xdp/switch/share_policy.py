@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 
 POLICIES = ("fair", "weighted", "srpt")
-SRPT_FLOOR = 0.01            # a waiting job's part of the link under srpt
-SRPT_FLOORS_AT_MOST = 0.1    # ... and all waiting jobs' together at most
+SRPT_FLOOR = 0.005           # a waiting job's part of the link under srpt
+SRPT_FLOORS_AT_MOST = 0.05   # ... and all waiting jobs' together at most
 SRPT_AGE_HALF_S = 30.0       # a waiting job's claim halves every this many seconds
 UNSAID = 1 << 50             # the claim of a job whose ranks do not say what is left
 
