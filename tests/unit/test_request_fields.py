@@ -15,11 +15,12 @@ from switchml_xdp.switch.request_fields import SCHEMAS, FieldError, validate
 GOOD = {
     "join": {"op": "join", "job": "j1", "token": "s3cret", "world": 4, "rank": 1, "port": 48864,
              "ip": "10.0.0.11", "mac": "02:5d:00:00:01:00", "k": 256, "timeout": 5,
-             "boxes": "10.0.0.1,10.0.0.2", "rack": True},
+             "boxes": "10.0.0.1,10.0.0.2", "rack": True, "weight": 2.5},
     "resume": {"op": "resume", "job": "j1", "token": "s3cret", "job_id": 3, "rank": 1},
     "heartbeat": {"op": "heartbeat", "token": "s3cret"},
     "leave": {"op": "leave", "token": "s3cret"},
     "status": {"op": "status"},
+    "job": {"op": "job", "operator": "ab" * 16, "job": "j1", "weight": 3.0, "dscp": 46},
 }
 
 HUGE = "x" * 65536
@@ -58,6 +59,12 @@ BAD = {
           (0, "in 1.."), (wire.MAX_K + 1, f"in 1..{wire.MAX_K}")],
     "timeout": [(0, "(0, 600]"), ("5", "(0, 600]"), (True, "(0, 600]"), (601, "(0, 600]"),
                 (float("nan"), "(0, 600]"), (float("inf"), "(0, 600]"), (None, "(0, 600]")],
+    "weight": [(0, "above zero"), (-1, "above zero"), ("3", "above zero"), (True, "above zero"),
+               (float("nan"), "above zero"), (float("inf"), "above zero"), ([1], "above zero")],
+    "operator": [(5, "non-empty string"), ("", "non-empty string"), ("t" * 257, "at most 256"),
+                 (ESCAPES, "printable"), (None, "non-empty string")],
+    "dscp": [(64, "in 0..63"), (-1, "in 0..63"), (1.5, "integer, got float"),
+             (True, "integer, got bool"), ("46", "integer, got str")],
     "job_id": [(3.0, "integer, got float"), (True, "integer, got bool"), ("3", "integer, got str"),
                (0, "in 1..255"), (256, "in 1..255")],
 }
