@@ -11,7 +11,7 @@ Modules, each on top of the ones before it:
     errors      LabError
     addressing  names, addresses and MACs derived from a lab's prefix; Host
     netns       named network namespaces: make, enter, run in, empty, remove
-    shaping     rate limits on links (tc TBF/HTB)
+    shaping     rate limits on links (tc TBF/HTB), DSCP priority bands on box ports
     loss        the loss and duplication injector (XDP + tc, through switchml_xdp.bpf)
     lifecycle   state files, closing live labs at exit/SIGTERM, removing leftovers
     igmp        a bridge that snoops IGMP with a querier (Lab(igmp=True), the VM lab)
