@@ -219,16 +219,21 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
               help="With --racks: workers in each rack, one count or one a rack (e.g. 2,3,4)")
 @click.option("--uplink-rate", type=click.FloatRange(0, MAX_RATE_MBIT, min_open=True), default=None,
               metavar="MBIT", help="With --racks: every rack's uplink, each way [default: unshaped]")
-@click.option("--jobs", "jobs_spec", default=None, metavar="NxSIZE[,NxSIZE..]",
+@click.option("--jobs", "jobs_spec", default=None, metavar="NxSIZE[@W][,NxSIZE[@W]..]",
               help="Instead of the sweep: competing jobs (N workers, float32 tensors of SIZE each, "
-                   "e.g. 2x2MiB,2x4MiB,2x8MiB,2x16MiB) through one box whose link (--box-rate, "
-                   "default --rate) is the bottleneck, all starting together, beside the same "
-                   "jobs as Gloo rings [--rate default: 100, --iterations: 10]")
-@click.option("--share", default="none", show_default=True, metavar="POLICY[,POLICY..]",
-              help="With --jobs: the box's share policies, a run each (none: the box as it is)")
+                   "weight W under --share weighted, default 1; e.g. 2x2MiB,2x4MiB,2x8MiB,2x16MiB) "
+                   "through one box whose link (--box-rate, default --rate) is the bottleneck, all "
+                   "starting together, beside the same jobs as Gloo rings; the share policies' "
+                   "targets at the end [--rate default: 100, --iterations: 10]")
+@click.option("--share", default=None, metavar="POLICY[,POLICY..]",
+              help="With --jobs: the box's share policies, a run each (none: the box as it is, "
+                   "no policy) [default: none,fair,weighted,srpt]")
+@click.option("--reweight", default=None, metavar="W,W..",
+              help="With --jobs and the weighted policy: the jobs' weights from mid-run on (one a "
+                   "job, set with `swml-switch job`), and how long the rates take to follow")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
-          jobs_spec, share):
+          jobs_spec, share, reweight):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -244,10 +249,11 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     if jobs_spec is not None:
         from .lab_bench_jobs import bench_jobs
 
-        bench_jobs(jobs_spec, share, rate, box_rate, iterations, warmup, out_dir)
+        bench_jobs(jobs_spec, share, reweight, rate, box_rate, iterations, warmup, out_dir)
         return
-    if click.get_current_context().get_parameter_source("share") == click.core.ParameterSource.COMMANDLINE:
-        raise click.BadParameter("only with --jobs", param_hint="--share")
+    for name in ("share", "reweight"):
+        if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.BadParameter("only with --jobs", param_hint=f"--{name}")
     if racks_of(racks, per_rack, uplink_rate) is not None:
         _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir,
                      queue)

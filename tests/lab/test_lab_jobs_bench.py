@@ -1,8 +1,12 @@
 """`swml-lab bench --jobs` on a tiny mix (needs root; switchml_xdp/bench/jobs_bench.py):
 two jobs of two workers through one box whose link is the bottleneck, and
 the same jobs as Gloo rings: every row printed, the JSON has them, every
-result exact, the box's port counted at least every job's bytes. The
-spec's syntax and bounds: tests/unit/test_jobs_bench_spec.py."""
+result exact, the box's port counted at least every job's bytes; and, on a
+switch with share policies, the weighted policy: the weights asked for at
+join and the one set mid-run reach the box, its rates are sampled, and the
+targets are printed. The spec's syntax and bounds:
+tests/unit/test_jobs_bench_spec.py; the targets' arithmetic:
+tests/unit/test_jobs_bench_targets.py."""
 from __future__ import annotations
 
 import json
@@ -14,12 +18,13 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(f"lab tests: {NO_LAB}", allow_module_level=True)
 
-from switchml_xdp.bench.jobs_bench import JobsConfig, _torch_missing, parse_jobs, run_jobs_bench
+from switchml_xdp.bench.jobs_bench import _torch_missing, run_jobs_bench
+from switchml_xdp.bench.jobs_spec import JobsConfig, parse_jobs, switch_lacks_shares
 
 
 def test_a_tiny_mix_prints_each_jobs_completion_and_the_box_links_busy_share(tmp_path):
     lines = []
-    cfg = JobsConfig(parse_jobs("2x256KiB,2x512KiB"), rate_mbit=100, iterations=2,
+    cfg = JobsConfig(parse_jobs("2x256KiB,2x512KiB"), rate_mbit=100, iterations=2, shares=("none",),
                      json_path=str(tmp_path / "jobs.json"), png_path=str(tmp_path / "jobs.png"))
     doc = run_jobs_bench(cfg, out=lines.append)
     text = "\n".join(lines)
@@ -41,3 +46,31 @@ def test_a_tiny_mix_prints_each_jobs_completion_and_the_box_links_busy_share(tmp
     else:
         assert doc["gloo"] is None and "gloo rings: not run (torch is not installed" in text
     assert json.loads((tmp_path / "jobs.json").read_text()) == json.loads(json.dumps(doc))
+    assert "  targets (set for the mix" in text and "not measured: srpt against fair" in text, text
+
+
+@pytest.mark.skipif(switch_lacks_shares() is not None, reason=f"{switch_lacks_shares()}")
+def test_weighted_weights_reach_the_box_at_join_and_mid_run(tmp_path):
+    """Two jobs asking for 3 and 1 at join, set to 1:1 mid-run: the box's
+    share objects say so before and after the change."""
+    lines = []
+    cfg = JobsConfig(parse_jobs("2x1MiB@3,2x1MiB@1"), rate_mbit=20, iterations=3,
+                     shares=("weighted",), gloo=False, reweight=(1, 1),
+                     json_path=str(tmp_path / "jobs.json"), png_path=str(tmp_path / "jobs.png"))
+    doc = run_jobs_bench(cfg, out=lines.append)
+    text = "\n".join(lines)
+    [policy] = doc["policies"]
+    rates = policy["rates"]
+    assert rates["error"] is None and not rates["refused"], rates
+    change, samples = rates["change_s"], rates["samples"]
+    assert 0 < change < policy["jobs"][0]["completion_s"], (change, policy)
+    weights = [[(s["share"][j] or {}).get("weight") for j in (0, 1)] for s in samples]
+    before = [w for s, w in zip(samples, weights) if 0 <= s["t"] < change]
+    after = [w for s, w in zip(samples, weights) if s["t"] > change + 1.5]
+    assert before and all(w == [3, 1] for w in before), weights
+    assert after and after[-1] == [1, 1], weights
+    assert all(s["bytes"][0] is not None for s in samples if 0 <= s["t"] < change), samples
+    assert "rates job 0 : job 1" in text and "weights set to 1:1" in text, text
+    for name in ("weighted_ratio", "reweight_settle", "box_busy"):
+        assert any(t["name"] == name and t["pass"] is not None for t in doc["targets"]), doc["targets"]
+    assert any(line.startswith(("    PASS weighted", "    MISS weighted")) for line in lines), text

@@ -1,21 +1,27 @@
 """`swml-lab bench --jobs SPEC` before anything is built: the jobs' syntax
-and bounds, the share policies it takes, the bounds it prints, and the
-options that do not go with it refused in one line
-(switchml_xdp/bench/jobs_bench.py; the run itself:
-tests/lab/test_lab_jobs_bench.py)."""
+(weights too) and bounds, the share policies it takes, the weights set
+mid-run, the bounds and ideal completions it prints, and the options that
+do not go with it refused in one line (switchml_xdp/bench/jobs_spec.py);
+the targets' arithmetic and the weighted run's rate figures:
+tests/unit/test_jobs_bench_targets.py; the run itself:
+tests/lab/test_lab_jobs_bench.py."""
 from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
 
-from switchml_xdp.bench.jobs_bench import (
+from switchml_xdp.bench import jobs_spec
+from switchml_xdp.bench.jobs_spec import (
+    SHARES,
     JobsConfig,
     JobSpec,
     alone_bound_s,
     ideal_completions_s,
     makespan_bound_s,
     parse_jobs,
+    parse_reweight,
     parse_shares,
+    reweight_at_s,
 )
 from switchml_xdp.cli import lab as lab_cli
 
@@ -27,9 +33,20 @@ def test_a_spec_is_one_workers_x_size_a_job():
     assert [j.label for j in parse_jobs("2x2MiB,4x512KiB")] == ["2x2MiB", "4x0.5MiB"]
 
 
+def test_a_job_may_ask_for_a_weight():
+    assert parse_jobs("2x64MiB@3, 2x64MiB@1,2x1MiB @ 8") == [
+        JobSpec(2, 64 << 20, 3), JobSpec(2, 64 << 20, 1), JobSpec(2, 1 << 20, 8)]
+    assert [j.label for j in parse_jobs("2x64MiB@3,2x64MiB@1")] == ["2x64MiB@3", "2x64MiB"]
+    assert parse_jobs("2x1MiB")[0].weight == 1
+
+
 @pytest.mark.parametrize("spec, says", [
-    ("", "NxSIZE, comma-separated"), ("2x2MiB,,2x4MiB", "NxSIZE, comma-separated"),
+    ("", "WEIGHT\\], comma-separated"), ("2x2MiB,,2x4MiB", "WEIGHT\\], comma-separated"),
     ("2MiB", "a job is NxSIZE"), ("x2MiB", "a job is NxSIZE"), ("2x", "a job is NxSIZE"),
+    ("2x1MiB@", "a weight is a whole number 1..8"), ("2x1MiB@0", "a weight is a whole number"),
+    ("2x1MiB@-1", "a weight is a whole number"), ("2x1MiB@1.5", "a weight is a whole number"),
+    ("2x1MiB@nine", "a weight is a whole number"), ("2x1MiB@9", "1..8 .the switch's --max-weight"),
+    ("2x1MiB@3@1", "a weight is a whole number"), ("2x@3", "a job is NxSIZE"),
     ("-2x2MiB", "a job is NxSIZE"), ("1x2MiB", "2..64 workers"), ("65x1MiB", "2..64 workers"),
     ("2x2XiB", "not a size"), ("2x2", "smaller than one element"), ("2x2GiB", "at most 1 GiB"),
     (",".join(["2x1MiB"] * 17), "at most 16 jobs"), ("64x1MiB,64x1MiB,64x1MiB,64x1MiB", "at most 244"),
@@ -41,10 +58,27 @@ def test_a_bad_spec_is_a_one_line_error(spec, says):
 
 
 def test_shares_are_the_policies_the_box_offers_each_once():
+    assert SHARES == ("none", "fair", "weighted", "srpt")
+    assert parse_shares(None) == SHARES
     assert parse_shares("none") == ("none",) and parse_shares(" None ") == ("none",)
-    for bad in ("fastest", "none,none", ""):
-        with pytest.raises(ValueError, match="--share takes none"):
+    assert parse_shares("srpt,fair") == ("srpt", "fair")
+    for bad in ("fastest", "none,none", "", "fair,,srpt"):
+        with pytest.raises(ValueError, match="--share takes none, fair, weighted, srpt, each once"):
             parse_shares(bad)
+
+
+def test_reweight_is_one_weight_a_job_under_the_weighted_policy():
+    jobs = parse_jobs("2x64MiB@3,2x64MiB@1")
+    assert parse_reweight("1,1", jobs, ("weighted",)) == (1, 1)
+    assert parse_reweight(" 1 , 3", jobs, SHARES) == (1, 3)
+    for text, shares, says in [
+        ("1,1", ("none", "srpt"), "needs the weighted policy"), ("1", SHARES, "one weight a job .2."),
+        ("1,1,1", SHARES, "one weight a job"), ("0,1", SHARES, "a weight is a whole number 1..8"),
+        ("1,x", SHARES, "a weight is a whole number"), ("3,1", SHARES, "the weights the jobs already"),
+    ]:
+        with pytest.raises(ValueError, match=says) as e:
+            parse_reweight(text, jobs, shares)
+        assert "\n" not in str(e.value)
 
 
 def test_the_makespan_bound_is_every_jobs_bytes_through_the_box_link():
@@ -66,21 +100,61 @@ def test_the_ideal_boxes_fair_and_shortest_first_completions():
     # shortest first: one after the other, the smallest first; the last is the same
     assert ideal["srpt"] == pytest.approx([7 * unit, unit, 3 * unit])
     assert max(ideal["srpt"]) == pytest.approx(makespan_bound_s(cfg))
+    assert "weighted" not in ideal      # every weight 1: weighted is fair
     # a job whose workers cannot fill the box's link alone: no ideal figures
     assert ideal_completions_s(JobsConfig(cfg.jobs, rate_mbit=100, box_rate_mbit=300)) is None
+
+
+def test_the_ideal_weighted_box_shares_by_weight_and_the_change_comes_half_way():
+    cfg = JobsConfig(parse_jobs("2x8MiB@3,2x8MiB@1"), rate_mbit=100, iterations=10)
+    unit = makespan_bound_s(JobsConfig(parse_jobs("2x8MiB"), rate_mbit=100, iterations=10))
+    ideal = ideal_completions_s(cfg)
+    # 3:1 until the first is done at 4/3 of its link time, then the second alone
+    assert ideal["weighted"] == pytest.approx([4 / 3 * unit, 2 * unit])
+    assert ideal["fair"] == pytest.approx([2 * unit, 2 * unit])
+    assert reweight_at_s(cfg) == pytest.approx(2 / 3 * unit)
+    three = ideal_completions_s(JobsConfig(parse_jobs("2x2MiB@2,2x2MiB@1,2x4MiB@1"), iterations=10))
+    small = makespan_bound_s(JobsConfig(parse_jobs("2x2MiB"), iterations=10))
+    # shares 2:1:1 -> the first done at 2 units; then the other two 1:1 with 0.5 and 1.5 units left
+    assert three["weighted"] == pytest.approx([2 * small, 3 * small, 4 * small])
+    slow = JobsConfig(cfg.jobs, rate_mbit=100, box_rate_mbit=300, iterations=10)
+    assert reweight_at_s(slow) == pytest.approx(alone_bound_s(slow, cfg.jobs[0]) / 2)
 
 
 @pytest.mark.parametrize("args, hint, says", [
     (["--jobs", "2x"], "--jobs", "a job is NxSIZE"),
     (["--jobs", "2x1MiB", "--share", "srpt-ish"], "--share", "--share takes none"),
+    (["--jobs", "2x1MiB@0"], "--jobs", "a weight is a whole number"),
+    (["--jobs", "2x1MiB,2x1MiB", "--share", "none", "--reweight", "1,2"], "--reweight",
+     "needs the weighted policy"),
+    (["--jobs", "2x1MiB,2x1MiB", "--reweight", "2"], "--reweight", "one weight a job"),
+    (["--jobs", "2x1MiB,2x1MiB", "--reweight", "9,1"], "--reweight", "whole number 1..8"),
     (["--jobs", "2x1MiB", "-n", "4"], "--workers", "not with --jobs"),
     (["--jobs", "2x1MiB", "--size", "4MiB"], "--size", "not with --jobs"),
     (["--jobs", "2x1MiB", "--loss", "1%"], "--loss", "not with --jobs"),
     (["--jobs", "2x1MiB", "--racks", "2"], "--racks", "not with --jobs"),
     (["--share", "none"], "--share", "only with --jobs"),
+    (["--reweight", "1,1"], "--reweight", "only with --jobs"),
 ])
 def test_the_cli_refuses_in_one_line_before_building(args, hint, says, tmp_path):
     r = CliRunner().invoke(lab_cli.main, ["bench", "--out", str(tmp_path / "out"), *args])
     assert r.exit_code == 2, r.output
     assert says in r.output and hint in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("share", [None, "fair", "none,srpt"])
+def test_policies_on_a_switch_without_them_are_refused_in_one_line(share, tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs_spec, "switch_lacks_shares", lambda: "this swml-switch has no --share")
+    args = ["bench", "--out", str(tmp_path / "out"), "--jobs", "2x1MiB"]
+    r = CliRunner().invoke(lab_cli.main, args + (["--share", share] if share else []))
+    assert r.exit_code == 2, r.output
+    assert "this swml-switch has no --share" in r.output and "--share none runs" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "out").exists()
+
+
+def test_whether_the_switch_offers_the_policies_is_read_from_its_up_command():
+    from switchml_xdp.cli import switch as switch_cli
+
+    has = any(p.name == "share" for p in switch_cli.up.params)
+    assert (jobs_spec.switch_lacks_shares() is None) == has
