@@ -177,20 +177,20 @@
 #ifndef SWML_NO_STRUCTS
 /* All multi-byte fields in network byte order. */
 struct swml_hdr {
-	__u8 ver_type;    /* (SWML_VERSION << 4) | SWML_TYPE_* */
-	__u8 flags;       /* SWML_FLAG_* */
-	__u8 op;          /* SWML_OP_*: equal for every contribution to a round */
-	__u8 fmt;         /* SWML_FMT_*: the payload's format */
-	__be16 job;       /* job id from the control plane */
-	__be16 rank;      /* worker rank, < world */
-	__be16 slot;      /* slot index relative to the job's slot range */
-	__be16 count;     /* elements in the payload, must equal k */
-	__be32 seq;       /* packet index in the job's stream mod 2^32: the round */
-	__be32 tag;       /* call tag: equal for every contribution to a round */
-	__s8 exp;         /* block exponent; the switch returns the max */
-	__u8 owner;       /* 0, or 1 + the rank keeping the sum (a shard) */
-	__be16 pace;      /* DATA: the call's bytes left; RESULT: the rank's rate (SWML_PACE_*) */
-	__be64 key;       /* DATA: the job's data key from the join; RESULT: its authenticator */
+	__u8 ver_type; /* (SWML_VERSION << 4) | SWML_TYPE_* */
+	__u8 flags;    /* SWML_FLAG_* */
+	__u8 op;       /* SWML_OP_*: equal for every contribution to a round */
+	__u8 fmt;      /* SWML_FMT_*: the payload's format */
+	__be16 job;    /* job id from the control plane */
+	__be16 rank;   /* worker rank, < world */
+	__be16 slot;   /* slot index relative to the job's slot range */
+	__be16 count;  /* elements in the payload, must equal k */
+	__be32 seq;    /* packet index in the job's stream mod 2^32: the round */
+	__be32 tag;    /* call tag: equal for every contribution to a round */
+	__s8 exp;      /* block exponent; the switch returns the max */
+	__u8 owner;    /* 0, or 1 + the rank keeping the sum (a shard) */
+	__be16 pace;   /* DATA: the call's bytes left; RESULT: the rank's rate (SWML_PACE_*) */
+	__be64 key;    /* DATA: the job's data key from the join; RESULT: its authenticator */
 } __attribute__((packed));
 #endif
 
