@@ -92,13 +92,13 @@ def shares(bands, dscps) -> tuple[list[float], float, list[float]]:
 ])
 def test_the_higher_band_gets_the_box_link(dscps, first):
     share, busy, sending = shares((46, 34, 0), dscps)
-    assert min(sending) > 0.8, f"both workers flood their links: {sending}"
-    assert busy > 0.85, f"the box's link is busy: {busy:.2f}"
+    assert min(sending) > 0.6, f"both workers flood past the box link: {sending}"
+    assert busy > 0.8, f"the box's link is busy: {busy:.2f}"
     assert share[first] >= 0.9, f"the higher band's share of the box link: {share}"
 
 
 def test_without_bands_the_workers_share_the_link_equally():
     share, busy, sending = shares(None, (46, 0))
-    assert min(sending) > 0.8, f"both workers flood their links: {sending}"
-    assert busy > 0.85, f"the box's link is busy: {busy:.2f}"
+    assert min(sending) > 0.6, f"both workers flood past the box link: {sending}"
+    assert busy > 0.8, f"the box's link is busy: {busy:.2f}"
     assert 0.4 <= share[0] <= 0.6, f"each worker's share of the box link: {share}"
