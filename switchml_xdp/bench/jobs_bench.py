@@ -126,12 +126,13 @@ def measure_swml(cfg: JobsConfig, share: str) -> tuple[list[dict], float, str, d
     from ..lab.cluster import SwitchProcess
 
     args = ["-k", str(K), "--capacity", f"{cfg.box_rate:g}M"]
+    bands = cfg.dscp if share != NO_POLICY else None   # the box marks only under a policy
     if share != NO_POLICY:
-        args += ["--share", share]
+        args += ["--share", share, *(["--dscp", ",".join(map(str, bands))] if bands else [])]
     weights = tuple(j.weight for j in cfg.jobs)
     workers = sum(j.workers for j in cfg.jobs)
-    with Lab(workers=workers, rate_mbit=cfg.rate_mbit, box_rate_mbit=cfg.box_rate) as lab, \
-            SwitchProcess(lab, args):
+    with Lab(workers=workers, rate_mbit=cfg.rate_mbit, box_rate_mbit=cfg.box_rate,
+             dscp_bands=bands) as lab, SwitchProcess(lab, args):
         def argv_of(j, hosts):
             return lambda rank, host: [
                 "--system", "swml", "--backend", "auto", "--switch", lab.switch.ip,

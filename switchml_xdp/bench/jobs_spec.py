@@ -123,6 +123,7 @@ class JobsConfig:
     command: str = ""
     gloo: bool = True
     reweight: tuple[int, ...] | None = None   # under WEIGHTED, the jobs' weights from mid-run on
+    dscp: tuple[int, ...] | None = None   # under a policy, the box's --dscp and the lab's bands
 
     @property
     def box_rate(self) -> float:
