@@ -112,6 +112,62 @@ def counts(label: str, values: dict[str, float], names, show_all: bool, fmt: str
     return wrap(f"{label}: " + (", ".join(shown) or "none"), "  ")
 
 
+def rate_text(bps: float) -> str:
+    """75.0 Mbit/s: a measured rate, one decimal in its unit."""
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} bit/s"
+
+
+def bytes_text(n: int) -> str:
+    """12.0 MiB: a byte count, one decimal in its binary unit."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def share_parts(share: dict) -> list[str]:
+    """A job's part under `up --share` (docs/operations.md, "Shares between
+    jobs"): its share of the box, weight, the rate it is told and the rate
+    it sends, what its ranks said they have left (when said), its mark;
+    in pieces that a wrapped line keeps whole."""
+    parts = [f"share {share['share']:.2f} (weight {share['weight']:g})",
+             f"target {rate_text(share['target_bps'])}",
+             f"actual {rate_text(share['actual_bps'])}"]
+    if share.get("remaining_bytes"):
+        parts.append(f"left {bytes_text(share['remaining_bytes'])}")
+    if share.get("dscp") is not None:
+        parts.append(f"dscp {share['dscp']}")
+    return parts
+
+
+def share_text(share: dict) -> str:
+    return " ".join(share_parts(share))
+
+
+def wrap_parts(parts: list[str], indent: str, more: str = "    ") -> list[str]:
+    """`parts` joined by spaces in lines of at most WIDTH, none cut."""
+    lines = [indent + parts[0]]
+    for p in parts[1:]:
+        if len(lines[-1]) + 1 + len(p) <= WIDTH:
+            lines[-1] += " " + p
+        else:
+            lines.append(indent + more + p)
+    return lines
+
+
+def shares_line(st: dict) -> list[str]:
+    """The box's policy between jobs, where it has one."""
+    info = st.get("shares")
+    if not info:
+        return []
+    marks = ",".join(map(str, info.get("dscp") or [])) or "none"
+    return wrap(f"shares {info['policy']} of {bits_per_s(info['capacity_bps'])}, weights up to "
+                f"{info['max_weight']:g}, dscp classes {marks}", "  ")
+
+
 JOB_HEAD = f"  {'id':>3} {'job':<16} {'ranks':>5} {'state':<7} {'slots':<11} group"
 
 
@@ -125,6 +181,8 @@ def job_lines(st: dict, j: dict, job_rate: dict | None) -> list[str]:
         lines = [f"  {j['id'] or '-':>3} {name}", f"  {'':>3} {'':<16} {rest}"]
     if not j.get("protected", True):
         lines.append("        (unprotected: no token)")
+    if j.get("share"):
+        lines += wrap_parts(share_parts(j["share"]), " " * 8)
     if job_rate:
         lines += wrap(f"{rate(job_rate['packets_per_s'])} pkt/s, "
                       f"{rate(job_rate['gbit_per_s'], '.3f')} Gbit/s, "
@@ -175,7 +233,7 @@ def format_text(st: dict, show_all: bool = False) -> str:
     """One switch, in lines of at most 80 columns."""
     st = escaped_sample(st)
     rates = st.get("rates") or {}
-    lines = headline(st) + tree_lines(st) + port_lines(st)
+    lines = headline(st) + shares_line(st) + tree_lines(st) + port_lines(st)
     if st["jobs"]:
         lines.append(JOB_HEAD)
         for j in st["jobs"]:

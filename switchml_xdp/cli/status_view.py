@@ -26,12 +26,14 @@ from .status_text import (
     no_job_rates_reason,
     outcomes,
     rate,
+    share_text,
+    shares_line,
 )
 
 __all__ = ["collect_status", "escaped", "format_text", "render_frame", "sample_with_rates", "watch"]
 
 
-def _daemon_status(st: dict) -> dict | None:
+def daemon_status(st: dict) -> dict | None:
     """The daemon's own `status` reply through its control port; None where
     this shell cannot reach it (another network namespace, a firewall)."""
     from ..client.control import ControlClient, ControlError
@@ -85,6 +87,20 @@ def _from_pins(st: dict) -> bool:
     return True
 
 
+def _live_shares(st: dict) -> None:
+    """Under `up --share`, the jobs' parts as the daemon has them now: the
+    state file's are as they were at its last change (or none, where the
+    daemon cannot be reached from here)."""
+    reply = daemon_status(st) if st["alive"] and st.get("shares") else None
+    live = {j["name"]: j.get("share") for j in (reply or {}).get("jobs", [])}
+    for j in st["jobs"]:
+        j.pop("share", None)
+        if live.get(j["name"]):
+            j["share"] = live[j["name"]]
+    if reply is not None:
+        st["shares"] = reply.get("shares")
+
+
 def collect_status(iface: str | None = None) -> list[dict]:
     """Every switch on this machine (the one on `iface` where given), from its
     state file (readable by anyone),
@@ -99,8 +115,9 @@ def collect_status(iface: str | None = None) -> list[dict]:
             continue
         st = dict(st, alive=state_files.lock_holder(st["iface"]) is not None)
         if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]) and _from_pins(st):
-            pass
-        elif st["alive"] and (reply := _daemon_status(st)) is not None:
+            _live_shares(st)
+        elif st["alive"] and (reply := daemon_status(st)) is not None:
+            st["shares"] = reply.get("shares")
             st["counters"] = reply["counters"]
             st["job_stats"] = reply.get("job_stats")
             st["port_stats"] = reply.get("port_stats")
@@ -146,6 +163,8 @@ def render_frame(switches: list[dict], show_all: bool = False):
     for st in map(escaped_sample, switches):
         rates = st.get("rates") or {}
         parts.append(Text("\n".join(headline(st)), style="bold"))
+        if st.get("shares"):
+            parts.append(Text("\n".join(shares_line(st))))
         jobs = Table(box=None, pad_edge=False, header_style="bold")
         for name, justify in (("id", "right"), ("job", "left"), ("world", "right"),
                               ("joined", "right"), ("state", "left"), ("pkt/s", "right"),
@@ -160,6 +179,9 @@ def render_frame(switches: list[dict], show_all: bool = False):
                      group_of(j))
             jobs.add_row(*(Text(c) for c in cells))   # Text: no rich markup in a job's name
         parts.append(jobs if st["jobs"] else Text("  no jobs"))
+        for j in st["jobs"]:
+            if j.get("share"):
+                parts.append(Text(f"  {j['name']}: {share_text(j['share'])}"))
         if st["jobs"]:
             parts.append(Text(JOB_COLUMNS, style="dim"))
         if rates:

@@ -1,5 +1,5 @@
 """`swml-switch`: run the aggregation switch on an interface (up), inspect it
-from any shell (status), and remove it (down)."""
+from any shell (status), set a job's share on it (job), and remove it (down)."""
 from __future__ import annotations
 
 import json
@@ -175,6 +175,33 @@ def status(iface, as_json, watch, interval, count, show_all):
         click.echo("no switch is up on this machine")
         return
     click.echo("\n".join(status_view.format_text(s, show_all) for s in sts))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--weight", metavar="W", default=None,
+              help="the job's weight under --share weighted: a number above zero, at most the "
+                   "box's --max-weight (its part of the box is its weight over all running jobs')")
+@click.option("--dscp", metavar="D", default=None,
+              help="pin the job's DSCP mark (0..63), which its RESULTs carry and its ranks copy "
+                   "onto their DATA, in place of the mark its place under --share gives it")
+@click.option("--iface", default=None, metavar="IFACE",
+              help="the box's interface, where several switches are up on this machine")
+@click.option("--token-file", default=None, metavar="PATH",
+              help="the daemon's operator token [default: /run/swml/IFACE.operator, root's alone]")
+def job(name, weight, dscp, iface, token_file):
+    """Set the running job NAME's weight and/or DSCP mark on the box started
+    with --share (root: the box's operator; docs/operations.md, "Setting
+    weights").
+
+    Prints what changed (`job train: weight 3 (was 1)`); a refusal is one
+    line and changes nothing."""
+    from .switch_job import JobCommandError, set_share
+
+    try:
+        click.echo(set_share(name, weight, dscp, iface, token_file))
+    except JobCommandError as e:
+        raise click.ClickException(str(e)) from None
 
 
 if __name__ == "__main__":

@@ -248,6 +248,8 @@ class Switch:
               "lease_s": self.lease_s, "job_slots": self.job_slots,
               "require_token": self.require_token, "auth": self.auth,
               "capacity_bps": self.capacity_bps,
+              # the policy between jobs: `status` then asks the daemon for their parts
+              "shares": self.table.shares.info() if self.table and self.table.shares else None,
               "netns_inode": netns_inode(),
               "tree": self.link.describe() if self.link else None,
               "jobs": self.table.describe() if self.table else []}

@@ -3,9 +3,10 @@
 Every scrape reads the data plane afresh (nothing is cached): packets by
 outcome, drops by reason, per-job packets, bytes, results and shadow replies
 (where the data plane counts per job), jobs by state, members per job, slots
-in use. The HTTP server (metrics_http.py) runs on the daemon's event loop,
-where the job table lives, under the control port's limits; a scrape never
-sees a half-changed table, and prometheus-client only renders the text.
+in use, and under `up --share` each job's part, weight and rates. The HTTP
+server (metrics_http.py) runs on the daemon's event loop, where the job
+table lives, under the control port's limits; a scrape never sees a
+half-changed table, and prometheus-client only renders the text.
 Documented, with an example scrape, in docs/operations.md.
 """
 from __future__ import annotations
@@ -22,6 +23,18 @@ JOB_COUNTERS = {
     "results": ("swml_job_results", "RESULT packets of the job (slot rounds completed)"),
     "shadow_replies": ("swml_job_shadow_replies",
                        "stored results sent again to answer the job's retransmissions"),
+}
+
+#: A running job's part under `up --share` (Shares.describe) -> gauge name and help.
+JOB_SHARE_GAUGES = {
+    "share": ("swml_job_share", "the job's part of the box's capacity under --share (0..1)"),
+    "weight": ("swml_job_weight", "the job's weight (asked at join or set by the operator)"),
+    "target_bps": ("swml_job_target_bits_per_second",
+                   "the rate the box tells the job's ranks, all together (Ethernet frames)"),
+    "actual_bps": ("swml_job_actual_bits_per_second",
+                   "the rate of the job's DATA into the box, averaged over about 0.25 s"),
+    "remaining_bytes": ("swml_job_remaining_bytes",
+                        "bytes of the ranks' current calls left to send to the box (0: not said)"),
 }
 
 
@@ -90,10 +103,32 @@ class SwitchCollector:
             if (j.get("group") or {}).get("ip"):
                 group.add_metric([self.iface, j["name"], str(j["id"]), j["group"]["ip"]], 1)
         yield group
+        yield from self._shares(snap, jobs)
         total = snap.get("slots_total", 0)
         yield _gauge("swml_slots_in_use", "aggregation slots held by jobs", self.iface,
                      total - snap.get("slots_free", total))
         yield _gauge("swml_slots", "aggregation slots of the switch", self.iface, total)
+
+    def _shares(self, snap: dict, jobs: list[dict]):
+        """Under `up --share`: the box's capacity under its policy, and each
+        running job's part, weight, target and actual rates, what its ranks
+        said they have left (docs/operations.md, "Shares between jobs")."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        info = snap.get("shares")
+        if not info:
+            return
+        capacity = GaugeMetricFamily("swml_share_capacity_bits_per_second",
+                                     "the box's capacity that --share divides between jobs",
+                                     labels=["iface", "policy"])
+        capacity.add_metric([self.iface, str(info["policy"])], info["capacity_bps"])
+        yield capacity
+        shared = [j for j in jobs if j.get("share")]
+        for key, (metric, text) in JOB_SHARE_GAUGES.items():
+            family = GaugeMetricFamily(metric, text, labels=["iface", "job", "job_id"])
+            for j in shared:
+                family.add_metric([self.iface, j["name"], str(j["id"])], j["share"][key])
+            yield family
 
 
 def _gauge(name: str, text: str, iface: str, value: float):
