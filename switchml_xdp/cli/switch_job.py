@@ -12,6 +12,7 @@ what the daemon refuses is its one line.
 from __future__ import annotations
 
 from ..switch import state_files
+from ..switch.dataplane import netns_inode
 from ..switch.share_policy import parse_weight
 from . import status_view
 from .status_text import escaped
@@ -33,13 +34,17 @@ def parse_dscp(text: str) -> int:
 
 
 def find_switch(iface: str | None) -> dict:
-    """The state of the switch running here (on `iface` where given)."""
+    """The state of the switch running here (on `iface` where given); of
+    several, the one in this network namespace (labs share /run/swml)."""
     states = [st for st in state_files.all_states()
               if (iface is None or st["iface"] == iface)
               and state_files.lock_holder(st["iface"]) is not None]
     if not states:
         raise JobCommandError(f"no switch is up on {escaped(iface)}" if iface is not None
                               else "no switch is up on this machine")
+    here = [st for st in states if st.get("netns_inode") == netns_inode()]
+    if len(states) > 1 and len(here) == 1:
+        return here[0]
     if len(states) > 1:
         raise JobCommandError(f"switches are up on {', '.join(escaped(s['iface']) for s in states)}:"
                               f" say which with --iface")

@@ -157,6 +157,15 @@ def test_which_switch(daemon, monkeypatch):
     assert one_error(*run("train", "--weight", "2", "--iface", "eth9\x1b[2J")) == (
         "no switch is up on eth9\\x1b[2J")
     assert run("train", "--weight", "2", "--iface", "sw0")[0] == 0
+    # of several, the one in this network namespace (a lab's beside others)
+    monkeypatch.setattr(switch_job, "netns_inode", lambda: 7)
+    other["netns_inode"] = 7
+    says = one_error(*run("train", "--weight", "2"))
+    assert says.endswith("sw1.operator: No such file or directory)"), says
+    monkeypatch.setattr(switch_job.state_files, "all_states",
+                        lambda: [other, dict(daemon.state(), iface="sw2", netns_inode=7)])
+    assert one_error(*run("train", "--weight", "2")) == (
+        "switches are up on sw1, sw2: say which with --iface")
     monkeypatch.setattr(switch_job.state_files, "lock_holder", lambda iface: None)
     assert one_error(*run("train", "--weight", "2")) == "no switch is up on this machine"
 
