@@ -30,10 +30,11 @@ void swml_window_set_rate(struct swml_window *w, double bits_per_s, double frame
 	w->frame_bits = ok ? frame_bits : 0.0;
 }
 
-/* The cap holds the stream below half of what the window would send. */
+/* The window holds more than twice the cap's packets a round trip plus the
+ * backlog allowed: no growth. */
 static int capped(const struct swml_window *w)
 {
-	return w->rate > 0.0 && w->cwnd / w->srtt > 2.0 * w->rate / w->frame_bits;
+	return w->rate > 0.0 && w->cwnd > 2.0 * w->rate * w->srtt / w->frame_bits + w->target;
 }
 
 static int may_decrease(const struct swml_window *w, double now)

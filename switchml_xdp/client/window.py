@@ -48,11 +48,13 @@ AIMD on loss):
   burst of the whole window;
 - the box's rate (`set_rate`: what its RESULTs stamp in `pace`, docs/transport.md,
   "The box's rate") caps that pace: two sends are at least frame_bits / rate
-  apart, window or no window (SWML_WINDOW=off). While the cap holds the
-  stream below half of what the window would send (cwnd / srtt above twice
-  the cap's packets a second), the window does not grow: it would learn
-  nothing from acks that the cap spaced, and once the cap is lifted a window
-  inflated meanwhile would go out as one burst.
+  apart, window or no window (SWML_WINDOW=off). While the window holds more
+  than twice the cap's packets a round trip plus the backlog allowed
+  (`target`), it does not grow: it would learn nothing from acks that the
+  cap spaced, and once the cap is lifted a window inflated meanwhile would
+  go out as one burst. Below that it grows as ever: a window of a packet or
+  two (the cap's packets a round trip on a fast path) would let any jitter
+  of the round trip hold the stream below the cap.
 A slot's round trip also contains the wait for the slowest rank: a rank that
 is ahead sees a backlog and slows down to the others' pace, the rank that
 completes rounds sees the network's, so the job runs at the pace of its
@@ -137,8 +139,10 @@ class CongestionWindow:
         self.frame_bits = float(frame_bits) if ok else 0.0
 
     def capped(self) -> bool:
-        """The cap holds the stream below half of what the window would send."""
-        return self.rate > 0.0 and self.cwnd / self.srtt > 2.0 * self.rate / self.frame_bits
+        """The window holds more than twice the cap's packets a round trip
+        plus the backlog allowed: no growth."""
+        return (self.rate > 0.0
+                and self.cwnd > 2.0 * self.rate * self.srtt / self.frame_bits + self.target)
 
     # ---------------------------------------------------------------- signals
     def _clamp(self) -> None:

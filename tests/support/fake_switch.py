@@ -48,14 +48,15 @@ def echo(h, values: np.ndarray, auth: int = wire.AUTH_HEADER) -> list:
 class FakeSwitch:
     """A UDP socket on the loopback that plays the switch: for every DATA
     datagram it calls answer(h, values) -> [(from_forger, payload), ...] and
-    sends those to the worker, from its own port or from a forger's."""
+    sends those to the worker, from its own port or from a forger's; `bind`:
+    its address (a lab's switch host's, its data port)."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, bind: tuple[str, int] = ("127.0.0.1", 0)):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(bind)
         self.sock.settimeout(0.05)
         self.forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.forger.bind(("127.0.0.1", 0))
+        self.forger.bind((bind[0], 0))
         self.port = self.sock.getsockname()[1]
         self.answer = answer
         self.headers: list = []

@@ -27,10 +27,10 @@ class PacedSwitch(FakeSwitch):
     their own, (from_forger, payload, dscp); else RESULTs leave with `dscp`.
     `arrivals` lists (monotonic time, header, TOS) per DATA datagram."""
 
-    def __init__(self, answer, dscp: int = 0):
+    def __init__(self, answer, dscp: int = 0, bind: tuple[str, int] = ("127.0.0.1", 0)):
         self.arrivals: list = []
         self._dscp = dscp
-        super().__init__(answer)
+        super().__init__(answer, bind)
 
     def _loop(self) -> None:
         self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
@@ -50,8 +50,19 @@ class PacedSwitch(FakeSwitch):
                 sock.sendto(payload, addr)
 
 
-def send_rate_bps(arrivals, frame_bytes: int, skip: int) -> float:
-    """The DATA's rate in bits/s of frames of frame_bytes, from the arrival of
-    the skip-th to the last first send (resends left out)."""
+def send_rates_bps(arrivals, frame_bytes: int, skip: int,
+                   bin_s: float = 0.05) -> tuple[float, float]:
+    """The DATA's rate in bits/s of frames of frame_bytes, over the first
+    sends from the skip-th on (resends left out): (the mean, from the first
+    to the last; the paced, the median over bins of bin_s). A worker that
+    keeps to the rate has both at it; one starved of CPU for a while (a
+    loaded machine) falls behind on the mean, never above it, while most
+    bins still show its pacer's rate."""
     times = [t for t, h, _ in arrivals if not int(h["flags"]) & wire.FLAG_RETRANS][skip:]
-    return (len(times) - 1) * frame_bytes * 8 / (times[-1] - times[0])
+    bits, t0 = frame_bytes * 8, times[0]
+    counts = [0] * int((times[-1] - t0) / bin_s)
+    for t in times:
+        if int((t - t0) / bin_s) < len(counts):
+            counts[int((t - t0) / bin_s)] += 1
+    assert len(counts) >= 5, f"{len(times)} sends in {times[-1] - t0:.3f} s: too few bins"
+    return (len(times) - 1) * bits / (times[-1] - t0), sorted(counts)[len(counts) // 2] * bits / bin_s

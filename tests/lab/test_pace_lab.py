@@ -1,0 +1,101 @@
+"""docs/transport.md, "The box's rate", in the lab: a box that stamps a rate
+in its RESULTs' `pace` and a DSCP in their TOS gets from a worker, on either
+backend, DATA at that rate (within 10%, as the rate changes) marked with
+that DSCP, saying in `pace` the call's bytes left. The box is played by
+hand (tests/support/pace_switch.py) in the switch's namespace, so the rate
+is exactly the one stamped; the worker runs its backend alone, no daemon."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fake_switch import RESULT_KEY
+from pace_switch import PacedSwitch, send_rates_bps, stamped
+from requires import NO_LAB
+from switchml_xdp import wire
+
+K, SLOTS, PHASE, PACKETS = 256, 64, 1200, 2400
+FRAME = wire.HEADERS_LEN + 4 * K                 # 1098 bytes: 8784 bits a DATA frame
+RATES_KBPS = (8000, 16000)                       # packets < PHASE, then the others
+DSCP = 10                                        # AF11
+
+WORKER = r'''
+import json, sys
+import numpy as np
+from switchml_xdp.client.abort import AbortSignal
+from switchml_xdp.client.backend import LocalEnd
+from switchml_xdp.client.calls import Call
+from switchml_xdp.client.control import JobInfo
+backend, sw_ip, sw_mac, ip, iface, mac, k, slots, packets = sys.argv[1:]
+k, slots, packets = int(k), int(slots), int(packets)
+info = JobInfo(name="pace", job_id=3, world=1, rank=0, k=k, slots=slots, switch_ip=sw_ip,
+               switch_mac=sw_mac, switch_port=48864, group_ip="239.77.0.3",
+               group_mac="01:00:5e:4d:00:03", port=48900, heartbeat_s=1.0, key=0x1234,
+               seq_base=0, result_key=bytes(range(16)), fanout="unicast")
+if backend == "afxdp":
+    from switchml_xdp.client.afxdp_backend import AfxdpBackend as Backend
+else:
+    from switchml_xdp.client.udp_backend import UdpBackend as Backend
+be = Backend(info, LocalEnd(ip, iface, mac), AbortSignal(), verbose=False)
+try:
+    x = np.ones(k * packets, np.int32)
+    be.allreduce(x, Call(0, "pace", x.size, "int32", "sum", "32"))
+    assert (x == 1).all(), "wrong sum"
+    print(json.dumps(be.stats()))
+finally:
+    be.close()
+'''
+
+
+def _stamp(h, values):
+    rate = RATES_KBPS[int(h["seq"]) >= PHASE]
+    return [(False, stamped(h, values, rate))]
+
+
+@pytest.fixture(scope="module")
+def lab1():
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=1) as lab:
+        yield lab
+
+
+@pytest.mark.parametrize("window", ["on", "off"])
+def test_a_worker_sends_at_the_box_s_rate_with_its_dscp(lab1, worker_backend, window):
+    """With its window (SWML_WINDOW=on) or without (off: the cap alone paces)."""
+    assert RESULT_KEY == bytes(range(16))       # the key WORKER's JobInfo holds
+    sw_host, w = lab1.switch, lab1.workers[0]
+    with lab1.enter(sw_host):
+        box = PacedSwitch(_stamp, dscp=DSCP, bind=(sw_host.ip, wire.DEFAULT_PORT))
+    try:
+        proc = lab1.popen(w, [sys.executable, "-c", WORKER, worker_backend, sw_host.ip,
+                              sw_host.mac, w.ip, w.iface, w.mac, str(K), str(SLOTS),
+                              str(PACKETS)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "SWML_WINDOW": window})
+        out, err = proc.communicate(timeout=120)
+    finally:
+        box.close()
+    assert proc.returncode == 0, err[-2000:]
+    stats = json.loads(out.strip().splitlines()[-1])
+    phases = ([a for a in box.arrivals if int(a[1]["seq"]) < PHASE],
+              [a for a in box.arrivals if int(a[1]["seq"]) >= PHASE])
+    for rate_kbps, arrivals in zip(RATES_KBPS, phases):
+        mean, paced = send_rates_bps(arrivals, FRAME, skip=100)
+        print(f"{worker_backend}, window {window}, {rate_kbps / 1e3:g} Mbit/s stamped: "
+              f"{mean / 1e6:.2f} on average, {paced / 1e6:.2f} paced")
+        assert paced == pytest.approx(rate_kbps * 1e3, rel=0.1), stats
+        assert 0.5 * rate_kbps * 1e3 < mean < 1.1 * rate_kbps * 1e3, stats
+    assert stats["rate_kbps"] == RATES_KBPS[1] and stats["dscp"] == DSCP
+    assert stats["rate_waits"] > PACKETS / 2
+    tos = [t for _, _, t in box.arrivals]
+    assert tos[0] == 0 and all(t == DSCP << 2 for t in tos[SLOTS:]), sorted(set(tos))
+    first = {int(h["seq"]): int(h["pace"]) for _, h, _ in box.arrivals
+             if not int(h["flags"]) & wire.FLAG_RETRANS}
+    assert first == {p: wire.pace_encode((PACKETS - p) * 4 * K) for p in range(PACKETS)}
