@@ -66,6 +66,7 @@ from .rank_group import RankGroup
 
 COUNTED = ("packets_sent", "retransmissions")    # a job's ranks' sums (swml; Gloo counts none)
 WEIGHT_ENV = "SWML_JOB_WEIGHT"   # the weight a rank asks for at join
+START_BYTES_A_S = 64 << 20      # input tensors the ranks make in a second, all together
 
 
 def _hosts_of(lab, jobs: list) -> list[list]:
@@ -86,6 +87,13 @@ def _box_port_tx_bytes(lab) -> int:
     return json.loads(out)[0]["stats64"]["tx"]["bytes"]
 
 
+def start_lead_s(cfg: JobsConfig) -> float:
+    """How far ahead the common start is set: every rank makes its input
+    tensors when told to run (2 cores, a second or so for 64 MiB in all),
+    and a rank that starts late would stretch its job's completion."""
+    return 1.0 + sum(j.workers * j.size for j in cfg.jobs) / START_BYTES_A_S
+
+
 def _race(lab, cfg: JobsConfig, argv_of, env_of=lambda j: None,
           watch=lambda start_at: contextlib.nullcontext({})) -> tuple[list[dict], float, str, dict]:
     """Every job's ranks as groups of their own (job j's with the
@@ -102,7 +110,7 @@ def _race(lab, cfg: JobsConfig, argv_of, env_of=lambda j: None,
         for g in groups:
             g.collect(600)
         before = _box_port_tx_bytes(lab)
-        start_at = time.monotonic() + 0.5
+        start_at = time.monotonic() + start_lead_s(cfg)
         for g in groups:
             g.start(cfg.iterations, 0, start_at)
         with watch(start_at) as found:

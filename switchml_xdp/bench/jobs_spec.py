@@ -6,6 +6,7 @@ completions), the figures the measured ones are compared against
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from .. import wire
@@ -32,20 +33,25 @@ _JOB = re.compile(r"^(\d+)\s*[xX*]\s*([^@\s]+)\s*(?:@\s*(\S*))?$")
 class JobSpec:
     workers: int
     size: int           # bytes of float32
-    weight: int = 1     # its share of the box under WEIGHTED, asked for at join
+    weight: float = 1   # its share of the box under WEIGHTED, asked for at join
 
     @property
     def label(self) -> str:
         return f"{self.workers}x{self.size / 2**20:g}MiB" + (f"@{self.weight}" if self.weight != 1 else "")
 
 
-def parse_weight(text: str, what: str) -> int:
-    """'3' -> 3; ValueError in one line for what is not a whole number in 1..MAX_WEIGHT."""
+def parse_weight(text: str, what: str) -> float:
+    """'3' -> 3, '1.5' -> 1.5; ValueError in one line for what is not a
+    number above zero and at most MAX_WEIGHT (the switch's own rule)."""
     t = str(text).strip()
-    if not t.isdigit() or not 1 <= int(t) <= MAX_WEIGHT:
-        raise ValueError(f"a weight is a whole number 1..{MAX_WEIGHT} (the switch's --max-weight), "
-                         f"not {t!r} ({what})")
-    return int(t)
+    try:
+        w = float(t)
+    except ValueError:
+        w = math.nan
+    if not 0 < w <= MAX_WEIGHT:         # NaN fails it too
+        raise ValueError(f"a weight is a number above zero, at most {MAX_WEIGHT} (the switch's "
+                         f"--max-weight), not {t!r} ({what})")
+    return int(w) if w.is_integer() else w
 
 
 def parse_jobs(spec: str) -> list[JobSpec]:
@@ -87,7 +93,7 @@ def parse_shares(text: str | None) -> tuple[str, ...]:
     return shares
 
 
-def parse_reweight(text: str, jobs: list[JobSpec], shares: tuple[str, ...]) -> tuple[int, ...]:
+def parse_reweight(text: str, jobs: list[JobSpec], shares: tuple[str, ...]) -> tuple[float, ...]:
     """'1,1' -> the weights every job gets mid-run under WEIGHTED, one a job;
     ValueError in one line otherwise."""
     if WEIGHTED not in shares:
@@ -122,7 +128,7 @@ class JobsConfig:
     png_path: str | None = None
     command: str = ""
     gloo: bool = True
-    reweight: tuple[int, ...] | None = None   # under WEIGHTED, the jobs' weights from mid-run on
+    reweight: tuple[float, ...] | None = None   # under WEIGHTED, the jobs' weights from mid-run on
     dscp: tuple[int, ...] | None = None   # under a policy, the box's --dscp and the lab's bands
 
     @property

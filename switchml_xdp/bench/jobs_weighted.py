@@ -21,6 +21,8 @@ END_MARGIN_S = 0.2   # before the first job's end, where the steady part stops
 WINDOW_S = 0.3       # the ratio that must settle: over this much time
 HOLD_S = 1.0         # ... and stay within TOLERANCE for this long
 TOLERANCE = 0.10     # of the weights' ratio
+SENDING = 0.05       # of the two jobs' bytes: a job that sent less was not sending
+RESTART_S = 0.5      # around a time a job was not sending, left out of the ratio
 
 
 def job_name(j: int) -> str:
@@ -82,7 +84,7 @@ def sample_of(status: dict, jobs: int, t: float) -> dict:
     return out
 
 
-def set_weights(lab, old: tuple[int, ...], new: tuple[int, ...]) -> list[str]:
+def set_weights(lab, old: tuple[float, ...], new: tuple[float, ...]) -> list[str]:
     """`swml-switch job NAME --weight W` in the box's namespace for each job
     whose weight changes; what each said, where it refused (one line each)."""
     refused = []
@@ -90,10 +92,11 @@ def set_weights(lab, old: tuple[int, ...], new: tuple[int, ...]) -> list[str]:
         if was == now:
             continue
         r = lab.run(lab.switch, [sys.executable, "-m", "switchml_xdp.cli.switch", "job",
-                                 job_name(j), "--weight", str(now)], check=False)
+                                 job_name(j), "--weight", f"{now:g}", "--iface", lab.switch.iface],
+                    check=False)
         if r.returncode != 0:
             said = (r.stderr or r.stdout).strip().splitlines()
-            refused.append(f"{job_name(j)} --weight {now}: {said[-1] if said else r.returncode}")
+            refused.append(f"{job_name(j)} --weight {now:g}: {said[-1] if said else r.returncode}")
     return refused
 
 
@@ -107,34 +110,52 @@ def bytes_at(samples: list[dict], j: int, t: float) -> float | None:
     return None
 
 
+def steady_intervals(samples: list[dict]) -> list[tuple[float, float, int, int]]:
+    """(t0, t1, job 0's bytes, job 1's) between consecutive samples where
+    both jobs sent (each at least SENDING of the two's bytes) in it and
+    through the RESTART_S around it: a job between two calls (its rank
+    checking a result, say) leaves the link to the other, as it should,
+    and is left out of the ratio, with its call's tail and its restart."""
+    rows = [(a["t"], b["t"], b["bytes"][0] - a["bytes"][0], b["bytes"][1] - a["bytes"][1])
+            for a, b in zip(samples, samples[1:])
+            if None not in (a["bytes"][0], a["bytes"][1], b["bytes"][0], b["bytes"][1])]
+    quiet = [(t0, t1) for t0, t1, d0, d1 in rows
+             if min(d0, d1) <= SENDING * (d0 + d1) or d0 + d1 <= 0]
+    return [r for r in rows
+            if not any(r[0] - RESTART_S < q1 and q0 < r[1] + RESTART_S for q0, q1 in quiet)]
+
+
 def ratio(samples: list[dict], a: float, b: float) -> float | None:
-    """Job 0's bytes over job 1's from a to b; None where unmeasured."""
-    ends = [bytes_at(samples, j, t) for j in (0, 1) for t in (a, b)]
-    if b <= a or None in ends or ends[3] <= ends[2]:
+    """Job 0's bytes over job 1's from a to b (the intervals between samples
+    whose middle is in it), while both sent (steady_intervals); None where
+    that covers less than half of it or of WINDOW_S."""
+    rows = [r for r in steady_intervals(samples) if a <= (r[0] + r[1]) / 2 <= b]
+    if sum(t1 - t0 for t0, t1, _, _ in rows) < min(WINDOW_S, b - a) / 2 or not sum(r[3] for r in rows):
         return None
-    return (ends[1] - ends[0]) / (ends[3] - ends[2])
+    return sum(r[2] for r in rows) / sum(r[3] for r in rows)
 
 
 def settle_s(samples: list[dict], change: float, end: float, target: float) -> float | None:
-    """How long after `change` the WINDOW_S ratio came within TOLERANCE of
-    `target` and stayed there for HOLD_S (or until `end`); None if never."""
-    ends = [s["t"] for s in samples if change < s["t"] <= end and s["t"] - WINDOW_S >= samples[0]["t"]]
-    near = [(t, r is not None and abs(r / target - 1) <= TOLERANCE)
-            for t in ends for r in [ratio(samples, t - WINDOW_S, t)]]
+    """How long after `change` the ratio over WINDOW_S came within
+    TOLERANCE of `target` and stayed there for HOLD_S (or until `end`),
+    windows where a job was not sending left out; None if never."""
+    near = [(t, abs(r / target - 1) <= TOLERANCE) for t in (s["t"] for s in samples)
+            if change < t <= end for r in [ratio(samples, t - WINDOW_S, t)] if r is not None]
     for i, (t, ok) in enumerate(near):
         if ok and all(k for u, k in near[i:] if u <= t + HOLD_S):
             return t - change
     return None
 
 
-def weighted_figures(samples: list[dict], weights: tuple[int, ...], first_end: float,
-                     reweight: tuple[int, ...] | None, change: float | None) -> dict:
+def weighted_figures(samples: list[dict], weights: tuple[float, ...], first_end: float,
+                     reweight: tuple[float, ...] | None, change: float | None) -> dict:
     """The rate ratio of jobs 0 and 1 over the steady part(s), beside their
     weights', and the settling after a change of weights."""
+    rows = steady_intervals(samples)
+    began = (rows[0][0] if rows else 0.0) + STEADY_AFTER_S
     before_end = change if change is not None else first_end - END_MARGIN_S
-    out = {"target": weights[0] / weights[1],
-           "from_s": STEADY_AFTER_S, "to_s": before_end,
-           "ratio": ratio(samples, STEADY_AFTER_S, before_end)}
+    out = {"target": weights[0] / weights[1], "from_s": began, "to_s": before_end,
+           "ratio": ratio(samples, began, before_end)}
     if reweight is not None and change is not None:
         after = reweight[0] / reweight[1]
         out["after"] = {"target": after, "from_s": change + STEADY_AFTER_S,
@@ -178,7 +199,7 @@ def plot_rates(doc: dict, path: Path) -> str:
 
 
 @contextlib.contextmanager
-def watched(lab, weights: tuple[int, ...], reweight: tuple[int, ...] | None, at_s: float,
+def watched(lab, weights: tuple[float, ...], reweight: tuple[float, ...] | None, at_s: float,
             start_at: float):
     """Around the race under the weighted policy: the rates sampled, and
     where `reweight` says, the weights set to it at_s seconds after start_at.

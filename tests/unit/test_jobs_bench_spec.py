@@ -34,19 +34,21 @@ def test_a_spec_is_one_workers_x_size_a_job():
 
 
 def test_a_job_may_ask_for_a_weight():
-    assert parse_jobs("2x64MiB@3, 2x64MiB@1,2x1MiB @ 8") == [
-        JobSpec(2, 64 << 20, 3), JobSpec(2, 64 << 20, 1), JobSpec(2, 1 << 20, 8)]
-    assert [j.label for j in parse_jobs("2x64MiB@3,2x64MiB@1")] == ["2x64MiB@3", "2x64MiB"]
+    assert parse_jobs("2x64MiB@3, 2x64MiB@1,2x1MiB @ 8,2x1MiB@0.5") == [
+        JobSpec(2, 64 << 20, 3), JobSpec(2, 64 << 20, 1), JobSpec(2, 1 << 20, 8),
+        JobSpec(2, 1 << 20, 0.5)]
+    assert [j.label for j in parse_jobs("2x64MiB@3,2x64MiB@1,2x1MiB@1.5")] == [
+        "2x64MiB@3", "2x64MiB", "2x1MiB@1.5"]
     assert parse_jobs("2x1MiB")[0].weight == 1
 
 
 @pytest.mark.parametrize("spec, says", [
     ("", "WEIGHT\\], comma-separated"), ("2x2MiB,,2x4MiB", "WEIGHT\\], comma-separated"),
     ("2MiB", "a job is NxSIZE"), ("x2MiB", "a job is NxSIZE"), ("2x", "a job is NxSIZE"),
-    ("2x1MiB@", "a weight is a whole number 1..8"), ("2x1MiB@0", "a weight is a whole number"),
-    ("2x1MiB@-1", "a weight is a whole number"), ("2x1MiB@1.5", "a weight is a whole number"),
-    ("2x1MiB@nine", "a weight is a whole number"), ("2x1MiB@9", "1..8 .the switch's --max-weight"),
-    ("2x1MiB@3@1", "a weight is a whole number"), ("2x@3", "a job is NxSIZE"),
+    ("2x1MiB@", "a weight is a number above zero, at most 8"), ("2x1MiB@0", "above zero"),
+    ("2x1MiB@-1", "above zero"), ("2x1MiB@nan", "above zero"), ("2x1MiB@inf", "above zero"),
+    ("2x1MiB@nine", "above zero"), ("2x1MiB@8.5", "at most 8 .the switch's --max-weight"),
+    ("2x1MiB@3@1", "above zero"), ("2x@3", "a job is NxSIZE"),
     ("-2x2MiB", "a job is NxSIZE"), ("1x2MiB", "2..64 workers"), ("65x1MiB", "2..64 workers"),
     ("2x2XiB", "not a size"), ("2x2", "smaller than one element"), ("2x2GiB", "at most 1 GiB"),
     (",".join(["2x1MiB"] * 17), "at most 16 jobs"), ("64x1MiB,64x1MiB,64x1MiB,64x1MiB", "at most 244"),
@@ -70,11 +72,11 @@ def test_shares_are_the_policies_the_box_offers_each_once():
 def test_reweight_is_one_weight_a_job_under_the_weighted_policy():
     jobs = parse_jobs("2x64MiB@3,2x64MiB@1")
     assert parse_reweight("1,1", jobs, ("weighted",)) == (1, 1)
-    assert parse_reweight(" 1 , 3", jobs, SHARES) == (1, 3)
+    assert parse_reweight(" 1 , 2.5", jobs, SHARES) == (1, 2.5)
     for text, shares, says in [
         ("1,1", ("none", "srpt"), "needs the weighted policy"), ("1", SHARES, "one weight a job .2."),
-        ("1,1,1", SHARES, "one weight a job"), ("0,1", SHARES, "a weight is a whole number 1..8"),
-        ("1,x", SHARES, "a weight is a whole number"), ("3,1", SHARES, "the weights the jobs already"),
+        ("1,1,1", SHARES, "one weight a job"), ("0,1", SHARES, "a weight is a number above zero"),
+        ("1,x", SHARES, "a weight is a number above zero"), ("3,1", SHARES, "the weights the jobs already"),
     ]:
         with pytest.raises(ValueError, match=says) as e:
             parse_reweight(text, jobs, shares)
@@ -124,11 +126,11 @@ def test_the_ideal_weighted_box_shares_by_weight_and_the_change_comes_half_way()
 @pytest.mark.parametrize("args, hint, says", [
     (["--jobs", "2x"], "--jobs", "a job is NxSIZE"),
     (["--jobs", "2x1MiB", "--share", "srpt-ish"], "--share", "--share takes none"),
-    (["--jobs", "2x1MiB@0"], "--jobs", "a weight is a whole number"),
+    (["--jobs", "2x1MiB@0"], "--jobs", "a weight is a number above zero"),
     (["--jobs", "2x1MiB,2x1MiB", "--share", "none", "--reweight", "1,2"], "--reweight",
      "needs the weighted policy"),
     (["--jobs", "2x1MiB,2x1MiB", "--reweight", "2"], "--reweight", "one weight a job"),
-    (["--jobs", "2x1MiB,2x1MiB", "--reweight", "9,1"], "--reweight", "whole number 1..8"),
+    (["--jobs", "2x1MiB,2x1MiB", "--reweight", "9,1"], "--reweight", "at most 8"),
     (["--jobs", "2x1MiB", "-n", "4"], "--workers", "not with --jobs"),
     (["--jobs", "2x1MiB", "--size", "4MiB"], "--size", "not with --jobs"),
     (["--jobs", "2x1MiB", "--loss", "1%"], "--loss", "not with --jobs"),

@@ -119,3 +119,17 @@ def test_a_sample_is_each_jobs_bytes_and_share_by_name():
                            None]}
     assert sample_of({"jobs": [], "job_stats": None}, 1, 0)["bytes"] == [None]
     assert ratio([{"t": 0, "bytes": [None, 1]}, {"t": 1, "bytes": [None, 2]}], 0, 1) is None
+
+
+def test_a_job_between_two_calls_is_left_out_of_the_ratio_with_its_tail_and_restart():
+    def rates(t):
+        if 7.7 <= t < 8.0 or 9.0 <= t < 9.3:
+            return (2e6, 8e6)             # its call's tail, its restart
+        if 8.0 <= t < 9.0:
+            return (0.0, 10e6)            # checking its result: the other job takes the link
+        return (7.5e6, 2.5e6) if t < 5.4 - 1e-9 else (5e6, 5e6)
+    samples = _samples(rates, 12)
+    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), 5.0)
+    assert fig["after"]["ratio"] == pytest.approx(1.0, rel=1e-3)
+    assert fig["after"]["settle_s"] == pytest.approx(0.7, abs=SAMPLE_S / 2)
+    assert ratio(samples, 7.9, 9.1) is None          # no time both jobs sent steadily
