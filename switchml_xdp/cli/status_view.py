@@ -87,11 +87,10 @@ def _from_pins(st: dict) -> bool:
     return True
 
 
-def _live_shares(st: dict) -> None:
-    """Under `up --share`, the jobs' parts as the daemon has them now: the
-    state file's are as they were at its last change (or none, where the
-    daemon cannot be reached from here)."""
-    reply = daemon_status(st) if st["alive"] and st.get("shares") else None
+def _live_shares(st: dict, reply: dict | None) -> None:
+    """Under `up --share`, the jobs' parts as the daemon's `reply` has them
+    now; none where there is no reply: the state file's are as they were at
+    its last change."""
     live = {j["name"]: j.get("share") for j in (reply or {}).get("jobs", [])}
     for j in st["jobs"]:
         j.pop("share", None)
@@ -115,7 +114,7 @@ def collect_status(iface: str | None = None) -> list[dict]:
             continue
         st = dict(st, alive=state_files.lock_holder(st["iface"]) is not None)
         if root and st["dataplane"] == "xdp" and SwitchMaps.exist(st["iface"]) and _from_pins(st):
-            _live_shares(st)
+            _live_shares(st, daemon_status(st) if st["alive"] and st.get("shares") else None)
         elif st["alive"] and (reply := daemon_status(st)) is not None:
             st["shares"] = reply.get("shares")
             st["counters"] = reply["counters"]
@@ -123,10 +122,13 @@ def collect_status(iface: str | None = None) -> list[dict]:
             st["port_stats"] = reply.get("port_stats")
             st["jobs"] = reply["jobs"]
             st["active_job_ids"] = [j["id"] for j in reply["jobs"] if j["state"] == "running"]
-        elif st["alive"] and "note" not in st:
-            st["note"] = (f"counters: this switch's control port {st['ip']}:{st['control_port']} "
-                          f"cannot be reached from this network namespace (run status in the "
-                          f"switch's)" + ("" if root else "; only root can read the pinned maps"))
+        else:
+            _live_shares(st, None)
+            if st["alive"] and "note" not in st:
+                st["note"] = (f"counters: this switch's control port {st['ip']}:"
+                              f"{st['control_port']} cannot be reached from this network "
+                              f"namespace (run status in the switch's)"
+                              + ("" if root else "; only root can read the pinned maps"))
         st["sampled_at"] = time.monotonic()
         out.append(st)
     return out

@@ -93,10 +93,15 @@ def test_root_gets_the_daemons_live_parts_not_the_state_files(monkeypatch):
                         lambda st: {"jobs": live, "shares": SHARES})
     st = status_view.collect_status()[0]
     assert st["jobs"][0]["share"] == SHARE and st["shares"] == SHARES
-    stale["jobs"][0]["share"]["actual_bps"] = 1
+    stale["jobs"][0]["share"] = dict(SHARE, actual_bps=1)
     monkeypatch.setattr(status_view, "daemon_status", lambda st: None)
     st = status_view.collect_status()[0]
     assert "share" not in st["jobs"][0]
+    # Another user, out of the daemon's reach: the state file only, no parts.
+    stale["jobs"][0]["share"] = dict(SHARE, actual_bps=1)
+    monkeypatch.setattr(status_view.os, "geteuid", lambda: 1000)
+    st = status_view.collect_status()[0]
+    assert "share" not in st["jobs"][0] and "cannot be reached" in st["note"]
 
 
 def test_the_metrics_export_each_jobs_part_weight_and_rates():
