@@ -285,10 +285,10 @@ def captured_up(monkeypatch):
         return object()
 
     def run(dp, control_port, job_slots, lease, require_token, initial_seq=0, metrics=None,
-            auth="header", capacity_bps=None, parent=None):
+            auth="header", capacity_bps=None, parent=None, share=None):
         seen.update(control_port=control_port, job_slots=job_slots, lease=lease,
                     require_token=require_token, initial_seq=initial_seq, metrics=metrics,
-                    auth=auth, capacity_bps=capacity_bps, parent=parent)
+                    auth=auth, capacity_bps=capacity_bps, parent=parent, share=share)
         return {}
 
     monkeypatch.setattr(switch_cli.daemon, "make_dataplane", make_dataplane)
