@@ -28,7 +28,8 @@ from .share_policy import Demand, divide, dscp_marks, part_if_active
 log = logging.getLogger("swml.shares")
 
 TICK_S = 0.02        # how often the parts are recomputed: a few round trips
-IDLE_S = 0.06        # a job whose DATA stopped this long has nothing to send
+IDLE_S = 0.06        # a job whose DATA stopped this long has nothing to send ...
+QUIET_TICKS = 3      # ... and for this many ticks in a row
 RATE_TAU_S = 0.25    # the actual rate shown is an average over about this long
 DEFAULT_MAX_WEIGHT = 8.0
 
@@ -47,6 +48,7 @@ class Measured:
     job_id: int
     bytes: int = 0               # cumulative DATA frame bytes at the last tick
     active_at: float = -math.inf
+    quiet: int = 0               # ticks in a row without new bytes
     served_at: float = 0.0       # when it was last served first (srpt's age)
     left: int = 0                # bytes into the box left of its call, as last said
     part: float = 0.0
@@ -87,7 +89,7 @@ class Shares:
             self._sample(m, running[name], progress.get(m.job_id, (m.bytes, 0)), now)
         demands = {name: Demand(name, running[name].weight, m.left, now - m.served_at)
                    for name, m in self.seen.items()}
-        active = [demands[n] for n, m in self.seen.items() if now - m.active_at <= IDLE_S]
+        active = [demands[n] for n, m in self.seen.items() if self._active(m, now)]
         parts = divide(self.policy, active)
         if self.policy == "srpt" and active:
             self.seen[max(parts, key=parts.get)].served_at = now
@@ -103,13 +105,22 @@ class Shares:
     def _sample(self, m: Measured, job, progress: tuple[int, int], now: float) -> None:
         nbytes, left_code = progress
         if m.sampled_at is not None and nbytes > m.bytes:
-            m.active_at = now
+            m.active_at, m.quiet = now, 0
+        else:
+            m.quiet += 1
         if m.sampled_at is not None and now > m.sampled_at:
             rate = max(0, nbytes - m.bytes) * 8 / (now - m.sampled_at)
             a = min(1.0, (now - m.sampled_at) / RATE_TAU_S)
             m.actual_bps += a * (rate - m.actual_bps)
         m.bytes, m.sampled_at = nbytes, now
         m.left = wire.pace_decode(left_code) * job.senders
+
+    @staticmethod
+    def _active(m: Measured, now: float) -> bool:
+        """Sending: new bytes within IDLE_S, or within the last QUIET_TICKS
+        ticks where the loop runs late (a busy daemon's ticks stretch, and
+        a job must not look idle only because its bytes came between them)."""
+        return now - m.active_at <= IDLE_S or (m.active_at > -math.inf and m.quiet < QUIET_TICKS)
 
     def _idle_mark(self) -> int | None:
         return self.dscp[-1] if self.dscp else None
