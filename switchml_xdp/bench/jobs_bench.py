@@ -59,7 +59,7 @@ from .jobs_spec import (
     reweight_at_s,
 )
 from .jobs_targets import target_lines, targets
-from .jobs_weighted import job_name, plot_rates, watched, weighted_figures
+from .jobs_weighted import TOLERANCE, job_name, plot_rates, watched, weighted_figures
 from .output import NO_PLOT, pyplot, save_chart, save_doc
 from .racks_bench import _torch_missing
 from .rank_group import RankGroup
@@ -193,15 +193,18 @@ def _rates(cfg: JobsConfig, jobs: list[dict], found: dict, out) -> dict | None:
         return rates
     fig = weighted_figures(found["samples"], tuple(j.weight for j in cfg.jobs),
                            min(j["completion_s"] for j in jobs),
-                           cfg.reweight if not found.get("refused") else None, found.get("change_s"))
+                           cfg.reweight if not found.get("refused") else None,
+                           (found["change_s"], found["change_s"] + found["command_s"])
+                           if "change_s" in found else None)
     rates["figures"] = fig
     out(f"    rates job 0 : job 1  {_ratio(fig)}")
-    if "after" in fig:
-        settle = fig["after"]["settle_s"]
+    after = fig.get("after")
+    if after:
+        took = ("never" if after["settle_s"] is None else f"{after['settle_s']:.2f} s after the "
+                f"command returned, {after['with_command_s']:.2f} s after it began")
         out(f"    weights set to {':'.join(map(str, cfg.reweight))} at {found['change_s']:.2f} s "
-            f"(swml-switch job took {found['command_s']:.2f} s): {_ratio(fig['after'])}; within "
-            f"10% of {fig['after']['target']:g}:1 "
-            + (f"after {settle:.2f} s" if settle is not None else "never"))
+            f"(swml-switch job took {found['command_s']:.2f} s): {_ratio(after)}; within "
+            f"{100 * TOLERANCE:g}% of {after['target']:g}:1 {took}")
     return rates
 
 

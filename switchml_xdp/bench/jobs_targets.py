@@ -76,10 +76,11 @@ def _weighted_targets(policy: dict | None, doc: dict) -> list[dict]:
         out.append(_unmeasured("reweight_settle", "weights changed mid-run: needs --reweight"))
     else:
         s = after["settle_s"]
-        took = f"{s:.2f} s" if s is not None else "never settled"
+        took = (f"{s:.2f} s after swml-switch job returned ({after['with_command_s']:.2f} s "
+                f"after it began)" if s is not None else "never settled")
         out.append(_target("reweight_settle", s, SETTLE_S,
                            f"weights set to {':'.join(map(str, doc['reweight']))} mid-run: the "
-                           f"ratio within {100 * TOLERANCE:g}% of {after['target']:g}:1 after "
+                           f"ratio within {100 * TOLERANCE:g}% of {after['target']:g}:1 "
                            f"{took} (at most {SETTLE_S:g} s)"))
     return out
 

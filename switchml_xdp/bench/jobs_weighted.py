@@ -19,7 +19,7 @@ SAMPLE_S = 0.15      # between two status requests
 STEADY_AFTER_S = 1.0  # the start's and a change's transient, left out of a steady ratio
 END_MARGIN_S = 0.2   # before the first job's end, where the steady part stops
 WINDOW_S = 0.3       # the ratio that must settle: over this much time
-HOLD_S = 1.0         # ... and stay within TOLERANCE for this long
+HOLD_S = 1.0         # ... and the ratio over this long after it too
 TOLERANCE = 0.10     # of the weights' ratio
 SENDING = 0.05       # of the two jobs' bytes: a job that sent less was not sending
 RESTART_S = 0.5      # around a time a job was not sending, left out of the ratio
@@ -137,31 +137,36 @@ def ratio(samples: list[dict], a: float, b: float) -> float | None:
 
 def settle_s(samples: list[dict], change: float, end: float, target: float) -> float | None:
     """How long after `change` the ratio over WINDOW_S came within
-    TOLERANCE of `target` and stayed there for HOLD_S (or until `end`),
-    windows where a job was not sending left out; None if never."""
-    near = [(t, abs(r / target - 1) <= TOLERANCE) for t in (s["t"] for s in samples)
-            if change < t <= end for r in [ratio(samples, t - WINDOW_S, t)] if r is not None]
-    for i, (t, ok) in enumerate(near):
-        if ok and all(k for u, k in near[i:] if u <= t + HOLD_S):
+    TOLERANCE of `target`, and the ratio over the HOLD_S after it too (or
+    until `end`), times where a job was not sending left out; None if never."""
+    for t in (s["t"] for s in samples if change < s["t"] <= end):
+        now, then = ratio(samples, t - WINDOW_S, t), ratio(samples, t, min(t + HOLD_S, end))
+        if now is not None and abs(now / target - 1) <= TOLERANCE and \
+                (then is None or abs(then / target - 1) <= TOLERANCE):
             return t - change
     return None
 
 
 def weighted_figures(samples: list[dict], weights: tuple[float, ...], first_end: float,
-                     reweight: tuple[float, ...] | None, change: float | None) -> dict:
+                     reweight: tuple[float, ...] | None,
+                     change: tuple[float, float] | None) -> dict:
     """The rate ratio of jobs 0 and 1 over the steady part(s), beside their
-    weights', and the settling after a change of weights."""
+    weights', and with a change of weights, `change` (when its command
+    began, when it returned), how long after the ratio settled: from the
+    command's return (the box has the weights; settle_s) and from its start
+    (with_command_s)."""
     rows = steady_intervals(samples)
     began = (rows[0][0] if rows else 0.0) + STEADY_AFTER_S
-    before_end = change if change is not None else first_end - END_MARGIN_S
+    before_end = change[0] if change is not None else first_end - END_MARGIN_S
     out = {"target": weights[0] / weights[1], "from_s": began, "to_s": before_end,
            "ratio": ratio(samples, began, before_end)}
     if reweight is not None and change is not None:
-        after = reweight[0] / reweight[1]
-        out["after"] = {"target": after, "from_s": change + STEADY_AFTER_S,
-                        "to_s": first_end - END_MARGIN_S,
-                        "ratio": ratio(samples, change + STEADY_AFTER_S, first_end - END_MARGIN_S),
-                        "settle_s": settle_s(samples, change, first_end - END_MARGIN_S, after)}
+        after, end = reweight[0] / reweight[1], first_end - END_MARGIN_S
+        settle = settle_s(samples, change[1], end, after)
+        out["after"] = {"target": after, "from_s": change[1] + STEADY_AFTER_S, "to_s": end,
+                        "ratio": ratio(samples, change[1] + STEADY_AFTER_S, end),
+                        "settle_s": settle,
+                        "with_command_s": None if settle is None else settle + change[1] - change[0]}
     return out
 
 

@@ -80,13 +80,14 @@ def test_the_ratio_over_the_steady_part_and_the_settling_after_a_change():
     assert bytes_at(samples, 0, 1.0) == pytest.approx(7.5e6, rel=1e-3)
     assert bytes_at(samples, 0, 99) is None
     assert ratio(samples, 1.0, 5.0) == pytest.approx(3.0, rel=1e-3)
-    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), 5.0)
+    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), (4.6, 5.0))   # the command took 0.4 s
     assert fig["ratio"] == pytest.approx(3.0, rel=1e-3) and fig["target"] == 3
-    assert (fig["from_s"], fig["to_s"]) == (1.0, 5.0)
+    assert (fig["from_s"], fig["to_s"]) == (1.0, 4.6)
     after = fig["after"]
     assert after["ratio"] == pytest.approx(1.0, rel=1e-3) and after["target"] == 1
-    # within 10% of 1:1 once the 0.3 s window holds ~0.27 s of the new rates: 5.4 + 0.27 -> 5.7
+    # within 10% of 1:1 once the 0.3 s window holds only the new rates: 5.4 + 0.3 -> 5.7
     assert after["settle_s"] == pytest.approx(0.7, abs=SAMPLE_S / 2)
+    assert after["with_command_s"] == pytest.approx(after["settle_s"] + 0.4)
     ts, rs = rates_mbit(samples, 1)
     assert rs[ts.index(min(t for t in ts if t > 3))] == pytest.approx(20.0, rel=1e-2)
     doc = {"policies": [_policy("weighted", [12, 16], 0.99, {"figures": fig})], "ideal_s": None,
@@ -94,11 +95,12 @@ def test_the_ratio_over_the_steady_part_and_the_settling_after_a_change():
     found = _by_name(targets(doc))
     assert found["weighted_ratio"]["pass"] and found["weighted_ratio"]["value"] < 0.01
     assert found["reweight_settle"]["pass"] and "weights set to 1:1" in found["reweight_settle"]["says"]
+    assert "after swml-switch job returned (1.10 s after it began)" in found["reweight_settle"]["says"]
 
 
 def test_weights_that_never_take_hold_miss():
     samples = _samples(lambda t: (6e6, 4e6), 12)     # 1.5:1 all along, for weights 3:1 then 1:1
-    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), 5.0)
+    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), (5.0, 5.0))
     assert settle_s(samples, 5.0, 11.8, 1.0) is None and fig["after"]["settle_s"] is None
     found = _by_name(targets({"policies": [_policy("weighted", [12, 16], 0.99, {"figures": fig})],
                               "ideal_s": None, "reweight": (1, 1)}))
@@ -121,6 +123,19 @@ def test_a_sample_is_each_jobs_bytes_and_share_by_name():
     assert ratio([{"t": 0, "bytes": [None, 1]}, {"t": 1, "bytes": [None, 2]}], 0, 1) is None
 
 
+def test_a_blip_after_the_change_does_not_undo_the_settling_but_a_lasting_drift_does():
+    def rates(t, drift=False):
+        if 5.9 <= t < 6.05:
+            return (3.5e6, 5e6)           # one sample interval off (0.7:1)
+        if drift and t >= 6.0:
+            return (6.5e6, 5e6)           # 1.3:1 from then on
+        return (7.5e6, 2.5e6) if t < 5.4 - 1e-9 else (5e6, 5e6)
+    blip = weighted_figures(_samples(rates, 12), (3, 1), 12.0, (1, 1), (5.0, 5.0))
+    assert blip["after"]["settle_s"] == pytest.approx(0.7, abs=SAMPLE_S / 2)
+    drift = _samples(lambda t: rates(t, drift=True), 12)
+    assert weighted_figures(drift, (3, 1), 12.0, (1, 1), (5.0, 5.0))["after"]["settle_s"] is None
+
+
 def test_a_job_between_two_calls_is_left_out_of_the_ratio_with_its_tail_and_restart():
     def rates(t):
         if 7.7 <= t < 8.0 or 9.0 <= t < 9.3:
@@ -129,7 +144,7 @@ def test_a_job_between_two_calls_is_left_out_of_the_ratio_with_its_tail_and_rest
             return (0.0, 10e6)            # checking its result: the other job takes the link
         return (7.5e6, 2.5e6) if t < 5.4 - 1e-9 else (5e6, 5e6)
     samples = _samples(rates, 12)
-    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), 5.0)
+    fig = weighted_figures(samples, (3, 1), 12.0, (1, 1), (5.0, 5.0))
     assert fig["after"]["ratio"] == pytest.approx(1.0, rel=1e-3)
     assert fig["after"]["settle_s"] == pytest.approx(0.7, abs=SAMPLE_S / 2)
     assert ratio(samples, 7.9, 9.1) is None          # no time both jobs sent steadily
