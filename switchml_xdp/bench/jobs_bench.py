@@ -58,7 +58,7 @@ from .jobs_spec import (
     makespan_bound_s,
     reweight_at_s,
 )
-from .jobs_targets import target_lines, targets
+from .jobs_targets import mix_of, target_lines, targets
 from .jobs_weighted import TOLERANCE, job_name, plot_rates, watched, weighted_figures
 from .output import NO_PLOT, pyplot, save_chart, save_doc
 from .racks_bench import _torch_missing
@@ -257,7 +257,7 @@ def run_jobs_bench(cfg: JobsConfig, out=print) -> dict:
            "alone_bound_s": [alone_bound_s(cfg, j) for j in cfg.jobs], "ideal_s": ideal,
            "reweight": cfg.reweight, "command": cfg.command, "policies": policies, "gloo": gloo}
     doc["targets"] = targets(doc)
-    for line in target_lines(doc["targets"], cfg.spec):
+    for line in target_lines(doc["targets"], mix_of(cfg.spec, cfg.iterations)):
         out(line)
     save_doc(doc, cfg.json_path, cfg.png_path, plot, out)
     if cfg.png_path and any(p["rates"] for p in policies):

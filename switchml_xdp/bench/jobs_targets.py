@@ -31,13 +31,16 @@ def targets(doc: dict) -> list[dict]:
     """Every target, from what the document measured."""
     out = []
     fair, srpt = _policy(doc, "fair"), _policy(doc, "srpt")
+    ideal = doc.get("ideal_s")
     if fair and srpt:
-        v = srpt["average_s"] / fair["average_s"]
-        out.append(_target("srpt_average", v, SRPT_AVERAGE,
-                           f"srpt's average completion {v:.2f}x fair's (at most {SRPT_AVERAGE:g}x)"))
-        v = srpt["last_s"] / fair["last_s"]
-        out.append(_target("srpt_last", v, SRPT_LAST,
-                           f"srpt's last completion {v:.2f}x fair's (at most {SRPT_LAST:g}x)"))
+        for name, key, limit, what in (("srpt_average", "average_s", SRPT_AVERAGE, "average"),
+                                       ("srpt_last", "last_s", SRPT_LAST, "last")):
+            v = srpt[key] / fair[key]
+            pick = sum if key == "average_s" else max
+            on_ideal = f", an ideal box's {pick(ideal['srpt']) / pick(ideal['fair']):.2f}x" \
+                if ideal else ""
+            out.append(_target(name, v, limit, f"srpt's {what} completion {v:.2f}x fair's "
+                                               f"(at most {limit:g}x{on_ideal})"))
     else:
         out += [_unmeasured(n, "srpt against fair: needs --share fair,srpt")
                 for n in ("srpt_average", "srpt_last")]
@@ -47,7 +50,6 @@ def targets(doc: dict) -> list[dict]:
         out.append(_target("box_busy", busy, BUSY, f"the box's link busy under every policy: {each} "
                                                    f"(at least {100 * BUSY:g}%)", at_least=True))
     out += _weighted_targets(_policy(doc, WEIGHTED), doc)
-    ideal = doc.get("ideal_s")
     if srpt and ideal:
         over = [j["completion_s"] / f for j, f in zip(srpt["jobs"], ideal["fair"])]
         worst = max(range(len(over)), key=over.__getitem__)
@@ -85,9 +87,17 @@ def _weighted_targets(policy: dict | None, doc: dict) -> list[dict]:
     return out
 
 
-def target_lines(found: list[dict], spec: str) -> list[str]:
-    """What the bench prints: a line a target."""
-    mix = "" if spec == DEFAULT_SPEC else f" (set for the mix {DEFAULT_SPEC}; this one is {spec})"
+def mix_of(spec: str, iterations: int) -> str:
+    """A mix as the target lines name it."""
+    return f"{spec}, {iterations} iterations"
+
+
+TARGETS_MIX = mix_of(DEFAULT_SPEC, 10)    # the mix the targets are set for
+
+
+def target_lines(found: list[dict], mix: str) -> list[str]:
+    """What the bench prints: a line a target; `mix` (mix_of) where it is not TARGETS_MIX."""
+    mix = "" if mix == TARGETS_MIX else f" (set for {TARGETS_MIX}; this mix is {mix})"
     lines = [f"  targets{mix}:"]
     for t in found:
         verdict = {True: "PASS", False: "MISS", None: "not measured:"}[t["pass"]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from switchml_xdp.bench.jobs_targets import target_lines, targets
+from switchml_xdp.bench.jobs_targets import mix_of, target_lines, targets
 from switchml_xdp.bench.jobs_weighted import (
     SAMPLE_S,
     bytes_at,
@@ -33,7 +33,8 @@ def _by_name(found):
 def test_srpt_is_held_to_fair_and_every_policy_to_a_busy_link():
     doc = {"policies": [_policy("none", [15, 27, 43, 57], 0.987), _policy("fair", [14, 25, 40, 54], 0.97),
                         _policy("srpt", [3, 10, 23, 56.9], 0.94)],
-           "ideal_s": {"fair": [14.4, 25.2, 39.6, 54.0]}, "reweight": None}
+           "ideal_s": {"fair": [14.4, 25.2, 39.6, 54.0], "srpt": [3.6, 10.8, 25.2, 54.0]},
+           "reweight": None}
     found = _by_name(targets(doc))
     avg = (3 + 10 + 23 + 56.9) / (14 + 25 + 40 + 54)
     assert found["srpt_average"]["value"] == pytest.approx(avg) and found["srpt_average"]["pass"]
@@ -44,12 +45,16 @@ def test_srpt_is_held_to_fair_and_every_policy_to_a_busy_link():
     assert found["srpt_starve"]["value"] == pytest.approx(worst) and found["srpt_starve"]["pass"]
     assert "job 3 the furthest" in found["srpt_starve"]["says"]
     assert found["weighted_ratio"]["pass"] is None and found["reweight_settle"]["pass"] is None
-    lines = target_lines(targets(doc), "2x2MiB,2x4MiB,2x8MiB,2x16MiB")
+    lines = target_lines(targets(doc), mix_of("2x2MiB,2x4MiB,2x8MiB,2x16MiB", 10))
     assert lines[0] == "  targets:"
-    assert "    PASS srpt's average completion 0.70x fair's (at most 0.7x)" in lines, lines
+    # an ideal box's own ratios beside: on this mix srpt's ideal average is 0.703x fair's
+    assert "    PASS srpt's average completion 0.70x fair's (at most 0.7x, an ideal box's 0.70x)" \
+        in lines, lines
+    assert "(at most 1.05x, an ideal box's 1.00x)" in found["srpt_last"]["says"]
     assert any(x.startswith("    MISS srpt's last completion 1.05x") for x in lines), lines
     assert any(x.startswith("    not measured: rates by weight") for x in lines), lines
-    assert "this one is 2x1MiB" in target_lines([], "2x1MiB")[0]
+    assert "this mix is 2x2MiB,2x4MiB,2x8MiB,2x16MiB, 3 iterations)" in \
+        target_lines([], mix_of("2x2MiB,2x4MiB,2x8MiB,2x16MiB", 3))[0]
 
 
 def test_a_starving_job_under_srpt_misses():
