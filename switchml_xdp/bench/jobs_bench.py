@@ -1,6 +1,6 @@
 """Competing jobs through one box whose link is the bottleneck, under each
 of the box's share policies, against the same jobs as independent Gloo
-rings (docs/operations.md, "Competing jobs (today, no policy)"):
+rings (docs/operations.md, "Competing jobs"):
 
     sudo swml-lab bench --jobs 2x2MiB,2x4MiB,2x8MiB,2x16MiB [--rate 100]
         [--box-rate 100] [--iterations 10] [--share none,fair,weighted,srpt]

@@ -197,6 +197,7 @@ def plot_rates(doc: dict, path: Path) -> str:
     if change is not None:
         ax.axvline(change, color="black", linestyle=":",
                    label="weights set to " + ":".join(map(str, doc["reweight"])))
+    ax.set_xlim(left=-STEADY_AFTER_S)        # the sampling began before the start
     ax.set_xlabel("seconds from the common start")
     ax.set_ylabel(f"rate into the box over {WINDOW_S:g} s (Mbit/s)")
     ax.set_title(f"weighted shares, box link {doc['box_rate_mbit']:g} Mbit/s", fontsize=10)
