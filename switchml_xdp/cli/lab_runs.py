@@ -231,9 +231,11 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
 @click.option("--reweight", default=None, metavar="W,W..",
               help="With --jobs and the weighted policy: the jobs' weights from mid-run on (one a "
                    "job, set with `swml-switch job`), and how long the rates take to follow")
+@click.option("--no-gloo", is_flag=True,
+              help="With --jobs: leave the Gloo rings out (many jobs' torch ranks on few cores)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
-          jobs_spec, share, reweight):
+          jobs_spec, share, reweight, no_gloo):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -249,11 +251,12 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     if jobs_spec is not None:
         from .lab_bench_jobs import bench_jobs
 
-        bench_jobs(jobs_spec, share, reweight, rate, box_rate, iterations, warmup, out_dir)
+        bench_jobs(jobs_spec, share, reweight, rate, box_rate, iterations, warmup, out_dir,
+                   not no_gloo)
         return
-    for name in ("share", "reweight"):
+    for name in ("share", "reweight", "no_gloo"):
         if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            raise click.BadParameter("only with --jobs", param_hint=f"--{name}")
+            raise click.BadParameter("only with --jobs", param_hint=f"--{name.replace('_', '-')}")
     if racks_of(racks, per_rack, uplink_rate) is not None:
         _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir,
                      queue)

@@ -137,6 +137,7 @@ def test_the_ideal_weighted_box_shares_by_weight_and_the_change_comes_half_way()
     (["--jobs", "2x1MiB", "--racks", "2"], "--racks", "not with --jobs"),
     (["--share", "none"], "--share", "only with --jobs"),
     (["--reweight", "1,1"], "--reweight", "only with --jobs"),
+    (["--no-gloo"], "--no-gloo", "only with --jobs"),
 ])
 def test_the_cli_refuses_in_one_line_before_building(args, hint, says, tmp_path):
     r = CliRunner().invoke(lab_cli.main, ["bench", "--out", str(tmp_path / "out"), *args])
@@ -160,3 +161,21 @@ def test_whether_the_switch_offers_the_policies_is_read_from_its_up_command():
 
     has = any(p.name == "share" for p in switch_cli.up.params)
     assert (jobs_spec.switch_lacks_shares() is None) == has
+
+
+def test_the_cli_hands_the_bench_what_it_was_told(tmp_path, monkeypatch):
+    from switchml_xdp.cli import lab_bench_jobs
+
+    got = []
+    monkeypatch.setattr(jobs_spec, "switch_lacks_shares", lambda: None)
+    monkeypatch.setattr(lab_bench_jobs, "run_rows", lambda run, cfg: got.append(cfg))
+    r = CliRunner().invoke(lab_cli.main, [
+        "bench", "--out", str(tmp_path / "out"), "--jobs", "2x1MiB@3,2x1MiB", "--share", "weighted",
+        "--reweight", "1,1", "--no-gloo", "--rate", "40", "--iterations", "2"])
+    assert r.exit_code == 0, r.output
+    [cfg] = got
+    assert cfg.jobs == [JobSpec(2, 1 << 20, 3), JobSpec(2, 1 << 20, 1)] and cfg.shares == ("weighted",)
+    assert (cfg.reweight, cfg.gloo, cfg.rate_mbit, cfg.iterations) == ((1, 1), False, 40, 2)
+    assert cfg.json_path == str(tmp_path / "out" / "jobs_bench.json")
+    r = CliRunner().invoke(lab_cli.main, ["bench", "--out", str(tmp_path / "out2"), "--jobs", "2x1MiB"])
+    assert r.exit_code == 0 and got[1].shares == SHARES and got[1].gloo and got[1].iterations == 10
