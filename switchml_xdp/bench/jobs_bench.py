@@ -4,7 +4,7 @@ rings (docs/operations.md, "Competing jobs"):
 
     sudo swml-lab bench --jobs 2x2MiB,2x4MiB,2x8MiB,2x16MiB [--rate 100]
         [--box-rate 100] [--iterations 10] [--share none,fair,weighted,srpt]
-        [--reweight W,W..] [--out DIR]
+        [--reweight W,W..] [--no-gloo] [--out DIR]
 
 SPEC is one NxSIZE[@WEIGHT] a job, comma-separated: N workers allreducing
 float32 tensors of SIZE, asking the box for WEIGHT (default 1) at join
@@ -32,7 +32,7 @@ are held to end the output, PASS or MISS (bench/jobs_targets.py). The
 peer: the same jobs as Gloo rings (each job's ranks a gloo group of their
 own, all starting together) on the same worker links, which share no link
 between jobs; the ratio swml/gloo per job and on the average. Skipped,
-saying so, without torch. The rows, the command, the samples and the
+saying so, without torch or with --no-gloo. The rows, the command, the samples and the
 targets go to a JSON file, a bar chart to a PNG where matplotlib is
 installed, and the weighted run's rates over time to another
 (jobs_bench.json, jobs_bench.png and jobs_bench_rates.png under
@@ -219,10 +219,10 @@ def run_jobs_bench(cfg: JobsConfig, out=print) -> dict:
     out(f"jobs {cfg.spec} through one box: worker links {cfg.rate_mbit:g} Mbit/s, the box's "
         f"{cfg.box_rate:g} Mbit/s (each way), k={K}, {cfg.warmup} warm-up + {cfg.iterations} "
         f"iterations each, all starting together")
-    gloo = None
-    if cfg.gloo and _torch_missing():
-        out(f"  gloo rings: not run ({_torch_missing()})")
-    elif cfg.gloo:
+    gloo, missing = None, "--no-gloo" if not cfg.gloo else _torch_missing()
+    if missing:
+        out(f"  gloo rings: not run ({missing})")
+    else:
         jobs, _, impl, _ = measure_gloo(cfg)
         gloo = {"impl": impl, "jobs": jobs, **_summary(jobs)}
     bound, ideal = makespan_bound_s(cfg), ideal_completions_s(cfg)

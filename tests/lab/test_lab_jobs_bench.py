@@ -72,6 +72,7 @@ def test_weighted_weights_reach_the_box_at_join_and_mid_run(tmp_path):
     assert after and after[-1] == [1, 1], weights
     assert all(s["bytes"][0] is not None for s in samples if 0 <= s["t"] < change), samples
     assert "rates job 0 : job 1" in text and "weights set to 1:1" in text, text
+    assert doc["gloo"] is None and "gloo rings: not run (--no-gloo)" in text, text
     for name in ("weighted_ratio", "reweight_settle", "box_busy"):
         assert any(t["name"] == name and t["pass"] is not None for t in doc["targets"]), doc["targets"]
     assert any(line.startswith(("    PASS weighted", "    MISS weighted")) for line in lines), text
