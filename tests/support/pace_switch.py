@@ -12,6 +12,7 @@ from fake_switch import FakeSwitch, result_of, signed
 from switchml_xdp import wire
 
 PACE_AT = wire.HDR_DTYPE.fields["pace"][1]   # where `pace` sits in the swml header
+SO_RCVBUFFORCE = 33                          # Linux's; Python's socket module lacks the name
 
 
 def stamped(h, values, rate_kbps: int, key: bytes | None = None) -> bytes:
@@ -34,6 +35,10 @@ class PacedSwitch(FakeSwitch):
 
     def _loop(self) -> None:
         self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        try:   # a lagging box queues DATA rather than drop them (root: past rmem_max)
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 4 << 20)
+        except PermissionError:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         while not self._stop.is_set():
             try:
                 data, anc, _, addr = self.sock.recvmsg(4096, socket.CMSG_SPACE(1))
