@@ -15,7 +15,6 @@ import pytest
 
 from fake_switch import RESULT_KEY
 from pace_switch import PacedSwitch, send_rates_bps, stamped
-from requires import NO_LAB
 from switchml_xdp import wire
 
 K, SLOTS, PHASE, PACKETS = 256, 64, 800, 1600
@@ -59,25 +58,15 @@ def _stamp(h, values):
     return [(False, stamped(h, values, rate))]
 
 
-@pytest.fixture(scope="module")
-def lab1():
-    if NO_LAB:
-        pytest.skip(NO_LAB)
-    from switchml_xdp.lab import Lab
-
-    with Lab(workers=1) as lab:
-        yield lab
-
-
 @pytest.mark.parametrize("window", ["on", "off"])
-def test_a_worker_sends_at_the_box_s_rate_with_its_dscp(lab1, worker_backend, window):
+def test_a_worker_sends_at_the_box_s_rate_with_its_dscp(fresh_lab, worker_backend, window):
     """With its window (SWML_WINDOW=on) or without (off: the cap alone paces)."""
     assert RESULT_KEY == bytes(range(16))       # the key WORKER's JobInfo holds
-    sw_host, w = lab1.switch, lab1.workers[0]
-    with lab1.enter(sw_host):
+    sw_host, w = fresh_lab.switch, fresh_lab.workers[0]
+    with fresh_lab.enter(sw_host):
         box = PacedSwitch(_stamp, dscp=DSCP, bind=(sw_host.ip, wire.DEFAULT_PORT))
     try:
-        proc = lab1.popen(w, [sys.executable, "-c", WORKER, worker_backend, sw_host.ip,
+        proc = fresh_lab.popen(w, [sys.executable, "-c", WORKER, worker_backend, sw_host.ip,
                               sw_host.mac, w.ip, w.iface, w.mac, str(K), str(SLOTS),
                               str(PACKETS)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
