@@ -3,7 +3,8 @@ in its RESULTs' `pace` and a DSCP in their TOS gets from a worker, on either
 backend, DATA at that rate (within 10%, as the rate changes) marked with
 that DSCP, saying in `pace` the call's bytes left. The box is played by
 hand (tests/support/pace_switch.py) in the switch's namespace, so the rate
-is exactly the one stamped; the worker runs its backend alone, no daemon."""
+is exactly the one stamped; the worker runs its backend alone, no daemon.
+Then through the real box under --share, the ranks keep to what it stamps."""
 from __future__ import annotations
 
 import json
@@ -92,3 +93,45 @@ def test_a_worker_sends_at_the_box_s_rate_with_its_dscp(fresh_lab, worker_backen
              if not int(h["flags"]) & wire.FLAG_RETRANS}
     assert len(first) > 0.9 * PACKETS        # the others: lost where the box lagged
     assert first == {p: wire.pace_encode((PACKETS - p) * 4 * K) for p in first}
+
+
+RANK = r'''
+import json, sys, time
+import numpy as np
+from switchml_xdp import Worker
+rank, backend, switch, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+with Worker(switch, "pace-" + backend, rank, 2, backend=backend, verbose=False) as w:
+    w.allreduce(np.ones(n, np.float32))       # the first RESULTs bring the rate
+    sent, t = w.stats()["packets_sent"], time.monotonic()
+    for it in range(3):
+        a = np.full(n, rank + 1 + it, np.float32)
+        w.allreduce(a)
+        assert np.array_equal(a, np.full(n, 2 * it + 3, np.float32)), "wrong sum"
+    print(json.dumps({**w.stats(), "seconds": time.monotonic() - t,
+                      "timed_packets": w.stats()["packets_sent"] - sent}))
+'''
+
+
+@pytest.mark.lab_workers(2)
+def test_through_a_real_box_the_ranks_keep_to_its_share(fresh_lab, worker_backend):
+    """swml-switch up --capacity 40M --share fair --dscp 10: the one job's
+    ranks hear a rate and the mark, and send their frames at that rate
+    (within 15% below, 10% above: their calls' ends wait on each other)."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    n = (2 << 20) // 4
+    with SwitchProcess(fresh_lab, ["-k", "256", "--capacity", "40M", "--share", "fair",
+                                   "--dscp", "10"]):
+        procs = [fresh_lab.popen(h, [sys.executable, "-c", RANK, str(r), worker_backend,
+                                     fresh_lab.switch.ip, str(n)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r, h in enumerate(fresh_lab.workers)]
+        outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        s = json.loads(out.strip().splitlines()[-1])
+        sent_bps = s["timed_packets"] * FRAME * 8 / s["seconds"]
+        print(f"{worker_backend}: {s['rate_kbps']} kbit/s stamped, sent {sent_bps / 1e6:.2f} "
+              f"Mbit/s of frames, dscp {s['dscp']}, {s['rate_waits']} rate waits")
+        assert 0 < s["rate_kbps"] <= 40000 and s["dscp"] == DSCP and s["rate_waits"] > 0
+        assert 0.85 < sent_bps / (s["rate_kbps"] * 1e3) < 1.1
