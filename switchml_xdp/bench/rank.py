@@ -48,7 +48,7 @@ class _SwmlRank:
             return self.w.reduce_scatter(a, precision=self.precision)
         return self.w.allreduce(a, precision=self.precision)
 
-    GAUGES = ("srtt_us", "rto_us", "cwnd")  # the engine's and the window's state, not counts
+    GAUGES = ("srtt_us", "rto_us", "cwnd", "rate_kbps", "dscp")  # state (the box's pace too), not counts
 
     def counters(self) -> dict:
         s = self.w.stats()
