@@ -174,7 +174,8 @@ class Switch:
                               below_parent=self.link is not None)
         if self.share is not None:
             self.table.shares = Shares(self.share.policy, self.capacity_bps, maps,
-                                       self.share.max_weight, self.share.dscp)
+                                       self.share.max_weight, self.share.dscp,
+                                       packet_bytes=4 * self.params.k)
         self.operator_token = write_operator_token(self.iface)
         if adopt is not None:
             self._adopt(adopt)

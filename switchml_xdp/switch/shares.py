@@ -63,8 +63,13 @@ class Shares:
     """One box's parts, kept in its data plane."""
 
     def __init__(self, policy: str, capacity_bps: int, maps: DataplaneMaps,
-                 max_weight: float = DEFAULT_MAX_WEIGHT, dscp: tuple[int, ...] = ()):
+                 max_weight: float = DEFAULT_MAX_WEIGHT, dscp: tuple[int, ...] = (),
+                 packet_bytes: int = 0):
+        """packet_bytes: the most payload a DATA packet carries (4 k): a job
+        whose ranks said no more than that is left, and then sent nothing for
+        a round, has finished its call and gives its part back at once."""
         self.policy, self.capacity_bps, self.maps = policy, capacity_bps, maps
+        self.packet_bytes = packet_bytes
         self.max_weight, self.dscp = max_weight, dscp
         self.seen: dict[str, Measured] = {}
 
@@ -89,7 +94,8 @@ class Shares:
             self._sample(m, running[name], progress.get(m.job_id, (m.bytes, 0)), now)
         demands = {name: Demand(name, running[name].weight, m.left, now - m.served_at)
                    for name, m in self.seen.items()}
-        active = [demands[n] for n, m in self.seen.items() if self._active(m, now)]
+        active = [demands[n] for n, m in self.seen.items()
+                  if self._active(m, now) and not self._finished(m, running[n].senders)]
         parts = divide(self.policy, active)
         if self.policy == "srpt" and active:
             self.seen[max(parts, key=parts.get)].served_at = now
@@ -121,6 +127,12 @@ class Shares:
         ticks where the loop runs late (a busy daemon's ticks stretch, and
         a job must not look idle only because its bytes came between them)."""
         return now - m.active_at <= IDLE_S or (m.active_at > -math.inf and m.quiet < QUIET_TICKS)
+
+    def _finished(self, m: Measured, senders: int) -> bool:
+        """Its last DATA was its call's last packet and nothing came since:
+        idle now, not after IDLE_S (a job between calls is back at its next
+        DATA, which says its new call's bytes)."""
+        return 0 < m.left <= self.packet_bytes * senders and m.quiet >= 1
 
     def _idle_mark(self) -> int | None:
         return self.dscp[-1] if self.dscp else None

@@ -184,3 +184,16 @@ def test_a_job_that_ends_is_forgotten_and_its_part_given_back():
     run(shares, maps, jobs[:1], TICK_S, t, {"a"})
     assert shares.describe(jobs[1]) is None
     assert rate_kbps(maps, 1) == pytest.approx(50_000, rel=2e-3)
+
+
+def test_a_job_whose_call_ended_gives_its_part_back_at_the_next_round():
+    maps, jobs = FakeMaps(), [FakeJob("a", 1), FakeJob("b", 2)]
+    shares = Shares("fair", 100 * MBIT, maps, packet_bytes=1024)
+    t = run(shares, maps, jobs, 0.2, 0.0, {"a", "b"})
+    maps.left[2] = wire.pace_encode(1024)      # b's last packet of its call
+    run(shares, maps, jobs, 2 * TICK_S, t, {"a"})   # well within IDLE_S
+    assert rate_kbps(maps, 1) == pytest.approx(50_000, rel=2e-3)
+    # Its next call's first DATA says more is left: back to halves.
+    maps.left[2] = wire.pace_encode(1 << 20)
+    run(shares, maps, jobs, 2 * TICK_S, t + 2 * TICK_S, {"a", "b"})
+    assert rate_kbps(maps, 1) == pytest.approx(25_000, rel=2e-3)
