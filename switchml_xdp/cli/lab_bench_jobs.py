@@ -18,7 +18,8 @@ NOT_WITH_JOBS = ("workers", "size", "wait_quiet", "queue", "losses", "ks", "syst
 
 
 def bench_jobs(spec: str, share: str | None, reweight: str | None, rate, box_rate, iterations: int,
-               warmup: int, out_dir: str | None, gloo: bool = True) -> None:
+               warmup: int, out_dir: str | None, gloo: bool = True,
+               dscp: tuple[int, ...] | None = None) -> None:
     """The jobs' rows, printed; JSON and PNG under out_dir."""
     from switchml_xdp.bench.jobs_bench import run_jobs_bench
     from switchml_xdp.bench.jobs_spec import (
@@ -57,5 +58,5 @@ def bench_jobs(spec: str, share: str | None, reweight: str | None, rate, box_rat
     cfg = JobsConfig(jobs, rate or 100.0, box_rate, iterations, warmup, shares,
                      str(out / "jobs_bench.json"), str(out / "jobs_bench.png"),
                      "swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]),
-                     gloo=gloo, reweight=weights)
+                     gloo=gloo, reweight=weights, dscp=dscp)
     run_rows(run_jobs_bench, cfg)

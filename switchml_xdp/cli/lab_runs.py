@@ -17,7 +17,7 @@ from switchml_xdp.lab.racks import MAX_RACKS
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
-from .common import allreduce_options
+from .common import DscpClasses, allreduce_options
 from .lab_options import box_options, lab_errors, lab_options, list_of, rack_options, racks_of, run_rows
 
 
@@ -233,9 +233,12 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
                    "job, set with `swml-switch job`), and how long the rates take to follow")
 @click.option("--no-gloo", is_flag=True,
               help="With --jobs: leave the Gloo rings out (many jobs' torch ranks on few cores)")
+@click.option("--dscp", "dscp_classes", type=DscpClasses(), default=None, metavar="LIST",
+              help="With --jobs: under a policy the box marks jobs (swml-switch up --dscp LIST) and "
+                   "the lab's box port serves LIST as priority bands")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
-          jobs_spec, share, reweight, no_gloo):
+          jobs_spec, share, reweight, no_gloo, dscp_classes):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -252,11 +255,12 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         from .lab_bench_jobs import bench_jobs
 
         bench_jobs(jobs_spec, share, reweight, rate, box_rate, iterations, warmup, out_dir,
-                   not no_gloo)
+                   not no_gloo, dscp_classes)
         return
-    for name in ("share", "reweight", "no_gloo"):
+    for name in ("share", "reweight", "no_gloo", "dscp_classes"):
         if click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            raise click.BadParameter("only with --jobs", param_hint=f"--{name.replace('_', '-')}")
+            raise click.BadParameter("only with --jobs",
+                                     param_hint=f"--{name.replace('_classes', '').replace('_', '-')}")
     if racks_of(racks, per_rack, uplink_rate) is not None:
         _bench_racks(racks, per_rack, rate, uplink_rate, size, iterations, warmup, losses, out_dir,
                      queue)

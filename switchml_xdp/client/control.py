@@ -20,6 +20,19 @@ __all__ = ["ControlClient", "ControlError", "JobAborted", "JobInfo"]
 
 
 WEIGHT_ENV = "SWML_JOB_WEIGHT"
+# The control connection's DSCP: CS6, network control (RFC 4594). Where a
+# box marks jobs (`--dscp`) and the fabric serves marks by priority, a
+# waiting job's DATA fill the lower classes; its heartbeats must not wait
+# behind them (docs/operations.md, "Shares between jobs").
+CONTROL_DSCP = 48
+
+
+def mark_control(sock: socket.socket) -> None:
+    """Mark a control connection's packets CS6 (where the kernel lets us)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, CONTROL_DSCP << 2)
+    except OSError:
+        pass
 
 
 def job_weight_from_env() -> float | None:
@@ -100,6 +113,7 @@ class ControlClient:
             raise ControlError(f"cannot reach the switch's control server at {switch}:{port}: "
                                f"{e.strerror or e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        mark_control(self.sock)
         self._rfile = self.sock.makefile("rb")
         self._send_lock = threading.Lock()
         self._replies: list[dict] = []
@@ -176,6 +190,7 @@ class ControlClient:
         while time.monotonic() < deadline and not self._closed.is_set():
             try:
                 sock = socket.create_connection((self.switch, self.port), timeout=1.0)
+                mark_control(sock)
                 sock.settimeout(5.0)
                 rfile = sock.makefile("rb")
                 sock.sendall((json.dumps(self._resume_msg) + "\n").encode())

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pyroute2 import IPRoute
 
 from .. import net
+from ..client.control import CONTROL_DSCP
 from .addressing import Host
 from .errors import LabError
 from .wiring import SWITCH_QDISC_PACKETS
@@ -28,7 +29,11 @@ MAX_QUEUE_PACKETS = 100_000
 MAX_BANDS = 8                # HTB's priorities (TC_HTB_NUMPRIO)
 MAX_DSCP = 63
 BAND_CLASS_BASE = 0x1000     # 1:(1000 + 8i + b): source i's band b
-BAND_SHARE = 100             # all the bands' guarantees together: 1/100 of the link
+# All the bands' guarantees together: 1/10 of the link. A lower band keeps
+# that much (like a real switch's strict priority with minimum rates), at
+# least the floor a waiting job sends at under srpt (switch/share_policy.py),
+# so that its DATA do not queue for ever behind the first job's.
+BAND_SHARE = 10
 MIN_BAND_RATE = 1000         # bytes/s: a band's guarantee, at least
 TOS_DSCP_MASK = "0x00fc0000" # the DSCP bits of the IPv4 header's first word (TOS byte)
 
@@ -179,6 +184,11 @@ def _bands(ipr: IPRoute, index: int, source_class: int, i: int, source_key: str,
         keys = [source_key] if b == last else [source_key, dscp_key(dscp)]
         ipr.tc("add-filter", "u32", index, parent=HTB_HANDLE, prio=2 if b == last else 1,
                protocol=0x0800, target=leaf, keys=keys)
+        if b == 0 and CONTROL_DSCP not in bands:
+            # Network control (the workers' control connections) rides the
+            # first band: their heartbeats never wait behind a job's DATA.
+            ipr.tc("add-filter", "u32", index, parent=HTB_HANDLE, prio=1, protocol=0x0800,
+                   target=leaf, keys=[source_key, dscp_key(CONTROL_DSCP)])
 
 
 def _quantum(rate: int) -> int:

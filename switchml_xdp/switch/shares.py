@@ -106,7 +106,7 @@ class Shares:
                                                                       demands[name])
             m.target_bps = m.part * self.capacity_bps
             m.dscp = j.dscp if j.dscp is not None else marks.get(name, self._idle_mark())
-            self._write(m, j.senders, self._cap(m.part, name in parts, len(active)))
+            self._write(m, j.senders)
 
     def _sample(self, m: Measured, job, progress: tuple[int, int], now: float) -> None:
         nbytes, left_code = progress
@@ -137,19 +137,8 @@ class Shares:
     def _idle_mark(self) -> int | None:
         return self.dscp[-1] if self.dscp else None
 
-    def _cap(self, part: float, active: bool, n: int) -> float:
-        """The part of the link a job's ranks may send at: its part, but
-        under srpt with marks (--dscp) a waiting job at least an equal part.
-        The fabric's priority queues then keep the serving order at the
-        bottleneck, and the waiting jobs' packets fill the link whenever the
-        first job pauses (between its calls), which a floor rate could not:
-        work-conserving at the queue rather than at the next round."""
-        if self.policy == "srpt" and self.dscp and active and n > 1:
-            return max(part, 1.0 / n)
-        return part
-
-    def _write(self, m: Measured, senders: int, cap: float) -> None:
-        kbps = max(1, int(cap * self.capacity_bps / max(1, senders) / 1000))
+    def _write(self, m: Measured, senders: int) -> None:
+        kbps = max(1, int(m.target_bps / max(1, senders) / 1000))
         pace = JobPace(wire.pace_encode(kbps), m.dscp)
         if pace != m.pace:
             self.maps.write_job_pace(m.job_id, pace)

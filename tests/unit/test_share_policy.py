@@ -157,9 +157,7 @@ def test_srpt_follows_what_the_ranks_say_is_left():
     shares = Shares("srpt", 100 * MBIT, maps, dscp=(46, 0))
     maps.left = {1: wire.pace_encode(8 << 20), 2: wire.pace_encode(2 << 20)}
     t = run(shares, maps, jobs, 0.2, 0.0, {"a", "b"})
-    # With marks the waiting job may send its equal part: the fabric's
-    # priority queues keep the order, and it fills the first job's pauses.
-    assert rate_kbps(maps, 1) == pytest.approx(25_000, rel=2e-3)
+    assert rate_kbps(maps, 2) > 100 * rate_kbps(maps, 1)
     assert shares.describe(jobs[0])["share"] == sp.SRPT_FLOOR
     assert (maps.paces[2].dscp, maps.paces[1].dscp) == (46, 0)
     assert shares.describe(jobs[1])["remaining_bytes"] == 2 * (2 << 20)
@@ -168,9 +166,13 @@ def test_srpt_follows_what_the_ranks_say_is_left():
     assert maps.paces[1].dscp == 46 and shares.describe(jobs[1])["share"] == sp.SRPT_FLOOR
 
 
-def test_srpt_without_marks_holds_the_waiting_jobs_to_their_floor():
+@pytest.mark.parametrize("dscp", [(), (46, 0)])
+def test_srpt_holds_the_waiting_jobs_to_their_floor(dscp):
+    """With marks too: a waiting job sending more than its floor would fill
+    the lower classes of a fabric's priority queues, where control traffic
+    waits as well (in the lab its workers lost the box)."""
     maps, jobs = FakeMaps(), [FakeJob("a", 1), FakeJob("b", 2)]
-    shares = Shares("srpt", 100 * MBIT, maps)
+    shares = Shares("srpt", 100 * MBIT, maps, dscp=dscp)
     maps.left = {1: wire.pace_encode(8 << 20), 2: wire.pace_encode(2 << 20)}
     run(shares, maps, jobs, 0.2, 0.0, {"a", "b"})
     assert rate_kbps(maps, 2) > 100 * rate_kbps(maps, 1)
