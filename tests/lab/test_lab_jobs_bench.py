@@ -76,3 +76,21 @@ def test_weighted_weights_reach_the_box_at_join_and_mid_run(tmp_path):
     for name in ("weighted_ratio", "reweight_settle", "box_busy"):
         assert any(t["name"] == name and t["pass"] is not None for t in doc["targets"]), doc["targets"]
     assert any(line.startswith(("    PASS weighted", "    MISS weighted")) for line in lines), text
+
+
+@pytest.mark.skipif(switch_lacks_shares() is not None, reason=f"{switch_lacks_shares()}")
+def test_srpt_with_marks_serves_the_smaller_job_first_and_every_rank_keeps_its_box(tmp_path):
+    """srpt with --dscp and the lab's priority bands: the smaller job first,
+    both exact; the waiting job's ranks keep their box: their heartbeats
+    ride CS6 in the first band and the lower band keeps a minimum rate (with
+    neither, the workers of a 4-job race lost the box). The smaller job's
+    calls take about 5 s, longer than the switch's lease, which the waiting
+    job's heartbeats must keep."""
+    cfg = JobsConfig(parse_jobs("2x4MiB,2x2MiB"), rate_mbit=20, iterations=3,
+                     shares=("srpt",), gloo=False, dscp=(46, 0),
+                     json_path=str(tmp_path / "jobs.json"), png_path=str(tmp_path / "jobs.png"))
+    doc = run_jobs_bench(cfg, out=lambda line: None)
+    [policy] = doc["policies"]
+    big, small = policy["jobs"]
+    assert small["completion_s"] < big["completion_s"], policy
+    assert all(j["rel_err"] < 1e-6 for j in (big, small)), policy
