@@ -28,7 +28,7 @@ def test_layout_is_the_compilers(k):
     defines, sizes, fields = layout_gen.compiler_view(TOP, k)
     assert defines == layout.DEFINES
     assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_job_stats", "swml_slot",
-                          "swml_port_stats", "swml_uplink", "swml_parent_route",
+                          "swml_port_stats", "swml_uplink", "swml_parent_route", "swml_job_pace",
                           "swml_fanout_meta", "us_job", "us_member", "us_state",
                           "swml_loss_cfg", "swml_loss_counters"}
     for struct, size in sizes.items():
