@@ -344,7 +344,9 @@ class JobTable:
     def slot_quota(self, weight: float) -> int:
         """Under --share, the most slots a starting job of `weight` gets: its
         weight's part of the pool among the jobs running, itself and room
-        for one more job of weight 1 counted, so that no job takes the pool
-        and a later one still finds slots (docs/operations.md)."""
+        for one more job of weight 1 counted, and of the free slots the same
+        part beside that one more job, so that no job takes the pool and a
+        later one still finds slots (docs/operations.md)."""
         others = sum(j.weight for j in self.jobs.values() if j.state == "running")
-        return int(self.pool.total * weight / (weight + others + 1.0))
+        return int(min(self.pool.total * weight / (weight + others + 1.0),
+                       self.pool.free * weight / (weight + 1.0)))
