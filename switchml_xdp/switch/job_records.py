@@ -115,6 +115,7 @@ class Job:
         out = {"name": self.name, "id": self.id, "world": self.world, "state": self.state,
                "protected": self.protected, "port": self.port,
                "slot_base": self.slot_base, "slots": self.slot_count,
+               "weight": self.weight, "dscp": self.dscp,
                "group": {"ip": gip, "mac": gmac},
                "members": {str(r): {"ip": m.ip, "port": m.port, "mac": m.mac, "left": m.left,
                                     **({"rack": f"{m.ip}:{m.port}"} if m.rack else {})}

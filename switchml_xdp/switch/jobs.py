@@ -264,10 +264,12 @@ class JobTable:
         digest from the daemon's private file). Its members must reconnect
         with `resume`; their lease clocks start now."""
         job = Job(desc["name"], desc["id"], desc["world"], desc["port"], desc["slot_base"],
-                  desc["slots"], token_hash=token_hash, state="running")
+                  desc["slots"], token_hash=token_hash, state="running",
+                  weight=desc.get("weight", 1.0), dscp=desc.get("dscp"))
         for r, m in desc["members"].items():
             job.members[int(r)] = Member(int(r), m["ip"], m["port"], m["mac"], left=m["left"],
                                          rack="rack" in m)
+        job.senders = len(wire_members(job.members.values()))
         self.pool.claim(job.slot_base, job.slot_count)
         self.jobs[job.name] = job
         return job

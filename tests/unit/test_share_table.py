@@ -73,3 +73,17 @@ def test_no_job_takes_the_pool_and_a_later_one_still_finds_slots():
 def test_a_job_alone_without_shares_gets_its_job_slots():
     t = JobTable(MemoryMaps(k=8, slots=SLOTS), 8, SLOTS, SLOTS)
     assert start(t, "a", 0).slot_count == SLOTS
+
+
+def test_a_restarted_daemon_keeps_a_job_s_weight_mark_and_senders():
+    """What the state file says of a job (describe) is what adopt takes
+    back: the weight and mark the operator set, and the ranks that send."""
+    t = table()
+    for rank in (0, 1):
+        ip = f"10.0.0.{10 + rank}"
+        t.join({"job": "a", "world": 2, "rank": rank, "port": 47000, "ip": ip}, None, ip)
+    t.set_share("a", 3, 10)
+    desc = t.jobs["a"].describe()
+    again = table()
+    job = again.adopt(desc, None)
+    assert (job.weight, job.dscp, job.senders) == (3.0, 10, 2)
