@@ -236,8 +236,8 @@ def test_pinned_maps_outlive_their_program():
                    **address_defines("10.0.0.1", "02:00:00:00:00:01")}
         with bpf.compile_program("swml_switch.c", "swml_switch", defines):
             pass
-        assert sorted(os.listdir(d)) == ["counters", "job_stats", "jobs", "members", "parent_routes",
-                                          "port_stats", "slots"]
+        assert sorted(os.listdir(d)) == ["counters", "job_left", "job_pace", "job_stats", "jobs",
+                                          "members", "parent_routes", "port_stats", "slots"]
         Member = layout.ctype("swml_member")
         with bpf.PinnedMap(f"{d}/members", Member) as m:
             m.update(3, Member(ip=0x1234, port=7))

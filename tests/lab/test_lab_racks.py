@@ -232,7 +232,10 @@ def test_the_workers_of_a_rack_join_only_their_rack_box():
     assert {m["ip"] for m in job["members"].values()} == {u.ip for u in lab.uplinks}, job
     assert sorted(c["ranks"] for c in job["children"]) == [[0, 1], [2, 3]], job
     [stats] = seen["parent"]["job_stats"].values()
-    assert stats["packets"] == 2 * stats["results"] > 0, stats   # one stream a rack
+    # One stream a rack (4 workers sending here would make it 4x): 2 packets
+    # a round, and now and then a rack box's resend of a partial the parent
+    # held while the other rack's was late (SWML_UP_HOLD_NS, a loaded machine).
+    assert 0 < 2 * stats["results"] <= stats["packets"] <= 2.05 * stats["results"] + 4, stats
     for r, st in enumerate(seen["racks"]):
         [job] = st["jobs"]
         assert {m["ip"] for m in job["members"].values()} == {w.ip for w in lab.racks[r]}, job
