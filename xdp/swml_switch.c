@@ -126,13 +126,13 @@ static __always_inline __u16 swml_ipv4_csum(struct iphdr *ip)
 
 /* Turn the packet in place into a RESULT: addresses swapped for a unicast shadow
  * reply, or aimed at the job's multicast group; the job's pace and mark
- * (job_pace) stamped. The payload is already written. */
+ * (its job_pace row, where there is one) stamped. The payload is already written. */
 static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *ip,
 					     struct udphdr *udp, struct swml_hdr *h,
-					     const struct swml_job *job, u32 job_id, int unicast,
+					     const struct swml_job *job,
+					     const struct swml_job_pace *pace, int unicast,
 					     const struct swml_slot_result *res)
 {
-	const struct swml_job_pace *pace = job_pace.lookup(&job_id);
 
 	__u8 mac[ETH_ALEN];
 	__be32 switch_ip = ip->daddr;
@@ -518,12 +518,14 @@ int swml_switch(struct xdp_md *ctx)
 		js->results += outcome == SWML_CNT_COMPLETED;
 		js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
 	}
-	/* What the rank has left of its call, for srpt (swml_wire.h, "pace"):
-	 * only when said and changed, a store a packet would bounce the entry
-	 * between CPUs. */
+	/* What the rank has left of its call (swml_wire.h, "pace"), for the
+	 * share loop: only on a box that shares (the control plane has set the
+	 * job's rate), and only when said and changed: a store every packet
+	 * would bounce the entry between CPUs for nobody. */
+	const struct swml_job_pace *pace = job_pace.lookup(&job_id);
 	u32 said = bpf_ntohs(SWML_HDR(h, pace));
 	u32 *left = job_left.lookup(&job_id);
-	if (left && said && *left != said)
+	if (pace && pace->rate && left && said && *left != said)
 		*left = said;
 #ifdef SWML_FANOUT_UNICAST
 	/* The packet passed every check: its source MAC and the port it came in
@@ -555,7 +557,7 @@ int swml_switch(struct xdp_md *ctx)
 	}
 	res.flags &= ~SWML_SLOT_FINAL;
 #endif
-	swml_make_result(eth, ip, udp, h, job, job_id, outcome == SWML_CNT_SHADOW_REPLY, &res);
+	swml_make_result(eth, ip, udp, h, job, pace, outcome == SWML_CNT_SHADOW_REPLY, &res);
 	/* The format read again from the packet, not fmt16: with fmt16 kept
 	 * live to here, Debian 12's kernel (6.1) refused the program, its
 	 * verifier walking the int32 step's copy with an int16 frame's bound

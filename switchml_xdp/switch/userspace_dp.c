@@ -210,7 +210,8 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 	js->bytes += (uint64_t)len + SWML_L2L4_OVERHEAD; /* frame bytes, as the XDP switch counts */
 	js->results += outcome == SWML_CNT_COMPLETED;
 	js->shadow_replies += outcome == SWML_CNT_SHADOW_REPLY;
-	if (ntohs(h->pace)) /* what the rank has left of its call, for srpt */
+	/* what the rank has left of its call, for a box that shares */
+	if (st->job_pace[job_id].rate && ntohs(h->pace))
 		st->job_left[job_id] = ntohs(h->pace);
 	if (outcome == SWML_CNT_AGGREGATED || outcome == SWML_CNT_DUP_DROPPED)
 		return 0;

@@ -58,8 +58,16 @@ def test_a_shadow_reply_is_stamped_too(sw):
     assert wire.pace_decode(res.header["pace"]) == 5000 and res.frame.tos == 10 << 2
 
 
+def test_without_shares_nothing_said_is_kept(sw):
+    """A box without --share (no rate in job_pace) writes nothing per packet."""
+    job = sw.add_job(job_id=12, world=2)
+    sw.run(sw.data(job, 0, 0, vec(1), pace=wire.pace_encode(3 << 20)))
+    assert sw.maps.read_job_progress([12])[12][1] == 0
+
+
 def test_the_ranks_last_word_on_what_is_left_is_kept(sw):
     job = sw.add_job(job_id=10, world=2)
+    sw.maps.write_job_pace(10, JobPace(wire.pace_encode(1000)))   # the box shares
     said = wire.pace_encode(3 << 20)
     assert sw.run(sw.data(job, 0, 0, vec(1), pace=said)).action == Action.DROP
     assert sw.maps.read_job_progress([10])[10][1] == said
