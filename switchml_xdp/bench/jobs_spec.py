@@ -6,11 +6,12 @@ completions), the figures the measured ones are compared against
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 from .. import wire
 from ..lab.addressing import MAX_WORKERS
+from ..switch.share_policy import parse_weight as weight_rule
+from ..switch.shares import DEFAULT_MAX_WEIGHT
 from .allreduce_bench import parse_size
 from .constants import boxes_bound_s, swml_bound_mbps
 
@@ -19,7 +20,7 @@ MAX_JOBS = 16
 MAX_JOB_SIZE = 1 << 30
 # The most a job's weight may be here: `swml-switch up --max-weight`'s default,
 # which the bench leaves as it is (a join asking for more would be capped).
-MAX_WEIGHT = 8
+MAX_WEIGHT = DEFAULT_MAX_WEIGHT   # what the lab's box takes (its default --max-weight)
 DEFAULT_SPEC = "2x2MiB,2x4MiB,2x8MiB,2x16MiB"
 NO_POLICY = "none"        # the box as it is: no --share given to swml-switch up
 WEIGHTED = "weighted"     # the policy under which the jobs' weights count
@@ -45,12 +46,10 @@ def parse_weight(text: str, what: str) -> float:
     number above zero and at most MAX_WEIGHT (the switch's own rule)."""
     t = str(text).strip()
     try:
-        w = float(t)
+        w = weight_rule(t, cap=MAX_WEIGHT)
     except ValueError:
-        w = math.nan
-    if not 0 < w <= MAX_WEIGHT:         # NaN fails it too
-        raise ValueError(f"a weight is a number above zero, at most {MAX_WEIGHT} (the switch's "
-                         f"--max-weight), not {t!r} ({what})")
+        raise ValueError(f"a weight is a number above zero, at most {MAX_WEIGHT:g} (the "
+                         f"switch's --max-weight), not {t!r} ({what})") from None
     return int(w) if w.is_integer() else w
 
 
