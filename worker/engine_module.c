@@ -37,6 +37,8 @@
  *   window_trace(slots, window, events)       window.c on a list of events, for
  *                                             tests against window.py
  *   pace_encode(value), pace_decode(code)     packet.c's pace codes (wire.py's)
+ *   engine_micro(x, y, k, world, fmt, auth, passes)  the per-packet work
+ *                                             with no network, timed (engine_micro.h)
  * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
  * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
@@ -49,6 +51,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "engine_micro.h"
 #include "engine_policy.h"
 #include "quant.h"
 #include "stream.h"
@@ -465,6 +468,61 @@ static PyObject *py_result_tag(PyObject *self, PyObject *args)
 	tag = swml_result_tag(hdr.buf, k, auth, payload_len);
 	PyBuffer_Release(&hdr);
 	return PyLong_FromUnsignedLongLong(tag);
+}
+
+/* engine_micro(x, y, k, world, fmt, auth, passes) -> {"packets", "loop_ns",
+ * stage: ns}: engine_micro.h's loop over x (float32, int32 for
+ * SWML_FMT_INT32) into y (the same), GIL released. */
+static PyObject *py_engine_micro(PyObject *self, PyObject *args)
+{
+	PyObject *xo, *yo, *ret = NULL;
+	Py_buffer x, y;
+	unsigned int k, world, fmt, auth, passes;
+	struct swml_micro_result res;
+	int rc;
+
+	if (!PyArg_ParseTuple(args, "OOIIIII", &xo, &yo, &k, &world, &fmt, &auth, &passes))
+		return NULL;
+	if (get_buf(xo, &x, 0, fmt == SWML_FMT_INT32 ? "i" : "f", 4, "x"))
+		return NULL;
+	if (get_buf(yo, &y, 1, fmt == SWML_FMT_INT32 ? "i" : "f", 4, "y"))
+		goto out_x;
+	if (y.len != x.len) {
+		PyErr_SetString(PyExc_ValueError, "engine_micro: y must be as long as x");
+		goto out;
+	}
+	{
+		const struct swml_micro_cfg cfg = {.k = k,
+						   .world = world,
+						   .fmt = fmt < SWML_FMT_NUM ? fmt : SWML_FMT_NUM,
+						   .auth = auth,
+						   .passes = passes};
+
+		Py_BEGIN_ALLOW_THREADS
+		rc = swml_engine_micro(&cfg, x.buf, (size_t)buf_len(&x), y.buf, &res);
+		Py_END_ALLOW_THREADS
+	}
+	if (rc) {
+		PyErr_Format(errno == ENOMEM ? PyExc_MemoryError : PyExc_ValueError,
+			     "engine_micro: %s (k <= MAX_K, world in [1, 65535], a known fmt "
+			     "and auth, passes >= 1, x not empty)",
+			     strerror(errno));
+		goto out;
+	}
+	ret = Py_BuildValue("{s:K,s:K}", "packets", (unsigned long long)res.packets, "loop_ns",
+			    (unsigned long long)res.loop_ns);
+	for (int s = 0; ret && s < SWML_MICRO_STAGES; s++) {
+		PyObject *v = PyLong_FromUnsignedLongLong(res.stage_ns[s]);
+
+		if (!v || PyDict_SetItemString(ret, swml_micro_stage_names[s], v) < 0)
+			Py_CLEAR(ret);
+		Py_XDECREF(v);
+	}
+out:
+	PyBuffer_Release(&y);
+out_x:
+	PyBuffer_Release(&x);
+	return ret;
 }
 
 /* ------------------------------------------------------------------- Engine */
@@ -900,6 +958,9 @@ static PyMethodDef module_methods[] = {
 	{"ordered", py_ordered, METH_VARARGS,
 	 "ordered(x: float32, op, out: int32): the float32 MIN/MAX map (switchml_xdp/ordered.py)"},
 	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},
+	{"engine_micro", py_engine_micro, METH_VARARGS,
+	 "engine_micro(x, y, k, world, fmt, auth, passes) -> {packets, loop_ns, <stage>: ns}: the "
+	 "engine's per-packet work with no network (engine_micro.h)"},
 	{"result_tag", py_result_tag, METH_VARARGS,
 	 "result_tag(result_key: 16 bytes, hdr: swml header [+ payload], auth, payload_len) -> the "
 	 "RESULT authenticator (u64; the header's key field holds it little-endian)"},

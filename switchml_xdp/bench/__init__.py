@@ -5,6 +5,7 @@ benchmarks use the lab (switchml_xdp/lab), never the other way round.
 Commands:
     switch_cost    the switch program's ns/packet under load, and its start-up (`make bench`)
     switch_micro   each path of the switch program alone, through BPF_PROG_TEST_RUN
+    engine_micro   the C engine's per-packet work with no network, stage by stage
     fanout_cost    unicast fan-out against multicast: TAT and the kernel programs' time
     afxdp_vs_udp   the two worker backends in the lab: goodput, ATE/s, packet rate
     precision      16- against 32-bit float sums over shaped lab links
