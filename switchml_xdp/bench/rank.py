@@ -135,8 +135,9 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
     n = a.size // 4
     iterations, warmup = int(cmd["iterations"]), int(cmd["warmup"])
     start_at = cmd.get("start_at")    # a time.monotonic() every rank of every job waits for
+    late = cmd.get("late") or {}   # {"rank": R, "s": S}: rank R calls S seconds after the others
     ticks = [0.0] * len(CPU_FIELDS)
-    times, ends, cpu_self = [], [], 0.0
+    times, ends, cpu_calls = [], [], []
     err = checked = None
     before = impl.counters()
     src = [make_input("float32", n, a.rank, it) for it in range(min(iterations + warmup, 2))]
@@ -146,6 +147,8 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
         if it == warmup and start_at is not None:
             time.sleep(max(0.0, float(start_at) - time.monotonic()))
         impl.barrier()
+        if it >= warmup and late.get("rank") == a.rank:
+            time.sleep(float(late["s"]))
         s0, c0 = machine_cpu_times() if a.cpu else None, self_cpu_s()
         t0 = time.perf_counter()
         result = impl.allreduce(buf)
@@ -154,7 +157,7 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
         if it >= warmup:
             times.append(dt)
             ends.append(time.monotonic())
-            cpu_self += c1 - c0
+            cpu_calls.append(c1 - c0)
             if a.cpu:
                 ticks = [t + (y - x) for t, x, y in zip(ticks, s0, s1)]
         if it == warmup and a.check:
@@ -166,7 +169,7 @@ def _run_iterations(a, impl, cmd: dict) -> dict:
         err = _check_error(a, *checked)
     after = impl.counters()
     return {"rank": a.rank, "times": times, "ends": ends, "cpu_times": ticks if a.cpu else None,
-            "self_cpu_s": cpu_self, "rel_err": err,
+            "self_cpu_s": sum(cpu_calls), "cpu_s": cpu_calls, "rel_err": err,
             "counters": {k: after[k] - before.get(k, 0) for k in after}, "gauges": impl.gauges()}
 
 

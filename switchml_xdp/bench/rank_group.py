@@ -69,17 +69,22 @@ class RankGroup:
                 replies[r] = msg
         return [replies[r] for r in range(len(self.procs))]
 
-    def run(self, iterations: int, warmup: int, timeout: float) -> list[dict]:
-        self.start(iterations, warmup)
+    def run(self, iterations: int, warmup: int, timeout: float, late: dict | None = None) -> list[dict]:
+        self.start(iterations, warmup, late=late)
         return self._collect(timeout)
 
-    def start(self, iterations: int, warmup: int, start_at: float | None = None) -> None:
+    def start(self, iterations: int, warmup: int, start_at: float | None = None,
+              late: dict | None = None) -> None:
         """Ask every rank to run, and return at once (collect() gets the
         answers): several groups started so run together. start_at: a
-        time.monotonic() at which the first timed iteration begins."""
+        time.monotonic() at which the first timed iteration begins; late:
+        {"rank": R, "s": S}, rank R starts each timed call S seconds after
+        the others (bench/late_peer.py)."""
         cmd = {"op": "run", "iterations": iterations, "warmup": warmup}
         if start_at is not None:
             cmd["start_at"] = start_at
+        if late:
+            cmd["late"] = late
         for p in self.procs:
             p.stdin.write(json.dumps(cmd) + "\n")
             p.stdin.flush()
