@@ -37,6 +37,8 @@
  *   window_trace(slots, window, events)       window.c on a list of events, for
  *                                             tests against window.py
  *   pace_encode(value), pace_decode(code)     packet.c's pace codes (wire.py's)
+ *   raw_pingpong(ifname, xskmap_fd, abort, ...)  the path's ceiling: frames through the
+ *                                             reflector and back (raw_path.h)
  *   engine_micro(x, y, k, world, fmt, auth, passes)  the per-packet work
  *                                             with no network, timed (engine_micro.h)
  * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
@@ -54,6 +56,7 @@
 #include "engine_micro.h"
 #include "engine_policy.h"
 #include "quant.h"
+#include "raw_path.h"
 #include "stream.h"
 #include "xsk_port.h"
 
@@ -948,6 +951,82 @@ static PyTypeObject EngineType = {
 	.tp_getset = Engine_getset,
 };
 
+/* raw_pingpong(...): the path's ceiling (raw_path.h), on a socket of its own
+ * opened and closed here; the GIL is released while it runs. */
+static PyObject *py_raw_pingpong(PyObject *self, PyObject *args)
+{
+	const char *ifname;
+	int xskmap_fd;
+	PyObject *abort_obj, *src_mac, *dst_mac, *src_ip, *dst_ip, *d;
+	unsigned int src_port, dst_port;
+	double warmup, seconds;
+	struct swml_raw_cfg cfg = {0};
+	struct swml_raw_result r;
+	struct swml_xsk x;
+	Py_buffer abort_buf;
+	char err[256];
+	int ret;
+
+	if (!PyArg_ParseTuple(args, "siOSSSSIIIIIIdd", &ifname, &xskmap_fd, &abort_obj, &src_mac,
+			      &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port, &cfg.k, &cfg.window,
+			      &cfg.batch, &cfg.spin, &warmup, &seconds))
+		return NULL;
+	if (src_port > 65535 || dst_port > 65535 || !(warmup >= 0) || !(seconds > 0) ||
+	    warmup + seconds > 3600) {
+		PyErr_SetString(PyExc_ValueError, "raw_pingpong: parameter out of range");
+		return NULL;
+	}
+	if (!cfg.batch)
+		cfg.batch = SWML_RAW_BATCH;
+	cfg.addrs.src_port = (uint16_t)src_port;
+	cfg.addrs.dst_port = (uint16_t)dst_port;
+	cfg.warmup_ns = (uint64_t)(warmup * 1e9);
+	cfg.duration_ns = (uint64_t)(seconds * 1e9);
+	if (bytes_arg(src_mac, cfg.addrs.src_mac, 6, "src_mac") ||
+	    bytes_arg(dst_mac, cfg.addrs.dst_mac, 6, "dst_mac") ||
+	    bytes_arg(src_ip, cfg.addrs.src_ip, 4, "src_ip") ||
+	    bytes_arg(dst_ip, cfg.addrs.dst_ip, 4, "dst_ip"))
+		return NULL;
+	if (PyObject_GetBuffer(abort_obj, &abort_buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+		return NULL;
+	if (abort_buf.len < 4 || ((uintptr_t)abort_buf.buf & 3)) {
+		PyBuffer_Release(&abort_buf);
+		PyErr_SetString(PyExc_ValueError,
+				"abort must be a writable, 4-byte aligned buffer");
+		return NULL;
+	}
+	cfg.abort = (const volatile uint32_t *)abort_buf.buf;
+	Py_BEGIN_ALLOW_THREADS
+	ret = swml_xsk_open(&x, ifname, 0, 4096, xskmap_fd, err, sizeof err);
+	if (!ret) {
+		ret = swml_raw_run(&x, &cfg, &r);
+		if (ret == -EINVAL)
+			snprintf(err, sizeof err,
+				 "a frame of k=%u or a window of %u does not fit the "
+				 "socket",
+				 cfg.k, cfg.window);
+		else if (ret)
+			snprintf(err, sizeof err, "AF_XDP transmit failed: %s", strerror(-ret));
+		swml_xsk_close(&x);
+	}
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&abort_buf);
+	if (ret) {
+		errno = -ret;
+		PyErr_Format(ret == -EINVAL ? PyExc_ValueError : PyExc_OSError, "%s", err);
+		return NULL;
+	}
+	d = PyDict_New();
+	if (!d || put_u64(d, "sent", r.sent) || put_u64(d, "echoed", r.echoed) ||
+	    put_u64(d, "bad", r.bad) || put_u64(d, "lost", r.lost) || put_u64(d, "late", r.late) ||
+	    put_u64(d, "elapsed_ns", r.elapsed_ns) || put_u64(d, "kicks", r.kicks) ||
+	    put_u64(d, "sleeps", r.sleeps) || put_u64(d, "frame_len", r.frame_len)) {
+		Py_XDECREF(d);
+		return NULL;
+	}
+	return d;
+}
+
 static PyMethodDef module_methods[] = {
 	{"exponent_bits", py_exponent_bits, METH_VARARGS, "exponent_bits(world) -> L"},
 	{"quantize16", py_quantize16, METH_VARARGS,
@@ -958,6 +1037,10 @@ static PyMethodDef module_methods[] = {
 	{"ordered", py_ordered, METH_VARARGS,
 	 "ordered(x: float32, op, out: int32): the float32 MIN/MAX map (switchml_xdp/ordered.py)"},
 	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},
+	{"raw_pingpong", py_raw_pingpong, METH_VARARGS,
+	 "raw_pingpong(ifname, xskmap_fd, abort, src_mac, dst_mac, src_ip, dst_ip, src_port, "
+	 "dst_port, k, window, batch (0: the engine's), spin, warmup_s, seconds) -> {sent, echoed, bad, lost, late, "
+	 "elapsed_ns, kicks, sleeps, frame_len}: the path's ceiling (raw_path.h)"},
 	{"engine_micro", py_engine_micro, METH_VARARGS,
 	 "engine_micro(x, y, k, world, fmt, auth, passes) -> {packets, loop_ns, <stage>: ns}: the "
 	 "engine's per-packet work with no network (engine_micro.h)"},

@@ -1,0 +1,133 @@
+"""The path's ceiling: a raw AF_XDP ping-pong of swml-sized frames through
+the trivial reflector on the box's port (reflector.py, xdp/swml_reflect.c),
+what xdpsock's l2fwd measures, so that swml's packets a second can be read as
+a fraction of what the path does at all (docs/performance.md, "The path's
+ceiling").
+
+The worker's end is swml's: the same AF_XDP socket and UMEM code (worker/
+xsk_port.c), the same redirect program (xdp/swml_redirect.c, with the
+reflector in the switch's place), frames of DATA's size at k (74 + 4k bytes),
+the engine's rx batch, and `window` frames in flight as swml keeps its slots
+full; no quantization, no aggregation (worker/raw_path.c).
+
+    r = measure("10.0.0.1", k=256, window=128, seconds=1.0)
+    r["pps"], r["gbps"], fraction(swml_row["packets_per_s"], r["pps"])
+
+`python -m switchml_xdp.bench.raw_path --switch IP ...` prints one JSON object:
+what `swml-lab bench` runs in each worker's namespace.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import bpf, net, wire
+
+DEFAULT_WINDOW = 128     # the daemon's default job slots: what swml keeps in flight
+DEFAULT_SECONDS = 1.0
+DEFAULT_WARMUP = 0.2
+MAC_WAIT_S = 1.0         # for the box's MAC to be resolved
+
+
+def fraction(swml_pps: float | None, raw_pps: float | None) -> float | None:
+    """swml's packets a second as a fraction of the raw path's (None when
+    either is missing or the raw path moved nothing)."""
+    if not swml_pps or not raw_pps:
+        return None
+    return swml_pps / raw_pps
+
+
+def _box_mac(sock: socket.socket, switch_ip: str, iface: str) -> str:
+    """The box's MAC, resolved by a datagram to its discard port if need be."""
+    deadline = time.monotonic() + MAC_WAIT_S
+    sock.sendto(b"", (switch_ip, 9))
+    while True:
+        try:
+            return net.next_hop_mac(switch_ip, iface)
+        except net.NetError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
+            seconds: float = DEFAULT_SECONDS, warmup: float = DEFAULT_WARMUP, *,
+            port: int = wire.DEFAULT_PORT, reflect_port: int = wire.DEFAULT_PORT,
+            iface: str | None = None, mode: str | None = None, batch: int = 0,
+            spin: int | None = None) -> dict:
+    """Frames of k int32 elements from this host's `port` to the reflector at
+    switch_ip:reflect_port and back, `window` in flight, counted for `seconds`
+    after `warmup`. Returns the engine's counts plus pps (echoes a second),
+    gbps (their frames' bits a second, one way) and rtt_us (window / pps).
+    RuntimeError with a one-line reason if it cannot run or nothing came back."""
+    from ..client.afxdp_backend import PORT_RCVBUF, SPIN, compile_redirect, unavailable_reason
+    from ..client.port import reserve_port
+
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(f"the raw path needs the afxdp backend: {reason}")
+    local_ip, route_iface = net.route_to(switch_ip, reflect_port)
+    iface = iface or route_iface
+    if iface != route_iface:
+        local_ip = net.link_ipv4(iface)
+    mac = net.link_mac(iface)
+    if bpf.attachment(iface).mode is not None:
+        raise RuntimeError(f"{iface} already has an XDP program (an afxdp worker?): the raw "
+                           "path needs the interface to itself")
+    from .. import _engine
+
+    target = SimpleNamespace(port=port, group_ip=local_ip, switch_ip=switch_ip,
+                             switch_port=reflect_port)
+    sock = reserve_port(port, None, local_ip, PORT_RCVBUF)
+    try:
+        box_mac = _box_mac(sock, switch_ip, iface)
+        with compile_redirect(target, local_ip) as prog, \
+                bpf.attach_link(iface, prog.fd, mode, quiet=True):
+            abort = np.zeros(1, dtype=np.uint32)
+            r = _engine.raw_pingpong(
+                iface, prog.map_fd("xsks"), abort, wire.mac_to_bytes(mac),
+                wire.mac_to_bytes(box_mac), socket.inet_aton(local_ip),
+                socket.inet_aton(switch_ip), port, reflect_port, k, window,
+                batch, SPIN if spin is None else spin, warmup, seconds)
+    except (bpf.XdpError, net.NetError, OSError, ValueError) as e:
+        raise RuntimeError(f"raw path to {switch_ip}:{reflect_port}: {e}") from None
+    finally:
+        sock.close()
+    if not r["echoed"]:
+        raise RuntimeError(f"no frame came back from {switch_ip}:{reflect_port}: is the "
+                           "reflector up on the box (`swml-switch reflect IFACE`)?")
+    elapsed = r["elapsed_ns"] / 1e9
+    pps = r["echoed"] / elapsed
+    return {**r, "k": k, "window": window, "iface": iface, "seconds": elapsed,
+            "pps": pps, "gbps": pps * r["frame_len"] * 8 / 1e9, "rtt_us": window / pps * 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m switchml_xdp.bench.raw_path",
+                                description="the raw path's ping-pong; one JSON object")
+    p.add_argument("--switch", required=True, help="the reflector's (the box's) IPv4 address")
+    p.add_argument("--k", type=int, default=256, help="int32 elements a frame (74 + 4k bytes)")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="frames in flight")
+    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS)
+    p.add_argument("--warmup", type=float, default=DEFAULT_WARMUP)
+    p.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="this host's UDP port")
+    p.add_argument("--reflect-port", type=int, default=wire.DEFAULT_PORT)
+    a = p.parse_args(argv)
+    try:
+        r = measure(a.switch, a.k, a.window, a.seconds, a.warmup, port=a.port,
+                    reflect_port=a.reflect_port)
+    except RuntimeError as e:
+        print(json.dumps({"error": str(e)}))
+        return 1
+    print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
