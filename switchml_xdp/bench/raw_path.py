@@ -23,6 +23,7 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,6 +34,11 @@ DEFAULT_WINDOW = 128     # the daemon's default job slots: what swml keeps in fl
 DEFAULT_SECONDS = 1.0
 DEFAULT_WARMUP = 0.2
 MAC_WAIT_S = 1.0         # for the box's MAC to be resolved
+PROBE_S = 0.05           # a try for an echo while waiting for the reflector
+
+
+class NoEcho(RuntimeError):
+    """Nothing came back: no reflector at the address (yet)."""
 
 
 def fraction(swml_pps: float | None, raw_pps: float | None) -> float | None:
@@ -100,12 +106,48 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
     finally:
         sock.close()
     if not r["echoed"]:
-        raise RuntimeError(f"no frame came back from {switch_ip}:{reflect_port}: is the "
+        raise NoEcho(f"no frame came back from {switch_ip}:{reflect_port}: is the "
                            "reflector up on the box (`swml-switch reflect IFACE`)?")
     elapsed = r["elapsed_ns"] / 1e9
     pps = r["echoed"] / elapsed
     return {**r, "k": k, "window": window, "iface": iface, "seconds": elapsed,
             "pps": pps, "gbps": pps * r["frame_len"] * 8 / 1e9, "rtt_us": window / pps * 1e6}
+
+
+def measure_when_up(switch_ip: str, k: int, window: int, wait_s: float,
+                    say: Callable[[str], None], **kw) -> dict:
+    """measure(), once the reflector answers: tried every half second for up
+    to wait_s (a box turns from the switch into the reflector in between)."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            measure(switch_ip, k, window, PROBE_S, 0.0, **kw)
+            break
+        except NoEcho:
+            if time.monotonic() > deadline:
+                raise
+            if not said:
+                say(f"waiting up to {wait_s:g} s for the reflector at {switch_ip} (on the box: "
+                    "`swml-switch down IFACE; swml-switch reflect IFACE`) ...")
+                said = True
+            time.sleep(0.5)
+    return measure(switch_ip, k, window, **kw)
+
+
+def beside(rows: list[dict], raw: dict) -> str:
+    """The raw path's figures, and each row's packets a second as a fraction
+    of its (rows of allreduce_bench.run, which gain "raw_pps_fraction")."""
+    lines = [f"raw path: {raw['pps'] / 1e3:.1f} kpps, {raw['gbps']:.3f} Gbit/s of "
+             f"{raw['frame_len']}-byte frames (k={raw['k']}, {raw['window']} in flight, "
+             f"RTT {raw['rtt_us']:.0f} us; {raw['lost']} lost, {raw['bad']} bad)"]
+    for r in rows:
+        r["raw_pps_fraction"] = f = fraction(r["packets_per_s"], raw["pps"])
+        pct = "-" if f is None else f"{100 * f:.1f}%"
+        lines.append(f"rank {r['rank']} swml {r['bytes'] / 2**20:g} MiB: "
+                     f"{r['packets_per_s'] / 1e3:.1f} kpps = {pct} of the raw path's packets "
+                     "a second")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """`swml-switch`: run the aggregation switch on an interface (up), inspect it
-from any shell (status), set a job's share on it (job), and remove it (down)."""
+from any shell (status), set a job's share on it (job), and remove it (down);
+or put the raw path's reflector in its place (reflect)."""
 from __future__ import annotations
 
 import json
@@ -201,6 +202,43 @@ def job(name, weight, dscp, iface, token_file):
     try:
         click.echo(set_share(name, weight, dscp, iface, token_file))
     except JobCommandError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@main.command()
+@click.argument("iface")
+@click.option("--port", type=click.IntRange(1, 65535), default=wire.DEFAULT_PORT,
+              show_default=True, help="the UDP port it answers (the data port: free while the "
+                                      "switch is down)")
+@click.option("--mode", type=click.Choice(["native", "generic"]), default=None,
+              help="XDP mode [default: native, falling back to generic]")
+@click.option("--seconds", type=click.FloatRange(0.1, None), default=None,
+              help="go down after this long [default: at Ctrl-C]")
+def reflect(iface, port, mode, seconds):
+    """The path's ceiling: in the switch's place on IFACE, send every UDP
+    frame to PORT back where it came from (root; docs/performance.md, "The
+    path's ceiling"). Workers measure against it with `swml-worker bench
+    --baseline raw`; the switch cannot be up on IFACE meanwhile."""
+    import signal
+    import sys
+    import time
+
+    from ..bench.reflector import Reflector, ReflectorError
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # through the `with`: counts printed
+    try:
+        with Reflector(iface, port, mode) as r:
+            until = "" if seconds is None else f" for {seconds:g} s"
+            click.echo(f"swml-switch: {iface}: reflecting UDP to port {port} ({r.mode} XDP)"
+                       f"{until}; Ctrl-C stops it", err=True)
+            try:
+                time.sleep(seconds if seconds is not None else 1e9)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                click.echo(f"swml-switch: {iface}: reflected {r.counters()['reflected']} frames",
+                           err=True)
+    except ReflectorError as e:
         raise click.ClickException(str(e)) from None
 
 

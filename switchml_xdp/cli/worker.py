@@ -50,10 +50,16 @@ def main() -> None:
               help="the job's secret, the same on every rank (or $SWML_TOKEN, which other users "
                    "cannot read in ps); without one the job is open to anyone")
 @click.option("--verify", is_flag=True, help="check every element against the exact result")
+@click.option("--baseline", type=click.Choice(["raw"]), default=None,
+              help="raw: then the path's ceiling, a raw AF_XDP ping-pong of frames of the job's "
+                   "size through the reflector at the switch's address (`swml-switch reflect "
+                   "IFACE` on the box once the switch is down; waited for up to --join-timeout), "
+                   "and swml's packets/s as a fraction of it (docs/performance.md)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, precision,
-          backend, iface, port, control_port, join_timeout, token, verify, as_json, quiet):
+          backend, iface, port, control_port, join_timeout, token, verify, baseline, as_json,
+          quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
 
     Start it on every rank; each waits at the switch until all WORLD ranks have
@@ -87,8 +93,17 @@ def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, p
             else:
                 rows = [allreduce_bench.run(w, size, iterations, warmup, dtype, verify, progress,
                                             op, precision)]
+        if baseline:
+            from ..bench import raw_path
+            raw = raw_path.measure_when_up(switch_ip, w.info.k, w.info.slots, join_timeout,
+                                           lambda line: click.echo(line, err=True), port=port,
+                                           reflect_port=w.info.switch_port, iface=iface)
     except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    if baseline:
+        text = raw_path.beside(rows, raw)
+        for r in rows:
+            r["raw"] = raw
     if as_json:
         click.echo(json.dumps(rows if sweep else rows[0]))
     elif sweep:
@@ -96,6 +111,8 @@ def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, p
     else:
         click.echo(allreduce_bench.format_table(rows))
         click.echo(allreduce_bench.COLUMNS_LEGEND)
+    if baseline and not as_json:
+        click.echo(text)
     if verify and any(r["verify_failures"] for r in rows):
         sys.exit(1)
 
