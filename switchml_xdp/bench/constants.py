@@ -62,6 +62,11 @@ DEFINITIONS = {
     "bound_gloo": GLOO_BOUND_DEFINITION,
     "cpu": "/proc/stat over the timed allreduces (rank 0's windows), whole machine, "
            "100% = all cores busy",
+    "cpu_s_per_gib": "CPU seconds per GiB reduced (GiB: one rank's tensor bytes x calls): ranks: "
+                     "user + system time of every rank process over its timed calls (getrusage), "
+                     "summed; box: the XDP program's BPF run time plus the switch process's time "
+                     "over the whole run; machine: /proc/stat busy time over rank 0's timed calls "
+                     "(docs/performance.md, \"CPU per GiB reduced\")",
     "loss": "per worker link and direction: swml UDP via the lab's loss injector, "
             "Gloo TCP via xdp/swml_tcp_loss.c",
 }

@@ -62,6 +62,7 @@ from .constants import (
     bound_mbps,
 )
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
+from .cpu_per_gib import BoxCpu, compare_to_gloo, per_gib, with_box_cpu
 from .lab_switch import switch_counters, userspace_switch
 from .rank_group import RankError, RankGroup
 from .report import SKIPPED, boxes_label, markdown, row_line
@@ -142,8 +143,12 @@ class Bench:
             row["job_slots"] = self.job_slots(k)
         if extra:
             row.update(extra)
+        if ranks:
+            row["cpu_s_per_gib"] = per_gib(ranks, cfg.size, row.get("box_cpu_s"), cfg.warmup + cfg.iterations)
         self.results.append(row)
         self.out(row_line(row))
+        if ranks and system == "gloo" and (vs := compare_to_gloo(self.results, row)):
+            self.out(vs)
         return row
 
     def _phase(self, lab, system: str, k: int | None, argv_of, set_loss,
@@ -285,6 +290,7 @@ class Bench:
         if wanted:
             with contextlib.ExitStack() as stack:
                 sws = switches_on_every_box(stack, lab, [*self._switch_args(k), "--fanout", cfg.fanout])
+                box = BoxCpu.of_switches(stack, sws)
                 for system in wanted:
                     backend = "udp" if system == "swml-udp" else "afxdp"
                     precision = "16" if system.endswith("16") else "32"
@@ -295,7 +301,7 @@ class Bench:
                         continue
                     job = f"{backend}{precision}n{n}k{k}"
                     self._phase(lab, system, k, self._swml_args(lab, backend, job, k, precision),
-                                set_loss, self._counter_deltas(lab))
+                                set_loss, with_box_cpu(self._counter_deltas(lab), box))
                     lab.set_loss(0.0)
                 for sw in sws:
                     assert sw.proc.poll() is None, "a switch died:\n" + "\n".join(sw.output[-20:])
@@ -318,8 +324,8 @@ class Bench:
                     return {"switch_proc_cpu_pct": round(100 * (now[1] - snap[1]) / (now[0] - snap[0]), 1),
                             "workers_backend": backend,
                             "switch_counters": {k: c1[k] - c0[k] for k in c1 if c1[k] != c0.get(k)}}
-                self._phase(lab, "userspace", k,
-                            self._swml_args(lab, backend, f"us{n}k{k}", k), set_loss, switch_cpu)
+                self._phase(lab, "userspace", k, self._swml_args(lab, backend, f"us{n}k{k}", k),
+                            set_loss, with_box_cpu(switch_cpu, BoxCpu(pids=pids)))
 
     @staticmethod
     def _counter_deltas(lab):

@@ -44,6 +44,7 @@ def row_line(r: dict) -> str:
     cpu_s = (f"CPU {cpu['busy_pct']:5.1f}% (softirq {cpu['softirq_pct']:.0f}%, "
              f"workers {r['workers_cpu_pct']:.0f}%)") if cpu else "CPU ?"
     retx = r["counters"].get("retransmissions")
+    cpu_s += _per_gib_text(r)
     if disturbed(r):
         cpu_s += (f"  [disturbed: other processes {r.get('foreign_cpu_pct', 0):.0f}%"
                   + (f", {len(r['other_netns'])} other namespaces" if r.get("other_netns") else "")
@@ -52,6 +53,15 @@ def row_line(r: dict) -> str:
             f"[{r['tat_min_s'] * 1e3:.0f}-{r['tat_max_s'] * 1e3:.0f}]  "
             f"{r['goodput_mbps']:7.1f} Mbit/s = {r['bound_fraction'] * 100:5.1f}% of bound  "
             f"{cpu_s}" + (f"  retx {retx}" if retx is not None else ""))
+
+
+def _per_gib_text(r: dict) -> str:
+    """", CPU 1.23 s/GiB (box 0.05)": the ranks' (and the box's) CPU seconds
+    per GiB reduced (bench/cpu_per_gib.py)."""
+    g = r.get("cpu_s_per_gib")
+    if not g:
+        return ""
+    return f", {g['ranks']:.2f} s/GiB" + (f" (box {g['box']:.2f})" if g.get("box") is not None else "")
 
 
 def _matches(r: dict, system, workers, k, loss, boxes: int) -> bool:
@@ -72,6 +82,12 @@ def best_swml(results, workers, k, loss, boxes: int = 1):
             or find_row(results, "swml-udp", workers, k, loss, boxes))
 
 
+def cpu_ratio(sw: dict | None, gl: dict | None) -> float | None:
+    """The swml row's ranks' CPU s/GiB over the Gloo row's (None without both)."""
+    a, b = ((r or {}).get("cpu_s_per_gib") or {} for r in (sw, gl))
+    return a["ranks"] / b["ranks"] if a.get("ranks") and b.get("ranks") else None
+
+
 def summary(doc: dict) -> dict:
     """The figures of merit (README.md, "Measured"), per k: swml/gloo TAT
     ratio per N, goodput as a fraction of the bound, TAT(max N)/TAT(min N),
@@ -81,7 +97,8 @@ def summary(doc: dict) -> dict:
     first, *more = box_counts(meta)
     out = {}
     for k in meta["ks"]:
-        s: dict = {"ratio_swml_gloo": {}, "swml_bound_fraction": {}, "swml_system": {},
+        s: dict = {"ratio_swml_gloo": {}, "cpu_per_gib_swml_gloo": {}, "swml_bound_fraction": {},
+                   "swml_system": {},
                    "loss_inflation": {"swml": {}, "gloo": {}}, "boxes_speedup": {}}
         for n in ws:
             sw, gl = best_swml(res, n, k, 0.0, first), find_row(res, "gloo", n, None, 0.0)
@@ -95,6 +112,8 @@ def summary(doc: dict) -> dict:
                 s["swml_bound_fraction"][n] = sw["bound_fraction"]
             if sw and gl:
                 s["ratio_swml_gloo"][n] = round(sw["tat_median_s"] / gl["tat_median_s"], 3)
+            if cpu_ratio(sw, gl) is not None:
+                s["cpu_per_gib_swml_gloo"][n] = round(cpu_ratio(sw, gl), 3)
             for name, row0 in (("swml", sw), ("gloo", gl)):
                 for p in losses[1:]:
                     row = (best_swml(res, n, k, p, first) if name == "swml"
@@ -128,7 +147,8 @@ def _cell(r: dict | None) -> str:
     cpu = r["cpu"]["busy_pct"] if r.get("cpu") else None
     mark = " †" if disturbed(r) else ""
     return (f"{r['tat_median_s'] * 1e3:.0f} ms · {r['bound_fraction'] * 100:.0f}% · "
-            f"CPU {cpu:.0f}%" if cpu is not None else f"{r['tat_median_s'] * 1e3:.0f} ms") + mark
+            f"CPU {cpu:.0f}%" if cpu is not None else f"{r['tat_median_s'] * 1e3:.0f} ms") + (
+        _per_gib_text(r).replace(", ", " · ", 1)) + mark
 
 
 def _skipped(r: dict) -> bool:
@@ -197,7 +217,9 @@ def markdown(doc: dict) -> str:
         "",
         "Each cell: median tensor aggregation time · goodput as a share of the system's "
         "header-adjusted link bound · machine CPU busy during the timed allreduces "
-        "(100% = both cores). † = disturbed: meanwhile other processes used more than "
+        "(100% = both cores) · the ranks' CPU seconds per GiB reduced (and the box's: its XDP "
+        "program's BPF run time and the switch process). CPU swml/gloo: the best swml's "
+        "ranks' CPU s/GiB over Gloo's. † = disturbed: meanwhile other processes used more than "
         f"{FOREIGN_WARN_PCT:g}% of the machine, or another lab's namespaces were up.",
         "",
     ]
@@ -211,16 +233,17 @@ def markdown(doc: dict) -> str:
         lines += [f"## k = {k} ({4 * k} B payload a packet; swml bound "
                   f"{swml_bound_mbps(meta['rate_mbit'], k):.1f} Mbit/s)", "",
                   "| N | " + ("boxes | " if by_boxes else "") + "loss | "
-                  + " | ".join(LABELS[s] for s in systems) + " | swml/gloo |",
-                  "|---|" + ("---|" if by_boxes else "") + "---|" + "---|" * len(systems) + "---|"]
+                  + " | ".join(LABELS[s] for s in systems) + " | swml/gloo | CPU swml/gloo |",
+                  "|---|" + ("---|" if by_boxes else "") + "---|" + "---|" * len(systems) + "---|---|"]
         for n, m, p in ((n, m, p) for n in meta["workers"] for m in counts for p in meta["losses"]):
             rows = {s: find_row(res, s, n, k, p, m) or find_row(res, s, n, k, p, m, ok=False)
                     for s in systems}
             sw, gl = best_swml(res, n, k, p, m), find_row(res, "gloo", n, None, p)
             ratio = f"{sw['tat_median_s'] / gl['tat_median_s']:.2f}" if sw and gl else "–"
+            cpu = cpu_ratio(sw, gl)
             lines.append(f"| {n} | " + (f"{_boxes_cell(meta, n, m, k)} | " if by_boxes else "")
                          + f"{p * 100:g}% | " + " | ".join(_cell(rows[s]) for s in systems)
-                         + f" | {ratio} |")
+                         + f" | {ratio} | {'–' if cpu is None else f'{cpu:.2f}'} |")
         lines.append("")
     lines += ["## Figures of merit", ""]
     for k, s in summary(doc).items():
@@ -228,6 +251,9 @@ def markdown(doc: dict) -> str:
         if s["ratio_swml_gloo"]:
             lines.append("- TAT swml/gloo: " + ", ".join(
                 f"N={n}: {v:.2f}" for n, v in s["ratio_swml_gloo"].items()))
+        if s["cpu_per_gib_swml_gloo"]:
+            lines.append("- the ranks' CPU s/GiB reduced, swml/gloo: " + ", ".join(
+                f"N={n}: {v:.2f}" for n, v in s["cpu_per_gib_swml_gloo"].items()))
         if s["swml_bound_fraction"]:
             lines.append("- swml goodput / bound: " + ", ".join(
                 f"N={n}: {v * 100:.1f}% ({s['swml_system'][n]})"
