@@ -34,10 +34,13 @@ from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS
 from .common import CONTEXT, version_option
 from .lab_options import (
     box_options,
+    check_burst,
     dscp_bands_of,
     lab_errors,
     lab_options,
+    link_loss,
     loss_options,
+    loss_text,
     pct,
     rack_options,
     racks_of,
@@ -61,7 +64,8 @@ def host_table(lab: Lab | None = None, hosts: list[Host] | None = None) -> str:
         row = (h.name, h.ns, h.iface, h.ip, h.mac)
         if loss:
             s = loss[h.name]
-            row += tuple(f"{pct(s['up'][k])}/{pct(s['down'][k])}" for k in ("loss", "dup"))
+            row += (f"{link_loss(s['up'])}/{link_loss(s['down'])}",
+                    f"{pct(s['up']['dup'])}/{pct(s['down']['dup'])}")
         rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
@@ -133,8 +137,8 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
                    "(e.g. '-k 64 --dataplane userspace').")
 @rack_options
 def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: int,
-       box_rate: float | None, loss: float | None, dup: float | None, loss_port: int | None,
-       queue: int | None, dscp_bands: tuple[int, ...] | None, no_multicast: bool,
+       box_rate: float | None, loss: float | None, dup: float | None, burst: float | None,
+       loss_port: int | None, queue: int | None, dscp_bands: tuple[int, ...] | None, no_multicast: bool,
        snooping: bool, query_interval: float | None, start_switch: bool, switch_args: str,
        racks: int | None, per_rack: str | None, uplink_rate: float | None,
        layout: str | None) -> None:
@@ -146,6 +150,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
     if args and not start_switch:
         raise click.BadParameter("only with --switch", param_hint="--switch-args")
     sizes = racks_of(racks, per_rack, uplink_rate, layout)
+    check_burst(burst, loss)
     if sizes is not None:
         for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
                             (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands")):
@@ -154,7 +159,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         if start_switch:
             _check_switch_args(args)
         _up_racks(sizes, layout or "tree", prefix, rate, uplink_rate, loss, dup, queue,
-                  args if start_switch else None)
+                  args if start_switch else None, burst)
         return
     if dscp_bands and (rate is None or box_rate is None):
         raise click.BadParameter("needs --rate and --box-rate (the bands order a box's shaped "
@@ -172,7 +177,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
             raise click.BadParameter(f"a job has at most {wire.MAX_WORLD} ranks", param_hint="-n")
     with lab_errors():
         lab = Lab(workers=workers, prefix=prefix, rate_mbit=rate, keep=True,
-                  loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue,
+                  loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue, burst=burst,
                   multicast=not no_multicast, igmp=snooping,
                   query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate,
                   ports=ports, dscp_bands=dscp_bands).start()
@@ -203,7 +208,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         shaping += f"; IGMP snooping, a query every {query_interval:g} s"
     if loss is not None or dup is not None or loss_port is not None:
         port = wire.DEFAULT_PORT if loss_port is None else loss_port
-        shaping += (f"; loss {pct(loss or 0)}, dup {pct(dup or 0)} on worker links both ways "
+        shaping += (f"; loss {loss_text(loss or 0, burst)}, dup {pct(dup or 0)} on worker links both ways "
                     f"({f'UDP port {port}' if port else 'all UDP'})")
     lab_cmd = command_name("swml-lab")
     click.echo(f"lab {lab.prefix} is up: {len(lab.workers)} workers, {shaping}")
@@ -229,7 +234,8 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
 
 def _up_racks(sizes: list[int], layout: str, prefix: str | None, rate: float | None,
               uplink_rate: float | None, loss: float | None, dup: float | None,
-              queue: int | None, switch_args: tuple[str, ...] | None) -> None:
+              queue: int | None, switch_args: tuple[str, ...] | None,
+              burst: float | None = None) -> None:
     """`swml-lab up --racks`: a lab of racks left up; with switch_args, the
     parent's switch and (tree) every rack box's as its child, in the background."""
     from switchml_xdp.lab.cluster import start_background_switch
@@ -237,7 +243,7 @@ def _up_racks(sizes: list[int], layout: str, prefix: str | None, rate: float | N
 
     with lab_errors():
         lab = RacksLab(None, sizes, layout, prefix, rate, uplink_rate, keep=True, loss=loss,
-                       dup=dup, queue_packets=queue).start()
+                       dup=dup, queue_packets=queue, burst=burst).start()
         ready = []
         if switch_args is not None:
             try:
@@ -251,7 +257,7 @@ def _up_racks(sizes: list[int], layout: str, prefix: str | None, rate: float | N
     links = ", ".join(
         [f"worker links {rate:g} Mbit/s" if rate else "worker links unshaped",
          f"uplinks {uplink_rate:g} Mbit/s" if uplink_rate else "uplinks unshaped",
-         *([f"loss {pct(loss or 0)}, dup {pct(dup or 0)} on worker links and uplinks"]
+         *([f"loss {loss_text(loss or 0, burst)}, dup {pct(dup or 0)} on worker links and uplinks"]
            if loss is not None or dup is not None else [])])
     lab_cmd = command_name("swml-lab")
     click.echo(f"lab {lab.prefix} is up: racks of {','.join(map(str, sizes))} workers, "

@@ -12,6 +12,7 @@ import click
 from switchml_xdp.lab import LabError
 from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
 from switchml_xdp.lab.box_ports import MAX_PORTS
+from switchml_xdp.lab.burst import mean_length
 from switchml_xdp.lab.loss import probability
 from switchml_xdp.lab.racks import LAYOUTS, MAX_RACKS, rack_sizes
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT, check_bands
@@ -92,8 +93,37 @@ def probability_type(what: str) -> Parsed:
     return Parsed("P", functools.partial(probability, what=what), float)
 
 
+def burst_option(f):
+    """--burst: the loss comes in bursts (switchml_xdp/lab/burst.py)."""
+    return click.option("--burst", type=Parsed("FRAMES", mean_length, float), default=None,
+                        help="The loss comes in bursts of FRAMES frames on average (a "
+                             "Gilbert-Elliott model: --loss is then the mean rate, every frame "
+                             "of a burst is lost, none between bursts).")(f)
+
+
+def check_burst(burst: float | None, loss) -> None:
+    """--burst needs a loss rate to spread: a one-line click error otherwise."""
+    if burst is not None and not loss:
+        raise click.BadParameter("needs --loss (the mean rate its bursts carry)",
+                                 param_hint="--burst")
+
+
+def loss_text(loss: float, burst: float | None) -> str:
+    """"5%", or "5% in bursts of 4 frames"."""
+    return pct(loss) + (f" in bursts of {burst:g} frames" if burst and loss else "")
+
+
+def link_loss(setting: dict) -> str:
+    """One link and direction's loss (lab.loss_settings()): "5%", or the mean
+    rate and mean stay of a burst model, "5%b4"."""
+    model = setting.get("burst")
+    if model is None:
+        return pct(setting["loss"])
+    return f"{pct(model.mean_loss(setting['loss']))}b{model.mean_stay:.3g}"
+
+
 def loss_options(f):
-    """--loss, --dup and --loss-port: the lab's loss injector (switchml_xdp/lab/loss.py)."""
+    """--loss, --dup, --burst and --loss-port: the lab's loss injector (switchml_xdp/lab/loss.py)."""
     f = click.option("--loss-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
                      help="UDP port (from or to) subject to loss and duplication "
                           "[default: the switch's data port, 48864; 0 = all UDP].")(f)
@@ -103,7 +133,7 @@ def loss_options(f):
     f = click.option("--loss", type=probability_type("loss"), default=None,
                      help="Drop data-port UDP frames with probability P (0.05 or 5%) on every "
                           "worker link, both ways (ARP, ping, TCP are never dropped).")(f)
-    return f
+    return burst_option(f)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,13 @@ Normally used through the Lab:
 
     with Lab(workers=4, loss=0.05) as lab:          # 5 % each way on every worker link
         lab.set_loss(0.2, dup=0.01, hosts=["w0"], direction="up")
-        lab.loss_counters()["w0"]["up"]             # {"seen", "dropped", "duplicated", "passed"}
+        lab.loss_counters()["w0"]["up"]             # {"seen", "dropped", "duplicated", "passed", ...}
+        lab.set_loss(0.05, burst=4)                 # 5 % lost in bursts of 4 frames on average
+
+Bursts are a Gilbert-Elliott model per link and direction (lab/burst.py): the
+counters add "bad" (frames seen in the bad state), "bursts" (stays begun
+there) and "drop_runs" (runs of consecutive drops: dropped / drop_runs is
+the mean run, 1 / (1 - loss) for random loss).
 
 The program is compiled once per lab, when loss is first asked for (the
 constructor's loss=/dup=, or set_loss()); until then the lab runs the plain
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import dataclasses
 import errno
 import os
 from collections.abc import Iterable, Sequence
@@ -44,23 +51,21 @@ from pyroute2 import IPRoute
 
 from .. import bpf, net, wire
 from ..layout import DEFINES, ctype
+from . import burst as burst_mod
+from .burst import BurstModel, resolve
 from .errors import LabError
+from .loss_values import LossError, check_port, from_threshold, probability, threshold
 
 SOURCE = "lab/swml_loss.c"
 XDP_PROG, INGRESS_PROG, EGRESS_PROG = "swml_loss_xdp", "swml_loss_ingress", "swml_loss_egress"
 DIRECTIONS = ("up", "down")
-COUNTERS = ("seen", "dropped", "duplicated", "passed")
+COUNTERS = ("seen", "dropped", "duplicated", "passed", "bad", "bursts", "drop_runs")
 TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks
 TC_EGRESS_PARENT = "ffff:fff3"
 
 _D = DEFINES["swml_loss.h"]
 MAX_LINKS = _D["SWML_LOSS_MAX_LINKS"]
-ALWAYS = _D["SWML_LOSS_ALWAYS"]
 _DIR_INDEX = {"up": _D["SWML_LOSS_UP"], "down": _D["SWML_LOSS_DOWN"]}
-
-
-class LossError(ValueError):
-    """A bad probability, port, host or direction."""
 
 
 def _lab_pin_dir(prefix: str) -> str:
@@ -77,37 +82,24 @@ def remove_pins(prefix: str) -> None:
     bpf.remove_pins(_lab_pin_dir(prefix))
 
 
-def probability(value: float | str | None, what: str = "probability") -> float:
-    """A probability from a fraction (0.05, "0.05") or a percentage ("5%")."""
-    if value is None:
-        return 0.0
+def lab_args(loss, dup, port, burst) -> tuple:
+    """A Lab's loss=, dup=, loss_port= and burst= checked (None stays None),
+    or a LabError in one line."""
     try:
-        if isinstance(value, str):
-            text = value.strip()
-            p = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-        else:
-            p = float(value)
-    except ValueError:
-        raise LossError(f"{what} must be a fraction 0..1 or a percentage like 5%, "
-                        f"not {value!r}") from None
-    if not 0.0 <= p <= 1.0:
-        raise LossError(f"{what} must be in 0..1 (0%..100%), not {value!r}")
-    return p
+        checked = (None if loss is None else probability(loss, "loss"),
+                   None if dup is None else probability(dup, "dup"),
+                   None if port is None else check_port(port), burst_mod.model(burst))
+        if isinstance(checked[3], float) and not checked[0]:
+            raise LossError("a burst length needs a loss rate to spread (loss=)")
+        resolve(checked[0], checked[3])   # a rate its bursts cannot reach
+    except LossError as e:
+        raise LabError(str(e)) from None
+    return checked
 
 
-def threshold(p: float) -> int:
-    """The u32 the program compares bpf_get_prandom_u32() against: P * 2^32."""
-    return ALWAYS if p >= 1.0 else min(round(p * 2**32), ALWAYS)
-
-
-def from_threshold(t: int) -> float:
-    return 1.0 if t == ALWAYS else round(t / 2**32, 9)
-
-
-def check_port(port: int) -> int:
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise LossError(f"loss port must be in 0..65535 (0 = all UDP), not {port!r}")
-    return port
+def burst_state(burst) -> dict | float | None:
+    """`burst=` as a lab's state file holds it: the mean length or the model's fields."""
+    return dataclasses.asdict(burst) if isinstance(burst, BurstModel) else burst
 
 
 def _directions(direction: str) -> tuple[str, ...]:
@@ -130,6 +122,8 @@ class LossInjector:
         self.cfg = bpf.PinnedMap(f"{self.dir}/cfg", self.Cfg)
         self.port_map = bpf.PinnedMap(f"{self.dir}/port", ct.c_uint32)
         self.counter_map = bpf.PinnedMap(f"{self.dir}/counters", self.Counters, percpu=True)
+        self.State = ctype("swml_loss_state")
+        self.state_map = bpf.PinnedMap(f"{self.dir}/state", self.State)
 
     # -- making and finding one -------------------------------------------------
 
@@ -191,7 +185,7 @@ class LossInjector:
     def close(self) -> None:
         """Close our handles; attached programs and pinned maps stay (the lab's
         close removes both)."""
-        for m in (self.cfg, self.port_map, self.counter_map):
+        for m in (self.cfg, self.port_map, self.counter_map, self.state_map):
             m.close()
         if self._program is not None:
             with contextlib.suppress(Exception):
@@ -206,16 +200,24 @@ class LossInjector:
         return [(all_hosts.index(h), h) for h in chosen]
 
     def set(self, loss: float = 0.0, dup: float = 0.0, hosts: Iterable | None = None,
-            direction: str = "both") -> None:
+            direction: str = "both", burst=None) -> None:
         """Drop with probability `loss`, duplicate what passes with probability
         `dup`, on the links of `hosts` (default: every worker) in `direction`
-        ("up", "down" or "both"). Takes effect at once, for the next frame."""
-        value = self.Cfg(drop=threshold(probability(loss, "loss")),
-                         dup=threshold(probability(dup, "dup")))
+        ("up", "down" or "both"). `burst` (lab/burst.py resolve): None for
+        random loss, a mean burst length B (then `loss` is the mean rate, lost
+        in bursts of B frames on average) or a BurstModel (then `loss` is the
+        good state's). Takes effect at once, for the next frame; each link
+        starts in the good state."""
+        good, model = resolve(loss, burst)
+        value = self.Cfg(drop=threshold(good), dup=threshold(probability(dup, "dup")))
+        if model is not None and model.p > 0:
+            value.to_bad, value.to_good = threshold(model.p), threshold(model.r)
+            value.bad_drop = threshold(model.h)
         dirs = _directions(direction)
         for link, _ in self._links(hosts, self.lab.workers):
             for d in dirs:
                 self.cfg.update(link * 2 + _DIR_INDEX[d], value)
+                self.state_map.update(link * 2 + _DIR_INDEX[d], self.State())
 
     def set_port(self, port: int) -> None:
         """Which UDP port's traffic (from or to it) is subject to loss; 0 = all UDP."""
@@ -225,18 +227,23 @@ class LossInjector:
     def port(self) -> int:
         return self.port_map.lookup(0).value
 
-    def settings(self, hosts: Iterable | None = None) -> dict[str, dict[str, dict[str, float]]]:
-        """{host: {"up": {"loss": p, "dup": q}, "down": {...}}}, default every host."""
+    def settings(self, hosts: Iterable | None = None) -> dict[str, dict[str, dict]]:
+        """{host: {"up": {"loss": p, "dup": q, "burst": model}, "down": {...}}},
+        default every host; "loss" is the good state's, "burst" None or the
+        BurstModel (its mean_loss(loss) the long-run rate)."""
         out = {}
         for link, host in self._links(hosts, self.lab.hosts):
             out[host.name] = {}
             for d in DIRECTIONS:
                 c = self.cfg.lookup(link * 2 + _DIR_INDEX[d])
-                out[host.name][d] = {"loss": from_threshold(c.drop), "dup": from_threshold(c.dup)}
+                model = BurstModel(from_threshold(c.to_bad), from_threshold(c.to_good),
+                                   from_threshold(c.bad_drop)) if c.to_bad else None
+                out[host.name][d] = {"loss": from_threshold(c.drop), "dup": from_threshold(c.dup),
+                                     "burst": model}
         return out
 
     def counters(self, hosts: Iterable | None = None) -> dict[str, dict[str, dict[str, int]]]:
-        """{host: {"up"|"down": {"seen", "dropped", "duplicated", "passed"}}}, summed
+        """{host: {"up"|"down": {name: count for name in COUNTERS}}}, summed
         over CPUs, since the injector was attached; default every host."""
         out = {}
         for link, host in self._links(hosts, self.lab.hosts):

@@ -46,7 +46,8 @@ class Lab:
 
     with Lab(workers=4, loss="5%") as lab:
         lab.set_loss(0.2, dup=0.01, hosts=["w0"], direction="up")
-        lab.loss_counters()["w0"]["up"]      # seen, dropped, duplicated, passed
+        lab.loss_counters()["w0"]["up"]      # seen, dropped, duplicated, passed, bad, ...
+        lab.set_loss("5%", burst=4)          # 5 % in bursts of 4 frames (lab/burst.py)
 
     keep=True leaves the lab up when the `with` block ends (`swml-lab up`, or to
     inspect a failed run); `swml-lab down PREFIX` removes it. A build that fails
@@ -60,11 +61,12 @@ class Lab:
                  queue_packets: int | None = None, multicast: bool = True,
                  query_interval_s: float | None = None, boxes: int = 1,
                  box_rate_mbit: float | None = None, ports: int = 1,
-                 dscp_bands: Sequence[int] | None = None):
+                 dscp_bands: Sequence[int] | None = None, burst=None):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of duplicating, data-port UDP
         frames on every worker link in both directions; giving either (or loss_port) attaches the
         loss injector at build time, set_loss() does it later otherwise. loss_port: the UDP port
-        subject to loss (default the switch's data port; 0 = all UDP). igmp: the bridge snoops
+        subject to loss (default the switch's data port; 0 = all UDP). burst: the loss comes in
+        bursts (lab/burst.py resolve: a mean burst length, or a BurstModel). igmp: the bridge snoops
         IGMP and, once the querier on its uplink asked, floods no group nobody joined, like a
         strict switch (lab/igmp.py); the querier asks every query_interval_s (default the tests'
         5 s; real networks' is 125 s, igmp.REAL_QUERY_INTERVAL_S). queue_packets: every shaped
@@ -86,16 +88,12 @@ class Lab:
         if queue_packets is not None and rate_mbit is None and box_rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")
         self.queue_packets = queue_packets
-        if not multicast and (loss is not None or dup is not None or loss_port is not None):
+        lossy = loss_mod.lab_args(loss, dup, loss_port, burst)
+        self.loss, self.dup, self.loss_port, self.burst = lossy
+        if not multicast and lossy != (None,) * 4:
             raise LabError("a lab without multicast takes no loss or dup (both use the "
                            "switch's bridge port)")
         self.multicast = multicast
-        try:
-            self.loss = None if loss is None else loss_mod.probability(loss, "loss")
-            self.dup = None if dup is None else loss_mod.probability(dup, "dup")
-            self.loss_port = None if loss_port is None else loss_mod.check_port(loss_port)
-        except loss_mod.LossError as e:
-            raise LabError(str(e)) from None
         self.rate_mbit, self.box_rate_mbit = rate_mbit, box_rate_mbit
         self.keep = keep
         self.igmp = igmp
@@ -169,6 +167,7 @@ class Lab:
             "rate_mbit": self.rate_mbit, "box_rate_mbit": self.box_rate_mbit,
             "queue_packets": self.queue_packets, "dscp_bands": self.dscp_bands,
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
+            "burst": loss_mod.burst_state(self.burst),
             "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
             "multicast": self.multicast,
             "switch": dataclasses.asdict(self.switch),
@@ -196,7 +195,7 @@ class Lab:
                   query_interval_s=state.get("query_interval_s"),
                   boxes=len(state.get("switches") or [state["switch"]]),
                   box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1),
-                  dscp_bands=state.get("dscp_bands"))
+                  dscp_bands=state.get("dscp_bands"), burst=state.get("burst"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -208,30 +207,32 @@ class Lab:
 
     def set_loss(self, loss: float | str = 0.0, dup: float | str = 0.0, *,
                  hosts: Sequence[Host | str] | None = None, direction: str = "both",
-                 port: int | None = None) -> None:
+                 port: int | None = None, burst=None) -> None:
         """Drop data-port UDP frames with probability `loss` and duplicate the
         ones that pass with probability `dup` (fractions, or "5%"), on the links
         of `hosts` (default: every worker; each box's link is a host too,
         "sw", "sw1") in `direction`: "up" (what the host sends), "down" (what it
         receives) or "both". `port` changes the UDP port subject to loss for
-        the whole lab (0 = all UDP). Takes effect for the next frame; the
-        first call on a lab without the injector compiles and attaches it."""
+        the whole lab (0 = all UDP). `burst`: the loss comes in bursts (a
+        mean burst length, then `loss` is the mean rate; or a BurstModel, then
+        `loss` is its good state's: lab/burst.py). Takes effect for the next
+        frame; the first call on a lab without the injector attaches it."""
         try:
             injector = self._loss_injector(create=True)
             if port is not None:
                 injector.set_port(port)
-            injector.set(loss, dup, hosts, direction)
+            injector.set(loss, dup, hosts, direction, burst)
         except loss_mod.LossError as e:
             raise LabError(str(e)) from None
 
     def loss_settings(self, hosts: Sequence[Host | str] | None = None) -> dict:
-        """{host name: {"up": {"loss": p, "dup": q}, "down": {...}}} for `hosts`
-        (default every host), or {} if the lab has no loss injector."""
+        """{host name: {"up": {"loss": p, "dup": q, "burst": model}, "down": {...}}}
+        for `hosts` (default every host), or {} if the lab has no loss injector."""
         injector = self._loss_injector(create=False)
         return injector.settings(hosts) if injector else {}
 
     def loss_counters(self, hosts: Sequence[Host | str] | None = None) -> dict:
-        """{host name: {"up"|"down": {"seen", "dropped", "duplicated", "passed"}}}
+        """{host name: {"up"|"down": {"seen", "dropped", "duplicated", "passed", ...}}}
         for `hosts` (default every host), counted since the injector was
         attached: seen = dropped + passed, and the copies delivered are passed
         + duplicated. {} if the lab has no loss injector."""
@@ -323,7 +324,7 @@ class Lab:
         for host in self.hosts:
             self._make_link(host)
         box_ports.build(self._ipr, self)
-        if self.loss is None and self.dup is None and self.loss_port is None:
+        if (self.loss, self.dup, self.loss_port, self.burst) == (None,) * 4:
             self._attach_pass_program()
         else:
             self._attach_loss_injector()
@@ -384,7 +385,7 @@ class Lab:
         self._loss = loss_mod.LossInjector.attach(self, self._ipr(self.bridge_ns))
         if self.loss_port is not None:
             self._loss.set_port(self.loss_port)
-        self._loss.set(self.loss or 0.0, self.dup or 0.0)
+        self._loss.set(self.loss or 0.0, self.dup or 0.0, burst=self.burst)
 
     def _stop_processes(self) -> None:
         """Our own children first, then anything else still inside our namespaces

@@ -100,9 +100,9 @@ class RacksLab(Lab):
                  layout: str = "tree", prefix: str | None = None,
                  rate_mbit: float | None = None, uplink_rate_mbit: float | None = None,
                  keep: bool = False, loss: float | str | None = None,
-                 dup: float | str | None = None, queue_packets: int | None = None):
+                 dup: float | str | None = None, queue_packets: int | None = None, burst=None):
         """racks, per_rack: rack_sizes(); layout: "tree" or "flat" (the module's
-        docstring); loss, dup: on every worker link and uplink, both ways;
+        docstring); loss, dup, burst: on every worker link and uplink, both ways;
         queue_packets: every shaped queue's depth."""
         sizes = rack_sizes(racks, per_rack)
         if layout not in LAYOUTS:
@@ -112,7 +112,7 @@ class RacksLab(Lab):
         if queue_packets is not None and rate_mbit is None and uplink_rate_mbit is None:
             raise LabError("a queue depth needs a rate (the queue is the shaper's)")
         super().__init__(workers=sum(sizes), prefix=prefix, rate_mbit=rate_mbit, keep=keep,
-                         loss=loss, dup=dup)
+                         loss=loss, dup=dup, burst=burst)
         self.queue_packets = queue_packets
         self.layout, self.rack_sizes, self.uplink_rate_mbit = layout, sizes, uplink_rate_mbit
         self.rack_ports = [rack_port_host(self.prefix, r) for r in range(len(sizes))]
@@ -172,7 +172,8 @@ class RacksLab(Lab):
         racks = state["racks"]
         lab = cls(None, racks["per_rack"], racks["layout"], prefix, state.get("rate_mbit"),
                   racks.get("uplink_rate_mbit"), keep=True, loss=state.get("loss"),
-                  dup=state.get("dup"), queue_packets=state.get("queue_packets"))
+                  dup=state.get("dup"), queue_packets=state.get("queue_packets"),
+                  burst=state.get("burst"))
         gone = next((ns for ns in lab.namespaces if not netns.ns_path(ns).exists()), None)
         if gone:
             raise LabError(f"racks lab {prefix} is incomplete: namespace {gone} is gone")
@@ -201,11 +202,12 @@ class RacksLab(Lab):
             self._route()
         else:
             self._bridge_racks()
-        if self.loss is None and self.dup is None:
+        if self.loss is None and self.dup is None and self.burst is None:
             self._attach_pass_program()
         else:
             self._loss = loss_mod.LossInjector.attach(self, br)
-            self._loss.set(self.loss or 0.0, self.dup or 0.0, hosts=self.cable_links)
+            self._loss.set(self.loss or 0.0, self.dup or 0.0, hosts=self.cable_links,
+                           burst=self.burst)
         self._shape()
 
     def _link(self, host: Host, bridge: str, box_qdisc: bool, address: bool = True) -> None:

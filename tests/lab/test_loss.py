@@ -24,6 +24,7 @@ if NO_LAB:
 from click.testing import CliRunner
 
 from crafted_packets import qdisc_bypass_socket
+from loss_flow import Flow
 from switchml_xdp import wire
 from switchml_xdp.cli.lab import main as lab_cli
 from switchml_xdp.lab import Lab, LabError, cleanup_leftovers
@@ -35,7 +36,7 @@ from switchml_xdp.lab.loss import COUNTERS, LossInjector
 PORT = wire.DEFAULT_PORT
 OTHER_PORT = 5000
 N = 2000
-SO_RCVBUFFORCE = 33
+NO_BURSTS = {"bad": 0, "bursts": 0}
 
 
 @pytest.fixture(scope="module")
@@ -65,48 +66,6 @@ def counters(lab) -> dict:
 def delta(before: dict, after: dict) -> dict:
     return {h: {d: {k: after[h][d][k] - before[h][d][k] for k in COUNTERS} for d in after[h]}
             for h in after}
-
-
-class Flow:
-    """UDP from `src` (bound to sport) to `dst` (bound to dport)."""
-
-    def __init__(self, lab, src, dst, dport=PORT, sport=40000):
-        self.dst_ip, self.dport = lab.host(dst).ip, dport
-        with lab.enter(dst):
-            self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 16 << 20)
-            self.rx.bind(("0.0.0.0", dport))
-        with lab.enter(src):
-            self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self.tx.bind(("0.0.0.0", sport))
-
-    def send(self, n: int = N) -> int:
-        """n datagrams in bursts of 100; returns how many arrived (copies included)."""
-        for i in range(n):
-            self.tx.sendto(i.to_bytes(4, "little") * 16, (self.dst_ip, self.dport))
-            if i % 100 == 99:
-                time.sleep(0.001)
-        return self.drain()
-
-    def drain(self, quiet: float = 0.2) -> int:
-        got = 0
-        self.rx.settimeout(quiet)
-        try:
-            while True:
-                self.rx.recv(2048)
-                got += 1
-        except TimeoutError:
-            return got
-
-    def close(self) -> None:
-        self.rx.close()
-        self.tx.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def within_binomial(k: int, n: int, p: float, sigmas: float = 5.0) -> bool:
@@ -156,7 +115,7 @@ def test_frames_that_bypass_the_qdisc_are_subject_too(lab):
                 raw.send(frame)
                 if i % 100 == 99:
                     time.sleep(0.001)
-        got = flow.drain()
+        got = len(flow.drain())
     c = delta(before, counters(lab))["w0"]["up"]
     assert c["seen"] == N and accounted(c) and within_binomial(c["dropped"], N, 0.5), c
     assert got == c["passed"]
@@ -191,8 +150,8 @@ def test_loss_zero_at_run_time_restores_full_delivery(lab):
         before = counters(lab)
         assert flow.send() == N
     d = delta(before, counters(lab))
-    assert d["w0"]["up"] == {"seen": N, "dropped": 0, "duplicated": 0, "passed": N}
-    assert d["w1"]["down"] == {"seen": N, "dropped": 0, "duplicated": 0, "passed": N}
+    clean = {"seen": N, "dropped": 0, "duplicated": 0, "passed": N, **NO_BURSTS, "drop_runs": 0}
+    assert d["w0"]["up"] == d["w1"]["down"] == clean
 
 
 def test_only_the_data_port_is_subject_to_loss(lab):
@@ -238,7 +197,8 @@ def test_only_the_data_port_is_subject_to_loss(lab):
     with Flow(lab, w0, w1, dport=OTHER_PORT, sport=PORT) as flow:
         assert flow.send() == 0
     d = delta(before, counters(lab))
-    assert d["w0"]["up"] == {"seen": 2 * N, "dropped": 2 * N, "duplicated": 0, "passed": 0}, d
+    assert d["w0"]["up"] == {"seen": 2 * N, "dropped": 2 * N, "duplicated": 0, "passed": 0,
+                             **NO_BURSTS, "drop_runs": 1}, d
     assert d["w1"]["down"]["seen"] == 0
 
 
@@ -274,13 +234,15 @@ def test_settings_read_back_and_are_per_link_and_direction(lab):
     w0, w1 = lab.workers
     lab.set_loss("5%", dup=0.25, hosts=["w1"], direction="down")
     s = lab.loss_settings()
-    assert s["w1"]["down"] == {"loss": pytest.approx(0.05), "dup": pytest.approx(0.25)}
-    assert s["w1"]["up"] == s["w0"]["up"] == s["w0"]["down"] == {"loss": 0.0, "dup": 0.0}
-    assert s["sw"]["up"] == s["sw"]["down"] == {"loss": 0.0, "dup": 0.0}
+    assert s["w1"]["down"] == {"loss": pytest.approx(0.05), "dup": pytest.approx(0.25),
+                               "burst": None}
+    none = {"loss": 0.0, "dup": 0.0, "burst": None}
+    assert s["w1"]["up"] == s["w0"]["up"] == s["w0"]["down"] == s["sw"]["up"] == s["sw"]["down"] == none
     lab.set_loss(1, hosts=[lab.switch])
     assert lab.loss_settings(["sw"])["sw"]["up"]["loss"] == 1.0
     for bad in ({"loss": 1.5}, {"loss": "-1%"}, {"loss": "lots"}, {"dup": 2},
-                {"direction": "sideways"}, {"hosts": ["w9"]}, {"port": 70000}):
+                {"direction": "sideways"}, {"hosts": ["w9"]}, {"port": 70000},
+                {"loss": 0.6, "burst": 1}, {"loss": 0.1, "burst": 0.5}):
         with pytest.raises(LabError):
             lab.set_loss(**bad)
 
@@ -307,8 +269,8 @@ def test_cli_up_with_loss_then_from_state_then_down():
         # Another handle (as another process would get) sets and reads the pinned maps.
         lab = Lab.from_state(prefix)
         lab.set_loss(1.0, hosts=["w0"], direction="up")
-        assert lab.loss_settings()["w0"] == {"up": {"loss": 1.0, "dup": 0.0},
-                                             "down": {"loss": 0.02, "dup": 0.005}}
+        assert lab.loss_settings()["w0"] == {"up": {"loss": 1.0, "dup": 0.0, "burst": None},
+                                             "down": {"loss": 0.02, "dup": 0.005, "burst": None}}
         lab.run("w0", ["ping", "-c", "1", "-W", "2", lab.switch.ip])
         r = runner.invoke(lab_cli, ["up", "-n", "1", "--loss", "150%"])
         assert r.exit_code != 0 and "0..1" in r.output

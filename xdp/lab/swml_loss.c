@@ -45,6 +45,18 @@
  * probability `dup`. So, per link and direction,
  *     seen = dropped + passed,  copies delivered = passed + duplicated.
  *
+ * Bursts: with cfg.to_bad != 0 the link and direction follow a two-state
+ * Gilbert-Elliott model. Every subject frame first moves it (good -> bad with
+ * probability to_bad, bad -> good with to_good), then is dropped with
+ * probability `drop` in the good state, `bad_drop` in the bad one. The state
+ * lives in one shared entry (map `state`), read and written without a lock:
+ * two CPUs handling the same link's frames at once may both step from the
+ * same state, which blurs the model slightly (a burst a frame longer or
+ * shorter), never breaks it. With to_bad == 0 the state is reset to good.
+ * The counters `bad`, `bursts` and `drop_runs` let a user check the model:
+ * bad / seen is the time in the bad state, bad / bursts the mean stay there,
+ * dropped / drop_runs the mean run of consecutive drops.
+ *
  * A duplicate re-enters the hook it was made in; it carries SWML_LOSS_MARK in
  * skb->mark so that it passes (uncounted, mark cleared) instead of looping.
  *
@@ -54,6 +66,7 @@
  *   cfg       array  link * 2 + direction -> struct swml_loss_cfg
  *   port      array  [0] = data port (host order), 0 = all UDP
  *   counters  percpu link * 2 + direction -> struct swml_loss_counters
+ *   state     array  link * 2 + direction -> struct swml_loss_state
  *
  * Load-time define: SWML_LOSS_PIN_DIR, a string literal.
  */
@@ -76,6 +89,8 @@ BPF_TABLE_PINNED("array", u32, struct swml_loss_cfg, cfg, 2 * SWML_LOSS_MAX_LINK
 BPF_TABLE_PINNED("array", u32, u32, port, 1, SWML_LOSS_PIN_DIR "/port");
 BPF_TABLE_PINNED("percpu_array", u32, struct swml_loss_counters, counters, 2 * SWML_LOSS_MAX_LINKS,
 		 SWML_LOSS_PIN_DIR "/counters");
+BPF_TABLE_PINNED("array", u32, struct swml_loss_state, state, 2 * SWML_LOSS_MAX_LINKS,
+		 SWML_LOSS_PIN_DIR "/state");
 
 static __always_inline int chance(__u32 threshold)
 {
@@ -123,10 +138,16 @@ static __always_inline int skb_subject(struct __sk_buff *skb)
 	return subject(ip.protocol, ip.frag_off, have_l4, udp.source, udp.dest);
 }
 
-/* The counters and configuration of (this interface, direction), or NULL if
- * the interface is not one of the lab's links. */
-static __always_inline int lookup(__u32 ifindex, __u32 dir, struct swml_loss_cfg **c,
-				  struct swml_loss_counters **n)
+/* One link and direction: its configuration, counters and model state. */
+struct swml_loss_link {
+	struct swml_loss_cfg *cfg;
+	struct swml_loss_counters *n;
+	struct swml_loss_state *st;
+};
+
+/* Fill *l for (this interface, direction); 0 if the interface is not one of
+ * the lab's links. */
+static __always_inline int lookup(__u32 ifindex, __u32 dir, struct swml_loss_link *l)
 {
 	__u32 *link = links.lookup(&ifindex);
 	__u32 idx;
@@ -134,9 +155,10 @@ static __always_inline int lookup(__u32 ifindex, __u32 dir, struct swml_loss_cfg
 	if (!link || *link >= SWML_LOSS_MAX_LINKS)
 		return 0;
 	idx = *link * 2 + dir;
-	*c = cfg.lookup(&idx);
-	*n = counters.lookup(&idx);
-	return *c && *n;
+	l->cfg = cfg.lookup(&idx);
+	l->n = counters.lookup(&idx);
+	l->st = state.lookup(&idx);
+	return l->cfg && l->n && l->st;
 }
 
 /* Send one extra copy of skb through the hook it is in (flags 0 = egress,
@@ -153,12 +175,44 @@ static __always_inline void duplicate(struct __sk_buff *skb, __u64 flags,
 	skb->mark = mark;
 }
 
-/* Count a subject frame as seen, then as dropped (with probability c->drop)
- * or passed; 1 if it is to be dropped. */
-static __always_inline int drop_one(struct swml_loss_cfg *c, struct swml_loss_counters *n)
+/* Step the link's burst model for one frame; the drop threshold of the
+ * state the frame is in. */
+static __always_inline __u32 drop_threshold(struct swml_loss_link *l)
 {
+	struct swml_loss_cfg *c = l->cfg;
+	struct swml_loss_state *st = l->st;
+	__u32 bad = st->bad;
+
+	if (c->to_bad == 0) {
+		if (bad)
+			st->bad = 0;
+		return c->drop;
+	}
+	if (bad ? chance(c->to_good) : chance(c->to_bad)) {
+		bad = !bad;
+		st->bad = bad;
+		if (bad)
+			__sync_fetch_and_add(&l->n->bursts, 1);
+	}
+	if (!bad)
+		return c->drop;
+	__sync_fetch_and_add(&l->n->bad, 1);
+	return c->bad_drop;
+}
+
+/* Count a subject frame as seen, then as dropped (with the probability of
+ * the model's state) or passed; 1 if it is to be dropped. */
+static __always_inline int drop_one(struct swml_loss_link *l)
+{
+	struct swml_loss_counters *n = l->n;
+	int drop = chance(drop_threshold(l));
+
 	__sync_fetch_and_add(&n->seen, 1);
-	if (chance(c->drop)) {
+	if (drop && !l->st->last_dropped)
+		__sync_fetch_and_add(&n->drop_runs, 1);
+	if (l->st->last_dropped != drop)
+		l->st->last_dropped = drop;
+	if (drop) {
 		__sync_fetch_and_add(&n->dropped, 1);
 		return 1;
 	}
@@ -169,22 +223,20 @@ static __always_inline int drop_one(struct swml_loss_cfg *c, struct swml_loss_co
 /* At a tc hook: whether skb is subject to loss in `dir` (its link's
  * configuration and counters in *c, *n). A copy duplicate() made is not: it
  * passes as it is, its mark cleared. */
-static __always_inline int tc_subject(struct __sk_buff *skb, __u32 dir, struct swml_loss_cfg **c,
-				      struct swml_loss_counters **n)
+static __always_inline int tc_subject(struct __sk_buff *skb, __u32 dir, struct swml_loss_link *l)
 {
 	if (skb->mark == SWML_LOSS_MARK) {
 		skb->mark = 0;
 		return 0;
 	}
-	return lookup(skb->ifindex, dir, c, n) && skb_subject(skb);
+	return lookup(skb->ifindex, dir, l) && skb_subject(skb);
 }
 
 int swml_loss_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct swml_loss_cfg *c;
-	struct swml_loss_counters *n;
+	struct swml_loss_link l;
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
 	struct udphdr *udp;
@@ -204,31 +256,29 @@ int swml_loss_xdp(struct xdp_md *ctx)
 	}
 	if (!subject(ip->protocol, ip->frag_off, have_l4, sport, dport))
 		return XDP_PASS;
-	if (!lookup(ctx->ingress_ifindex, SWML_LOSS_UP, &c, &n))
+	if (!lookup(ctx->ingress_ifindex, SWML_LOSS_UP, &l))
 		return XDP_PASS;
-	return drop_one(c, n) ? XDP_DROP : XDP_PASS; /* duplication, if any: at tc ingress */
+	return drop_one(&l) ? XDP_DROP : XDP_PASS; /* duplication, if any: at tc ingress */
 }
 
 int swml_loss_ingress(struct __sk_buff *skb)
 {
-	struct swml_loss_cfg *c;
-	struct swml_loss_counters *n;
+	struct swml_loss_link l;
 
-	if (tc_subject(skb, SWML_LOSS_UP, &c, &n) && chance(c->dup))
-		duplicate(skb, BPF_F_INGRESS, n);
+	if (tc_subject(skb, SWML_LOSS_UP, &l) && chance(l.cfg->dup))
+		duplicate(skb, BPF_F_INGRESS, l.n);
 	return TC_ACT_OK;
 }
 
 int swml_loss_egress(struct __sk_buff *skb)
 {
-	struct swml_loss_cfg *c;
-	struct swml_loss_counters *n;
+	struct swml_loss_link l;
 
-	if (!tc_subject(skb, SWML_LOSS_DOWN, &c, &n))
+	if (!tc_subject(skb, SWML_LOSS_DOWN, &l))
 		return TC_ACT_OK;
-	if (drop_one(c, n))
+	if (drop_one(&l))
 		return TC_ACT_SHOT;
-	if (chance(c->dup))
-		duplicate(skb, 0, n);
+	if (chance(l.cfg->dup))
+		duplicate(skb, 0, l.n);
 	return TC_ACT_OK;
 }
