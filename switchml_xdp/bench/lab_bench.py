@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from . import raw_lab
 from .constants import (
     DEFAULT_ITERATIONS,
     DEFAULT_KS,
@@ -141,8 +142,7 @@ class Bench:
             row.update(boxes=self.boxes, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports)
         if k is not None and system != "gloo":
             row["job_slots"] = self.job_slots(k)
-        if extra:
-            row.update(extra)
+        row.update(extra or {})
         if ranks:
             row["cpu_s_per_gib"] = per_gib(ranks, cfg.size, row.get("box_cpu_s"), cfg.warmup + cfg.iterations)
         self.results.append(row)
@@ -225,8 +225,8 @@ class Bench:
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
                      boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports) as lab:
                 lab.set_loss(0.0)          # attach the loss injector once
-                for k in cfg.ks:
-                    self._swml_systems(lab, k)
+                for k in cfg.ks:   # the raw path's ceiling first, then the swml systems
+                    raw_lab.around(self, lab, k)
                 # Gloo's ring uses no box: one run a worker count, the peer of every box count.
                 for system in (s for s in GLOO_SYSTEMS if s in cfg.systems and m == cfg.boxes[0]):
                     if torch_reason:

@@ -49,6 +49,15 @@ def fraction(swml_pps: float | None, raw_pps: float | None) -> float | None:
     return swml_pps / raw_pps
 
 
+def swml_pps(elements: int, k: int, slots: int, tat_s: float, dtype: str = "float32",
+             op: str = "sum") -> float:
+    """swml's packets a second a worker: the DATA packets one call streams
+    (plans.packets_needed; each answered by a RESULT) over the call's time."""
+    from ..client.plans import packets_needed
+
+    return packets_needed(elements, np.dtype(dtype), k, slots, wire.OPS[op]) / tat_s
+
+
 def _box_mac(sock: socket.socket, switch_ip: str, iface: str) -> str:
     """The box's MAC, resolved by a datagram to its discard port if need be."""
     deadline = time.monotonic() + MAC_WAIT_S
@@ -142,11 +151,11 @@ def beside(rows: list[dict], raw: dict) -> str:
              f"{raw['frame_len']}-byte frames (k={raw['k']}, {raw['window']} in flight, "
              f"RTT {raw['rtt_us']:.0f} us; {raw['lost']} lost, {raw['bad']} bad)"]
     for r in rows:
-        r["raw_pps_fraction"] = f = fraction(r["packets_per_s"], raw["pps"])
+        pps = swml_pps(r["elements"], r["k"], r["slots"], r["tat_median_s"], r["dtype"], r["op"])
+        r["raw_pps_fraction"] = f = fraction(pps, raw["pps"])
         pct = "-" if f is None else f"{100 * f:.1f}%"
-        lines.append(f"rank {r['rank']} swml {r['bytes'] / 2**20:g} MiB: "
-                     f"{r['packets_per_s'] / 1e3:.1f} kpps = {pct} of the raw path's packets "
-                     "a second")
+        lines.append(f"rank {r['rank']} swml {r['bytes'] / 2**20:g} MiB: {pps / 1e3:.1f} kpps "
+                     f"(packets a call / median TAT) = {pct} of the raw path's packets a second")
     return "\n".join(lines)
 
 

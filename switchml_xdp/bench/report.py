@@ -151,6 +151,13 @@ def _cell(r: dict | None) -> str:
         _per_gib_text(r).replace(", ", " · ", 1)) + mark
 
 
+def _raw_cell(sw: dict | None) -> str:
+    """The best swml's packets a second as a share of the raw path's (raw_lab.py)."""
+    if not sw or sw.get("raw_pps_fraction") is None:
+        return "–"
+    return f"{sw['raw_pps_fraction'] * 100:.0f}% of {sw['raw_pps'] / 1e3:.0f} kpps"
+
+
 def _skipped(r: dict) -> bool:
     """Not run because an earlier loss rate of its rank group failed
     ("failed: see above" in results written before the word "skipped")."""
@@ -219,7 +226,10 @@ def markdown(doc: dict) -> str:
         "header-adjusted link bound · machine CPU busy during the timed allreduces "
         "(100% = both cores) · the ranks' CPU seconds per GiB reduced (and the box's: its XDP "
         "program's BPF run time and the switch process). CPU swml/gloo: the best swml's "
-        "ranks' CPU s/GiB over Gloo's. † = disturbed: meanwhile other processes used more than "
+        "ranks' CPU s/GiB over Gloo's. % of raw pps: the best swml's packets a second a worker "
+        "(packets a call / TAT) as a share of the raw path's, a raw AF_XDP ping-pong of the same "
+        "frames through a reflector in the switch's place, every worker at once (docs/"
+        "performance.md, \"The path's ceiling\"). † = disturbed: meanwhile other processes used more than "
         f"{FOREIGN_WARN_PCT:g}% of the machine, or another lab's namespaces were up.",
         "",
     ]
@@ -233,8 +243,10 @@ def markdown(doc: dict) -> str:
         lines += [f"## k = {k} ({4 * k} B payload a packet; swml bound "
                   f"{swml_bound_mbps(meta['rate_mbit'], k):.1f} Mbit/s)", "",
                   "| N | " + ("boxes | " if by_boxes else "") + "loss | "
-                  + " | ".join(LABELS[s] for s in systems) + " | swml/gloo | CPU swml/gloo |",
-                  "|---|" + ("---|" if by_boxes else "") + "---|" + "---|" * len(systems) + "---|---|"]
+                  + " | ".join(LABELS[s] for s in systems)
+                  + " | swml/gloo | CPU swml/gloo | % of raw pps |",
+                  "|---|" + ("---|" if by_boxes else "") + "---|" + "---|" * len(systems)
+                  + "---|---|---|"]
         for n, m, p in ((n, m, p) for n in meta["workers"] for m in counts for p in meta["losses"]):
             rows = {s: find_row(res, s, n, k, p, m) or find_row(res, s, n, k, p, m, ok=False)
                     for s in systems}
@@ -243,7 +255,7 @@ def markdown(doc: dict) -> str:
             cpu = cpu_ratio(sw, gl)
             lines.append(f"| {n} | " + (f"{_boxes_cell(meta, n, m, k)} | " if by_boxes else "")
                          + f"{p * 100:g}% | " + " | ".join(_cell(rows[s]) for s in systems)
-                         + f" | {ratio} | {'–' if cpu is None else f'{cpu:.2f}'} |")
+                         + f" | {ratio} | {'–' if cpu is None else f'{cpu:.2f}'} | {_raw_cell(sw)} |")
         lines.append("")
     lines += ["## Figures of merit", ""]
     for k, s in summary(doc).items():
