@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..lab.burst import BurstModel, sweep_meta
 from . import raw_lab
 from .constants import (
     DEFAULT_ITERATIONS,
@@ -97,6 +98,7 @@ class BenchConfig:
     boxes: Sequence[int] = (1,)    # box counts: a lab each, the swml systems over all its boxes
     box_rate_mbit: float | None = None   # every box's port, each way (None: unshaped)
     ports: int = 1                 # >1: one box of that many ports (Lab(ports=P)), bound as P boxes
+    burst: float | None = None     # mean burst length: swml's loss in bursts (lab/burst.py)
 
 
 class Bench:
@@ -117,6 +119,8 @@ class Bench:
                "rate_mbit": cfg.rate_mbit, "size_bytes": cfg.size, "iterations": cfg.iterations,
                "warmup": cfg.warmup, "bound_mbps": round(bound, 3),
                "ideal_tat_s": cfg.size * 8 / (bound * 1e6), "status": status, "impl": impl}
+        if cfg.burst and system not in GLOO_SYSTEMS:
+            row["burst"] = BurstModel.of(loss, cfg.burst).describe() if loss else None
         if ranks:
             per_iter = [max(r["times"][i] for r in ranks) for i in range(len(ranks[0]["times"]))]
             med = statistics.median(per_iter)
@@ -284,8 +288,9 @@ class Bench:
 
         cfg = self.cfg
         n = len(lab.workers)
-        set_loss = lab.set_loss
 
+        def set_loss(loss: float) -> None:   # in bursts with --burst (none at loss 0)
+            lab.set_loss(loss, burst=cfg.burst)
         wanted = [s for s in ("swml-afxdp", "swml-udp", "swml-afxdp16") if s in cfg.systems]
         if wanted:
             with contextlib.ExitStack() as stack:
@@ -353,14 +358,7 @@ class Bench:
             return argv
 
         with TcpLoss(lab) as tl:
-            def loss_snap(snap=None):
-                c = tl.counters()
-                if snap is None:
-                    return c
-                seen = sum(c[d]["seen"] - snap[d]["seen"] for d in c)
-                dropped = sum(c[d]["dropped"] - snap[d]["dropped"] for d in c)
-                return {"tcp_frames": seen, "tcp_dropped": dropped}
-            self._phase(lab, system, None, argv_of, tl.set, loss_snap)
+            self._phase(lab, system, None, argv_of, tl.set, tl.deltas)
 
     # -- output --------------------------------------------------------------------
     def _meta(self, started: float, quiet: dict) -> dict:
@@ -380,6 +378,7 @@ class Bench:
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),
                         "python": platform.python_version(), "quiet_before": quiet},
             "boxes": list(cfg.boxes), "box_rate_mbit": cfg.box_rate_mbit, "ports": cfg.ports,
+            "burst": sweep_meta(cfg.losses, cfg.burst),
             "definitions": DEFINITIONS,
         }
 

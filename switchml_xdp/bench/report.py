@@ -3,6 +3,7 @@ README.md quotes under "Measured"), the Markdown table, and the line printed
 for each result; the PNG plots are lab_plots.py."""
 from __future__ import annotations
 
+from ..lab.burst import sweep_heading
 from .constants import (
     FOREIGN_WARN_PCT,
     GLOO_SYSTEMS,
@@ -233,6 +234,8 @@ def markdown(doc: dict) -> str:
         f"{FOREIGN_WARN_PCT:g}% of the machine, or another lab's namespaces were up.",
         "",
     ]
+    if meta.get("burst"):
+        lines += [sweep_heading(meta["burst"]), ""]
     for name, why in meta.get("unavailable", {}).items():
         lines.append(f"- {LABELS[name]}: unavailable: {why}")
     if meta.get("unavailable"):

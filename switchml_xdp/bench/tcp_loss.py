@@ -73,6 +73,15 @@ class TcpLoss(contextlib.ExitStack):
         return {d: {"seen": vals[2 * i], "dropped": vals[2 * i + 1]}
                 for i, d in enumerate(DIRECTIONS)}
 
+    def deltas(self, snap: dict | None = None) -> dict:
+        """A bench phase's extra_of (lab_bench.py): the counters now, or with
+        `snap` (an earlier call's) the TCP frames seen and dropped since, both ways."""
+        c = self.counters()
+        if snap is None:
+            return c
+        return {"tcp_frames": sum(c[d]["seen"] - snap[d]["seen"] for d in c),
+                "tcp_dropped": sum(c[d]["dropped"] - snap[d]["dropped"] for d in c)}
+
     def _remove(self) -> None:
         """Remove the filters (if the lab is still there), then the programs;
         what is already gone is no error."""

@@ -150,7 +150,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
     if args and not start_switch:
         raise click.BadParameter("only with --switch", param_hint="--switch-args")
     sizes = racks_of(racks, per_rack, uplink_rate, layout)
-    check_burst(burst, loss)
+    check_burst(burst, [loss])
     if sizes is not None:
         for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
                             (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands")):

@@ -12,8 +12,8 @@ import click
 from switchml_xdp.lab import LabError
 from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
 from switchml_xdp.lab.box_ports import MAX_PORTS
-from switchml_xdp.lab.burst import mean_length
-from switchml_xdp.lab.loss import probability
+from switchml_xdp.lab.burst import BurstModel, mean_length
+from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.racks import LAYOUTS, MAX_RACKS, rack_sizes
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT, check_bands
 from switchml_xdp.net import NetError
@@ -93,19 +93,28 @@ def probability_type(what: str) -> Parsed:
     return Parsed("P", functools.partial(probability, what=what), float)
 
 
-def burst_option(f):
-    """--burst: the loss comes in bursts (switchml_xdp/lab/burst.py)."""
+def burst_option(also: str = ""):
+    """--burst: the loss comes in bursts (switchml_xdp/lab/burst.py); `also`
+    ends its help."""
     return click.option("--burst", type=Parsed("FRAMES", mean_length, float), default=None,
                         help="The loss comes in bursts of FRAMES frames on average (a "
                              "Gilbert-Elliott model: --loss is then the mean rate, every frame "
-                             "of a burst is lost, none between bursts).")(f)
+                             "of a burst is lost, none between bursts)." + also)
 
 
-def check_burst(burst: float | None, loss) -> None:
-    """--burst needs a loss rate to spread: a one-line click error otherwise."""
-    if burst is not None and not loss:
+def check_burst(burst: float | None, losses) -> None:
+    """--burst needs loss rates to spread, each one its bursts can reach: a
+    one-line click error otherwise."""
+    if burst is None:
+        return
+    if not any(losses):
         raise click.BadParameter("needs --loss (the mean rate its bursts carry)",
                                  param_hint="--burst")
+    try:
+        for p in filter(None, losses):
+            BurstModel.of(p, burst)
+    except LossError as e:
+        raise click.BadParameter(str(e), param_hint="--burst") from None
 
 
 def loss_text(loss: float, burst: float | None) -> str:
@@ -133,7 +142,7 @@ def loss_options(f):
     f = click.option("--loss", type=probability_type("loss"), default=None,
                      help="Drop data-port UDP frames with probability P (0.05 or 5%) on every "
                           "worker link, both ways (ARP, ping, TCP are never dropped).")(f)
-    return burst_option(f)
+    return burst_option()(f)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,17 @@ from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import DscpClasses, allreduce_options
-from .lab_options import box_options, lab_errors, lab_options, list_of, rack_options, racks_of, run_rows
+from .lab_options import (
+    box_options,
+    burst_option,
+    check_burst,
+    lab_errors,
+    lab_options,
+    list_of,
+    rack_options,
+    racks_of,
+    run_rows,
+)
 
 
 @click.command()
@@ -171,6 +181,7 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
               help="untimed allreduces before them")
 @click.option("--loss", "losses", default="0,0.1%,1%", show_default=True,
               callback=list_of(float, "loss"), help="loss rates per link and direction")
+@burst_option(" In the sweep: every nonzero rate's, on swml's UDP (Gloo's TCP loss stays random).")
 @click.option("-k", "--elements", "ks", default="64,256", show_default=True,
               callback=list_of(int, "k"), help="elements a packet (swml systems)")
 @click.option("--systems", default="swml-afxdp,swml-udp,userspace,gloo", show_default=True,
@@ -238,7 +249,7 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
                    "the lab's box port serves LIST as priority bands")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
-          jobs_spec, share, reweight, no_gloo, dscp_classes):
+          jobs_spec, share, reweight, no_gloo, dscp_classes, burst):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -251,6 +262,9 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     from switchml_xdp.bench import lab_bench
     from switchml_xdp.bench.allreduce_bench import parse_size
 
+    if burst is not None and (jobs_spec is not None or racks is not None):
+        raise click.BadParameter("not with --jobs or --racks", param_hint="--burst")
+    check_burst(burst, losses)
     if jobs_spec is not None:
         from .lab_bench_jobs import bench_jobs
 
@@ -298,7 +312,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
         wait_quiet=wait_quiet, fanout=fanout, collective=collective, boxes=boxes,
-        box_rate_mbit=box_rate, ports=ports,
+        box_rate_mbit=box_rate, ports=ports, burst=burst,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)

@@ -117,3 +117,25 @@ def resolve(loss: float | str | None, burst) -> tuple[float, BurstModel | None]:
         return 0.0, None      # no loss to spread into bursts
     return 0.0, BurstModel.of(rate, burst)
 
+
+
+# What a sweep of loss rates in bursts tells its readers (swml-lab bench --burst).
+TCP_NOTE = "Gloo's TCP loss stays random at the same mean rate (its dropper has no burst model)"
+
+
+def sweep_meta(losses, mean_len: float | None) -> dict | None:
+    """A bench's record of its bursts: the mean length and each nonzero loss
+    rate's model; None without bursts."""
+    if mean_len is None:
+        return None
+    return {"mean_len": mean_len, "model": "Gilbert-Elliott, h = 1, no loss between bursts",
+            "by_loss": {f"{p:g}": BurstModel.of(p, mean_len).describe() for p in losses if p},
+            "tcp": TCP_NOTE}
+
+
+def sweep_heading(meta: dict) -> str:
+    """One Markdown line for a bench's bursts (sweep_meta's record)."""
+    return (f"Loss in bursts: every nonzero loss rate is the mean rate of a Gilbert-Elliott model "
+            f"whose bursts last {meta['mean_len']:g} frames on average (every frame of a burst "
+            f"lost, none between; r = 1/{meta['mean_len']:g}, p = L r / (1 - L)) on swml's UDP; "
+            f"{meta.get('tcp', TCP_NOTE)}.")

@@ -109,3 +109,42 @@ def test_up_refuses_bad_bursts_before_building_anything(args, says):
     r = CliRunner().invoke(lab_cli, ["up", "-n", "1", *args])
     assert r.exit_code != 0 and says in r.output, r.output
     assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+
+
+def test_bench_takes_burst_for_its_sweep(monkeypatch, tmp_path):
+    from switchml_xdp.bench import lab_bench
+
+    seen = []
+    monkeypatch.setattr(lab_bench, "run_bench", lambda cfg, out: seen.append(cfg))
+    r = CliRunner().invoke(lab_cli, ["bench", "-n", "2", "--loss", "0,5%,10%", "--burst", "4",
+                                     "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert seen[-1].burst == 4.0 and seen[-1].losses == (0.0, 0.05, 0.10)
+    for args, says in ((["--loss", "0", "--burst", "4"], "needs --loss"),
+                       (["--loss", "0,10%,60%", "--burst", "1"], "at most 50%"),
+                       (["--racks", "2", "--burst", "4"], "not with")):
+        r = CliRunner().invoke(lab_cli, ["bench", *args, "--out", str(tmp_path)])
+        assert r.exit_code != 0 and says in r.output, r.output
+
+
+def test_bench_rows_meta_and_heading_record_the_bursts():
+    import time
+
+    from switchml_xdp.bench import lab_bench, report
+
+    cfg = lab_bench.BenchConfig(workers=(2,), losses=(0.0, 0.05), ks=(64,), burst=4.0,
+                                systems=("swml-udp", "gloo"))
+    bench = lab_bench.Bench(cfg, out=lambda line: None)
+    lossy = bench._record("swml-udp", 2, 64, 0.05, None, status="unavailable: (a stand-in)")
+    assert lossy["burst"]["mean_loss"] == pytest.approx(0.05) and lossy["burst"]["mean_stay"] == 4
+    assert bench._record("swml-udp", 2, 64, 0.0, None, status="unavailable: -")["burst"] is None
+    assert "burst" not in bench._record("gloo", 2, None, 0.05, None, status="unavailable: -")
+    meta = bench._meta(time.time(), {"loadavg": [0, 0, 0]})
+    assert meta["burst"]["mean_len"] == 4.0 and list(meta["burst"]["by_loss"]) == ["0.05"]
+    assert meta["burst"]["by_loss"]["0.05"]["r"] == 0.25 and "random" in meta["burst"]["tcp"]
+    meta["started"] = "now"
+    md = report.markdown({"meta": meta, "results": bench.results})
+    assert "Loss in bursts: " in md and "last 4 frames on average" in md
+    assert lab_bench.BenchConfig().burst is None
+    assert "Loss in bursts" not in report.markdown({"meta": {**meta, "burst": None},
+                                                    "results": bench.results})
