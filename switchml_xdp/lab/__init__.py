@@ -12,6 +12,8 @@ Modules, each on top of the ones before it:
     addressing  names, addresses and MACs derived from a lab's prefix; Host
     netns       named network namespaces: make, enter, run in, empty, remove
     shaping     rate limits on links (tc TBF/HTB), DSCP priority bands on box ports
+    loss_values the injector's probabilities and port, checked (no BPF)
+    burst       bursty loss: the Gilbert-Elliott model's p, r, h from a mean rate and length
     loss        the loss and duplication injector (XDP + tc, through switchml_xdp.bpf)
     lifecycle   state files, closing live labs at exit/SIGTERM, removing leftovers
     igmp        a bridge that snoops IGMP with a querier (Lab(igmp=True), the VM lab)
