@@ -86,6 +86,9 @@ static inline void stage_quantize(struct micro *m, uint32_t b, uint8_t *f)
 			memset((int32_t *)payload + len, 0, (m->k - len) * 4);
 	} else if (m->cfg->fmt == SWML_FMT_INT16) {
 		swml_quantize16_block((const float *)m->x + off, len, m->k, m->lexp[b], payload);
+	} else if (m->cfg->one_pass) {
+		swml_quantize_block_offset((const float *)m->x + off, len, m->k, m->lexp[b],
+					   (int)m->L, m->offset, payload);
 	} else {
 		swml_quantize_block((const float *)m->x + off, len, m->k, m->lexp[b], (int)m->L,
 				    payload);
@@ -125,6 +128,12 @@ static inline void stage_dequantize(struct micro *m, uint32_t b)
 
 	if (!m->quantized) {
 		memcpy(m->y + off * 4, r->payload, len * 4);
+	} else if (m->cfg->one_pass && m->cfg->fmt == SWML_FMT_INT16) {
+		swml_dequantize16_payload(r->payload, len, r->exp, (int)m->L, nf,
+					  (float *)m->y + off);
+	} else if (m->cfg->one_pass) {
+		swml_dequantize_payload(r->payload, len, m->offset * m->cfg->world, r->exp,
+					(int)m->L, nf, (float *)m->y + off);
 	} else if (m->cfg->fmt == SWML_FMT_INT16) {
 		int16_t q[SWML_MAX_K_INT16] __attribute__((aligned(64)));
 

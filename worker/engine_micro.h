@@ -38,6 +38,9 @@ struct swml_micro_cfg {
 			  * SWML_FMT_INT32 (an int32 SUM) */
 	uint32_t auth;   /* SWML_AUTH_HEADER or SWML_AUTH_FULL */
 	uint32_t passes; /* times over the tensor, each way */
+	int one_pass;    /* 0: the calls stream.c makes (the RESULT's payload copied
+			  * to an aligned buffer, the offset a pass of its own);
+			  * 1: quant.h's one-pass calls, reading the payload in place */
 };
 
 struct swml_micro_result {

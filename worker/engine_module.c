@@ -39,8 +39,9 @@
  *   pace_encode(value), pace_decode(code)     packet.c's pace codes (wire.py's)
  *   raw_pingpong(ifname, xskmap_fd, abort, ...)  the path's ceiling: frames through the
  *                                             reflector and back (raw_path.h)
- *   engine_micro(x, y, k, world, fmt, auth, passes)  the per-packet work
- *                                             with no network, timed (engine_micro.h)
+ *   engine_micro(x, y, k, world, fmt, auth, passes, one_pass)  the per-packet
+ *                                             work with no network, timed (engine_micro.h)
+ *   quant_simd(level=-1)                      quantization's vector kernels (quant.h)
  * The quant functions mirror switchml_xdp/quant.py, quant16.py and ordered.py so tests
  * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
@@ -473,18 +474,30 @@ static PyObject *py_result_tag(PyObject *self, PyObject *args)
 	return PyLong_FromUnsignedLongLong(tag);
 }
 
-/* engine_micro(x, y, k, world, fmt, auth, passes) -> {"packets", "loop_ns",
- * stage: ns}: engine_micro.h's loop over x (float32, int32 for
+/* quant_simd(level=-1) -> the level in use (quant.h's swml_quant_simd). */
+static PyObject *py_quant_simd(PyObject *self, PyObject *args)
+{
+	int level = -1;
+
+	if (!PyArg_ParseTuple(args, "|i", &level))
+		return NULL;
+	return PyLong_FromLong(swml_quant_simd(level < 0 ? -1 : level));
+}
+
+/* engine_micro(x, y, k, world, fmt, auth, passes, one_pass) -> {"packets",
+ * "loop_ns", stage: ns}: engine_micro.h's loop over x (float32, int32 for
  * SWML_FMT_INT32) into y (the same), GIL released. */
 static PyObject *py_engine_micro(PyObject *self, PyObject *args)
 {
 	PyObject *xo, *yo, *ret = NULL;
 	Py_buffer x, y;
 	unsigned int k, world, fmt, auth, passes;
+	int one_pass;
 	struct swml_micro_result res;
 	int rc;
 
-	if (!PyArg_ParseTuple(args, "OOIIIII", &xo, &yo, &k, &world, &fmt, &auth, &passes))
+	if (!PyArg_ParseTuple(args, "OOIIIIIp", &xo, &yo, &k, &world, &fmt, &auth, &passes,
+			      &one_pass))
 		return NULL;
 	if (get_buf(xo, &x, 0, fmt == SWML_FMT_INT32 ? "i" : "f", 4, "x"))
 		return NULL;
@@ -499,7 +512,8 @@ static PyObject *py_engine_micro(PyObject *self, PyObject *args)
 						   .world = world,
 						   .fmt = fmt < SWML_FMT_NUM ? fmt : SWML_FMT_NUM,
 						   .auth = auth,
-						   .passes = passes};
+						   .passes = passes,
+						   .one_pass = one_pass};
 
 		Py_BEGIN_ALLOW_THREADS
 		rc = swml_engine_micro(&cfg, x.buf, (size_t)buf_len(&x), y.buf, &res);
@@ -1042,8 +1056,11 @@ static PyMethodDef module_methods[] = {
 	 "dst_port, k, window, batch (0: the engine's), spin, warmup_s, seconds) -> {sent, echoed, bad, lost, late, "
 	 "elapsed_ns, kicks, sleeps, frame_len}: the path's ceiling (raw_path.h)"},
 	{"engine_micro", py_engine_micro, METH_VARARGS,
-	 "engine_micro(x, y, k, world, fmt, auth, passes) -> {packets, loop_ns, <stage>: ns}: the "
-	 "engine's per-packet work with no network (engine_micro.h)"},
+	 "engine_micro(x, y, k, world, fmt, auth, passes, one_pass) -> {packets, loop_ns, <stage>: "
+	 "ns}: the engine's per-packet work with no network (engine_micro.h)"},
+	{"quant_simd", py_quant_simd, METH_VARARGS,
+	 "quant_simd(level=-1) -> the vector kernels quantization runs (0 none, 1 AVX2); a "
+	 "level >= 0 picks it, or the best below it the CPU has"},
 	{"result_tag", py_result_tag, METH_VARARGS,
 	 "result_tag(result_key: 16 bytes, hdr: swml header [+ payload], auth, payload_len) -> the "
 	 "RESULT authenticator (u64; the header's key field holds it little-endian)"},

@@ -6,8 +6,10 @@
  * masked out with integer bit operations instead of branches, the exponent is
  * an integer max over the magnitudes' bit patterns, and rint() is the
  * magic-number rounding below. target_clones adds an AVX2 version picked at
- * load time where the CPU has it; both give the same bits. */
+ * load time where the CPU has it; both give the same bits. Where the CPU has
+ * AVX2, quantize and dequantize run quant_simd.c's float32 kernels instead, for the exponents where quant_simd.h shows them exact. */
 #include "quant.h"
+#include "quant_simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -28,6 +30,56 @@
 #else
 #define SWML_CLONES
 #endif
+
+/* The vector kernels in use, the best this CPU has unless swml_quant_simd()
+ * said less. */
+static enum swml_simd simd;
+
+__attribute__((constructor)) static void pick_simd(void)
+{
+	simd = swml_simd_supported();
+}
+
+int swml_quant_simd(int level)
+{
+	const enum swml_simd best = swml_simd_supported();
+
+	if (level >= 0)
+		simd = (enum swml_simd)level < best ? (enum swml_simd)level : best;
+	return (int)simd;
+}
+
+/* 2^e exactly, e in [-1022, 1023]; and as a float, e in [-126, 127]: the
+ * exponent field alone, no libm call. */
+static inline double pow2(int e)
+{
+	const uint64_t bits = (uint64_t)(e + 1023) << 52;
+	double d;
+
+	memcpy(&d, &bits, sizeof d);
+	return d;
+}
+
+static inline float pow2f(int e)
+{
+	const uint32_t bits = (uint32_t)(e + 127) << 23;
+	float f;
+
+	memcpy(&f, &bits, sizeof f);
+	return f;
+}
+
+/* quant_simd.h's float32 scaling by 2^F, F in [-126, 254], as two normal
+ * factors: 2^min(F, 127) and what is left. */
+static inline float first_factor(int F)
+{
+	return pow2f(F > 127 ? 127 : F);
+}
+
+static inline float second_factor(int F)
+{
+	return pow2f(F > 127 ? F - 127 : 0);
+}
 
 int swml_exponent_bits(uint32_t world)
 {
@@ -93,6 +145,36 @@ static inline double quantized(const float *xp, double scale)
 /* The scalar, checked quantizer of both formats (any exponent, so any
  * magnitude): libm's rint, values saturated to int32 (wide) or int16, zero
  * padding from n to k; returns the largest |value| before saturation. */
+/* float32(ints[i] * scale) for n int32 (wide) or int16 at payload, as they
+ * sit in a frame (any alignment), sub taken off each int32 first (uint32,
+ * wrapping); all NaN for a non-finite block: the last step of both formats.
+ * `wide` is a constant at each call, so each inlined copy keeps one
+ * vectorized loop. */
+static inline void payload_back(const void *payload, int wide, size_t n, uint32_t sub, double scale,
+				int nonfinite, float *restrict out)
+{
+	const uint8_t *p = payload;
+
+	if (nonfinite) {
+		for (size_t i = 0; i < n; i++)
+			out[i] = NAN;
+	} else if (wide) {
+		for (size_t i = 0; i < n; i++) {
+			uint32_t u;
+
+			memcpy(&u, p + 4 * i, sizeof u);
+			out[i] = (float)((double)(int32_t)(u - sub) * scale);
+		}
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			int16_t v;
+
+			memcpy(&v, p + 2 * i, sizeof v);
+			out[i] = (float)((double)v * scale);
+		}
+	}
+}
+
 static uint32_t quantize_checked(const float *x, size_t n, size_t k, double scale, int wide,
 				 void *out)
 {
@@ -112,40 +194,36 @@ static uint32_t quantize_checked(const float *x, size_t n, size_t k, double scal
 	return peak >= 4294967295.0 ? UINT32_MAX : (uint32_t)peak;
 }
 
-/* float32(ints[i] * scale) for n int32 (wide) or int16 at ints, all NaN for a
- * non-finite block: the last step of both formats. `wide` is a constant at
- * each call, so each inlined copy keeps one vectorized loop. */
-static inline void scale_back(const void *ints, int wide, size_t n, double scale, int nonfinite,
-			      float *restrict out)
+SWML_CLONES
+static void quantize_offset_f64(const float *x, size_t n, size_t k, double scale, uint32_t offset,
+				int32_t *restrict out)
 {
-	if (nonfinite) {
-		for (size_t i = 0; i < n; i++)
-			out[i] = NAN;
-	} else if (wide) {
-		for (size_t i = 0; i < n; i++) /* exact product, one rounding */
-			out[i] = (float)((double)((const int32_t *)ints)[i] * scale);
-	} else {
-		for (size_t i = 0; i < n; i++)
-			out[i] = (float)((double)((const int16_t *)ints)[i] * scale);
-	}
+	for (size_t i = 0; i < n; i++) /* |q| <= 2^(30-L) by the precondition */
+		out[i] = (int32_t)((uint32_t)(int32_t)quantized(x + i, scale) + offset);
+	for (size_t i = n; i < k; i++)
+		out[i] = (int32_t)offset;
 }
 
-SWML_CLONES
-void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, int L,
-			 int32_t *restrict out)
+void swml_quantize_block_offset(const float *x, size_t n, size_t k, int8_t exp_global, int L,
+				uint32_t offset, int32_t *out)
 {
-	const double scale = ldexp(1.0, shift_of(exp_global, L)); /* exact */
+	const int F = shift_of(exp_global, L);
 
-	for (size_t i = 0; i < n; i++)
-		out[i] = (int32_t)quantized(x + i, scale); /* |q| <= 2^(30-L) by the precondition */
-	for (size_t i = n; i < k; i++)
-		out[i] = 0;
+	if (simd)
+		swml_simd_quantize32(simd, x, n, k, first_factor(F), second_factor(F), offset, out);
+	else
+		quantize_offset_f64(x, n, k, pow2(F), offset, out);
+}
+
+void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, int L, int32_t *out)
+{
+	swml_quantize_block_offset(x, n, k, exp_global, L, 0, out);
 }
 
 uint32_t swml_quantize_block_checked(const float *x, size_t n, size_t k, int8_t exp_global, int L,
 				     int32_t *out)
 {
-	return quantize_checked(x, n, k, ldexp(1.0, shift_of(exp_global, L)), 1, out);
+	return quantize_checked(x, n, k, pow2(shift_of(exp_global, L)), 1, out);
 }
 
 SWML_CLONES
@@ -161,7 +239,24 @@ SWML_CLONES
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L, int nonfinite,
 			   float *restrict out)
 {
-	scale_back(sums, 1, n, ldexp(1.0, -shift_of(exp_global, L)), nonfinite, out);
+	const int F = shift_of(exp_global, L);
+
+	if (simd && !nonfinite && F <= 126) /* 2^-F >= 2^-126: every nonzero y normal */
+		swml_simd_dequantize32(simd, sums, n, 0, pow2f(-F), out);
+	else
+		payload_back(sums, 1, n, 0, pow2(-F), nonfinite, out);
+}
+
+SWML_CLONES
+void swml_dequantize_payload(const void *payload, size_t n, uint32_t sub, int8_t exp_global, int L,
+			     int nonfinite, float *out)
+{
+	const int F = shift_of(exp_global, L);
+
+	if (simd && !nonfinite && F <= 126)
+		swml_simd_dequantize32(simd, payload, n, sub, pow2f(-F), out);
+	else
+		payload_back(payload, 1, n, sub, pow2(-F), nonfinite, out);
 }
 
 static inline int shift16_of(int8_t exp_global)
@@ -170,29 +265,48 @@ static inline int shift16_of(int8_t exp_global)
 }
 
 SWML_CLONES
-void swml_quantize16_block(const float *x, size_t n, size_t k, int8_t exp_global,
-			   int16_t *restrict out)
+static void quantize16_f64(const float *x, size_t n, size_t k, double scale, int16_t *restrict out)
 {
-	const double scale = ldexp(1.0, shift16_of(exp_global)); /* exact */
-
 	for (size_t i = 0; i < n; i++) /* |q| <= 2^14 by the precondition */
 		out[i] = (int16_t)(int32_t)quantized(x + i, scale);
 	for (size_t i = n; i < k; i++)
 		out[i] = 0;
 }
 
+void swml_quantize16_block(const float *x, size_t n, size_t k, int8_t exp_global, int16_t *out)
+{
+	const int F = shift16_of(exp_global);
+
+	if (simd)
+		swml_simd_quantize16(simd, x, n, k, first_factor(F), second_factor(F), out);
+	else
+		quantize16_f64(x, n, k, pow2(F), out);
+}
+
 uint32_t swml_quantize16_block_checked(const float *x, size_t n, size_t k, int8_t exp_global,
 				       int16_t *out)
 {
-	return quantize_checked(x, n, k, ldexp(1.0, shift16_of(exp_global)), 0, out);
+	return quantize_checked(x, n, k, pow2(shift16_of(exp_global)), 0, out);
 }
 
 SWML_CLONES
-void swml_dequantize16_block(const int16_t *results, size_t n, int8_t exp_global, int L,
-			     int nonfinite, float *restrict out)
+void swml_dequantize16_payload(const void *payload, size_t n, int8_t exp_global, int L,
+			       int nonfinite, float *out)
 {
-	/* 2^(L - F16) lies in [2^-141, 2^(L+114)]: exact in double */
-	scale_back(results, 0, n, ldexp(1.0, L - shift16_of(exp_global)), nonfinite, out);
+	/* 2^(L - F16) lies in [2^-141, 2^(L+114)]: exact in double; a float
+	 * factor where every nonzero y is normal */
+	const int G = L - shift16_of(exp_global);
+
+	if (simd && !nonfinite && G >= -126 && G <= 127)
+		swml_simd_dequantize16(simd, payload, n, pow2f(G), out);
+	else
+		payload_back(payload, 0, n, 0, pow2(G), nonfinite, out);
+}
+
+void swml_dequantize16_block(const int16_t *results, size_t n, int8_t exp_global, int L,
+			     int nonfinite, float *out)
+{
+	swml_dequantize16_payload(results, n, exp_global, L, nonfinite, out);
 }
 
 #define F32_LOW31 0x7fffffffu

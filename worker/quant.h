@@ -39,9 +39,14 @@ int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite);
 /* Quantize n elements of x into k int32 at out (zero padded from n to k) with
  * the block's global exponent. Precondition: exp_global >= the block's local
  * exponent (always true in a job: the switch returns the max over workers),
- * so every |q| <= 2^(30-L). Vectorized. */
+ * so every |q| <= 2^(30-L). Vectorized (quant_simd.h where the CPU allows). */
 void swml_quantize_block(const float *x, size_t n, size_t k, int8_t exp_global, int L,
 			 int32_t *out);
+
+/* swml_quantize_block, then `offset` added to each of the k elements as
+ * swml_offset_block does, in one pass (SWML_FMT_OFFSET32). */
+void swml_quantize_block_offset(const float *x, size_t n, size_t k, int8_t exp_global, int L,
+				uint32_t offset, int32_t *out);
 
 /* The same for any exp_global (scalar): values beyond int32 saturate, and the
  * largest |q| is returned so that callers can check the 2^(30-L) headroom, as
@@ -57,6 +62,12 @@ void swml_offset_block(int32_t *x, size_t k, uint32_t offset);
 /* Dequantize the first n sums of a block into out; all NaN when nonfinite. */
 void swml_dequantize_block(const int32_t *sums, size_t n, int8_t exp_global, int L, int nonfinite,
 			   float *out);
+
+/* The same from a RESULT's payload where it lies in the frame (any
+ * alignment), `sub` taken off each sum first (uint32, wrapping: the world's
+ * offsets under SWML_FMT_OFFSET32, else 0): no copy to an aligned buffer. */
+void swml_dequantize_payload(const void *payload, size_t n, uint32_t sub, int8_t exp_global, int L,
+			     int nonfinite, float *out);
 
 /* The 16-bit block format, bit-identical to switchml_xdp/quant16.py (the
  * definition; docs/quantization.md, "The 16-bit format"): F16 = 13 - E,
@@ -76,6 +87,16 @@ uint32_t swml_quantize16_block_checked(const float *x, size_t n, size_t k, int8_
  * NaN when nonfinite. */
 void swml_dequantize16_block(const int16_t *results, size_t n, int8_t exp_global, int L,
 			     int nonfinite, float *out);
+
+/* The same from a RESULT's int16 payload where it lies in the frame (any alignment). */
+void swml_dequantize16_payload(const void *payload, size_t n, int8_t exp_global, int L,
+			       int nonfinite, float *out);
+
+/* Which vector kernels quantize and dequantize run (quant_simd.h: 0 none,
+ * the float64 loops; 1 AVX2): the best the CPU has by default;
+ * level >= 0 picks that one or the best below it. Returns the level in use.
+ * Every level gives the same bits; tests and the bench compare them. */
+int swml_quant_simd(int level);
 
 /* float32 MIN/MAX through the switch's int32 compare, bit-identical to
  * switchml_xdp/ordered.py: each float's bits as an int32, the 31 low bits

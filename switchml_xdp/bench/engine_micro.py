@@ -5,9 +5,12 @@ them one packet after the other (the loop), and the loop's elements/s on one
 core (docs/performance.md, "Where the engine's cycles go"). The RESULTs are
 what the switch answers to `world` copies of this rank's DATA, so the output
 must equal the Python reference's allreduce of those copies: it is checked.
+A quantized format runs twice: with the calls stream.c makes, and with
+quant.h's one-pass calls (offset and payload copy folded in).
 
     python -m switchml_xdp.bench.engine_micro [--k 256] [--n 1048576] [--world 4]
-        [--formats offset32,int16,int32] [--auth header|full] [--repeat 5] [--json]
+        [--formats offset32,int16,int32] [--auth header|full]
+        [--simd best|none|avx2] [--repeat 5] [--json]
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from .output import echo_rows
 FORMATS = {"offset32": wire.FMT_OFFSET32, "int16": wire.FMT_INT16, "int32": wire.FMT_INT32}
 WHAT = {"offset32": "float32 SUM", "int16": "float32 SUM, 16-bit", "int32": "int32 SUM"}
 STAGES = ("exponent", "quantize", "build", "parse", "authenticate", "dequantize")
+SIMD = {"none": 0, "avx2": 1, "best": 1}  # quant.h's swml_quant_simd levels
 
 
 def engine():
@@ -51,7 +55,8 @@ def reference(fmt: str, x: np.ndarray, k: int, world: int) -> np.ndarray:
     return quant.simulate_allreduce([x] * world, k)
 
 
-def measure(fmt: str, k: int, n: int, world: int, auth: int, passes: int, repeat: int) -> dict:
+def measure(fmt: str, one_pass: bool, k: int, n: int, world: int, auth: int, passes: int,
+            repeat: int) -> dict:
     """One row: the median over `repeat` runs of each stage's and the loop's
     ns per packet; the loop's elements/s. Raises if the output is wrong."""
     eng = engine()
@@ -59,12 +64,13 @@ def measure(fmt: str, k: int, n: int, world: int, auth: int, passes: int, repeat
     y = np.empty_like(x)
     runs = []
     for _ in range(repeat):
-        runs.append(eng.engine_micro(x, y, k, world, FORMATS[fmt], auth, passes))
+        runs.append(eng.engine_micro(x, y, k, world, FORMATS[fmt], auth, passes, one_pass))
     want = reference(fmt, x, k, world)
     if not np.array_equal(y.view(np.int32), want.view(np.int32)):
         raise click.ClickException(f"{fmt}: the engine's output differs from the reference")
     packets = runs[0]["packets"]
-    row = {"format": fmt, "k": k, "n": n, "world": world, "auth": wire_auth_name(auth)}
+    row = {"format": fmt, "one_pass": one_pass, "k": k, "n": n, "world": world,
+           "auth": wire_auth_name(auth), "simd": eng.quant_simd()}
     for stage in (*STAGES, "loop_ns"):
         row[stage.removesuffix("_ns")] = statistics.median(r[stage] for r in runs) / packets
     row["elements_per_s"] = k / row["loop"] * 1e9
@@ -78,11 +84,12 @@ def wire_auth_name(auth: int) -> str:
 def line(row: dict) -> str:
     stages = "".join(f"{row[s]:>8.1f}" for s in (*STAGES, "loop"))
     per_elem = row["loop"] / row["k"]
-    return (f"{WHAT[row['format']]:<20}{stages}{per_elem:>9.3f}"
+    what = WHAT[row["format"]] + (", one pass" if row["one_pass"] else "")
+    return (f"{what:<30}{stages}{per_elem:>9.3f}"
             f"{row['elements_per_s'] / 1e9:>9.2f}")
 
 
-HEADER = (f"{'ns/packet':<20}" + "".join(f"{s[:8]:>8}" for s in STAGES) + f"{'loop':>8}"
+HEADER = (f"{'ns/packet':<30}" + "".join(f"{s[:8]:>8}" for s in STAGES) + f"{'loop':>8}"
           f"{'ns/elem':>9}{'G el/s':>9}")
 
 
@@ -94,10 +101,12 @@ HEADER = (f"{'ns/packet':<20}" + "".join(f"{s[:8]:>8}" for s in STAGES) + f"{'lo
               help="Comma-separated: offset32 (float32 SUM), int16 (its 16-bit format), int32.")
 @click.option("--auth", type=click.Choice(["header", "full"]), default="header",
               show_default=True, help="What the RESULT authenticator covers.")
+@click.option("--simd", type=click.Choice(list(SIMD)), default="best", show_default=True,
+              help="Quantization's vector kernels: the best the CPU has, or at most this.")
 @click.option("--passes", default=5, show_default=True, help="Times over the tensor a run.")
 @click.option("--repeat", default=5, show_default=True, help="Runs; each figure is their median.")
 @click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
-def main(k, n, world, formats, auth, passes, repeat, as_json):
+def main(k, n, world, formats, auth, simd, passes, repeat, as_json):
     names = [f.strip() for f in formats.split(",") if f.strip()]
     unknown = [f for f in names if f not in FORMATS]
     if unknown or not names:
@@ -106,12 +115,15 @@ def main(k, n, world, formats, auth, passes, repeat, as_json):
     if k < 1 or n < 1 or not 1 <= world <= 0xFFFF or passes < 1 or repeat < 1:
         raise click.BadParameter("k, n, passes and repeat must be >= 1, world in [1, 65535]")
     auth_mode = wire.AUTH_FULL if auth == "full" else wire.AUTH_HEADER
+    level = engine().quant_simd(SIMD[simd])
+    runs = [(f, one) for f in names for one in ((False, True) if f != "int32" else (False,))]
     try:
-        rows = [measure(f, k, n, world, auth_mode, passes, repeat) for f in names]
+        rows = [measure(f, one, k, n, world, auth_mode, passes, repeat) for f, one in runs]
     except ValueError as e:  # the engine's one-line refusal (k too large, ...)
         raise click.ClickException(str(e)) from e
     echo_rows(rows, as_json, HEADER, line,
-              f"k={k}, n={n}, world={world}, RESULT auth {auth}; median of {repeat} runs of "
+              f"k={k}, n={n}, world={world}, RESULT auth {auth}, vector level {level} (0 none, "
+              f"1 AVX2); median of {repeat} runs of "
               f"{passes} passes; each stage alone over all blocks, loop: the stages one "
               "packet after the other (no network: rings, kicks and the switch are not in it)")
 
