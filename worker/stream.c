@@ -55,6 +55,10 @@ struct plan {
 			      element sent and world times taken off each sum (else 0) */
 	/* loop state */
 	uint64_t remaining, now, last_progress, next_check;
+	/* loss by evidence (RACK): the latest transmission time of a packet
+	 * whose RESULT came back, and whether it moved since the last look */
+	uint64_t rack_xmit, rack_rtt;
+	int rack_moved;
 };
 
 static inline uint64_t now_ns(void)
@@ -124,11 +128,13 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 	st->rto = malloc(S * sizeof *st->rto);
 	st->queued = calloc(S, 1);
 	st->sent_at = calloc(S, sizeof *st->sent_at);
+	st->xmit_at = calloc(S, sizeof *st->xmit_at);
+	st->evidence_n = calloc(S, 1);
 	st->resent = calloc(S, 1);
 	st->timer_state = calloc(S, 1);
 	st->probe = -1;
 	if (!st->inflight || !st->deadline || !st->rto || !st->queued || !st->sent_at ||
-	    !st->resent || !st->timer_state) {
+	    !st->xmit_at || !st->evidence_n || !st->resent || !st->timer_state) {
 		swml_stream_free(st);
 		return -ENOMEM;
 	}
@@ -149,9 +155,12 @@ void swml_stream_free(struct swml_stream *st)
 	free(st->rto);
 	free(st->queued);
 	free(st->sent_at);
+	free(st->xmit_at);
+	free(st->evidence_n);
 	free(st->resent);
 	free(st->timer_state);
-	st->sent_at = NULL;
+	st->sent_at = st->xmit_at = NULL;
+	st->evidence_n = NULL;
 	st->resent = NULL;
 	st->timer_state = NULL;
 	st->inflight = NULL;
@@ -229,6 +238,7 @@ static void arm(struct swml_stream *st, struct plan *pl, uint32_t s, int retrans
 	st->deadline[s] = pl->now + st->rto[s];
 	if (st->deadline[s] < pl->next_check)
 		pl->next_check = st->deadline[s];
+	st->xmit_at[s] = pl->now;
 	st->stats.packets_sent++;
 	if (retrans) {
 		st->resent[s] = 1;
@@ -296,6 +306,7 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 	swml_window_sent(&st->win, pl->now * 1e-9);
 	st->rto[s] = st->rto_ns;
 	st->resent[s] = 0;
+	st->evidence_n[s] = 0;
 	st->timer_state[s] = TIMER_NORMAL;
 	transmit(st, pl, p, 0);
 }
@@ -355,6 +366,68 @@ static void probe_answered(struct swml_stream *st, struct plan *pl, const struct
 		st->stats.spurious_timeouts++;
 }
 
+/* The base round trip in ns: the smallest the window has seen (0: none yet). */
+static uint64_t base_rtt_ns(const struct swml_stream *st)
+{
+	return (uint64_t)(st->win.base * 1e9);
+}
+
+/* Slot s's packet has its RESULT: its latest transmission is evidence about
+ * every packet sent before it (retransmit.py, "Loss by evidence"). A RESULT
+ * that came back sooner than the base round trip after a resend answers the
+ * original, not the resend: its time says nothing (RACK's rule). */
+static void rack_answered(struct swml_stream *st, struct plan *pl, uint32_t s)
+{
+	const uint64_t t = st->xmit_at[s];
+
+	if (st->deadline[s] == UINT64_MAX) /* still queued: never went */
+		return;
+	if (st->resent[s] && pl->now - t < base_rtt_ns(st))
+		return;
+	if (t > pl->rack_xmit) {
+		pl->rack_xmit = t;
+		pl->rack_rtt = pl->now - t;
+		pl->rack_moved = 1;
+	}
+}
+
+/* Loss by evidence (retransmit.py has the reasoning): every packet in flight
+ * that went out more than a quarter of the smoothed round trip before a packet
+ * whose RESULT is back lost its DATA, another rank's or its RESULT. It goes
+ * again now, with its timeout as it was: nothing timed out. Its n-th resend
+ * on evidence waits until 2^n round trips (that RESULT's, or the smoothed one
+ * where longer) have passed since the last: the round may wait for a rank that has yet to resend its own lost
+ * packet (descheduled, or still to hear of the loss), and each of our resends
+ * meanwhile is a duplicate. */
+static void rack_detect(struct swml_stream *st, struct plan *pl)
+{
+	/* the round trip a resend waits out: the smoothed one, which holds the
+	 * other ranks' usual lateness, where it is longer */
+	const uint64_t rtt = pl->rack_rtt > st->srtt_ns ? pl->rack_rtt : st->srtt_ns;
+	const uint64_t reo = st->srtt_ns / SWML_RACK_REORDER_DIV;
+	int lost = 0;
+
+	pl->rack_moved = 0;
+	for (uint32_t s = 0; s < pl->S; s++) {
+		uint64_t wait;
+
+		if (st->inflight[s] < 0 || st->deadline[s] == UINT64_MAX ||
+		    st->xmit_at[s] + reo >= pl->rack_xmit)
+			continue;
+		wait = (rtt << min_u64(st->evidence_n[s], SWML_RACK_MAX_BACKOFF)) + reo;
+		if (pl->now < st->xmit_at[s] + wait)
+			continue;
+		st->timer_state[s] = TIMER_NORMAL;
+		if (st->evidence_n[s] < UINT8_MAX)
+			st->evidence_n[s]++;
+		transmit(st, pl, (uint64_t)st->inflight[s], 1);
+		st->stats.rack_resends++;
+		lost = 1;
+	}
+	if (lost)
+		swml_window_loss(&st->win, pl->now * 1e-9);
+}
+
 /* A RESULT of this job from the switch: 0, or -1 if it ends the call as a
  * disagreement. */
 static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
@@ -396,6 +469,7 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	if ((int64_t)s == st->probe)
 		probe_answered(st, pl, r);
 	st->timer_state[s] = TIMER_NORMAL;
+	rack_answered(st, pl, s);
 	if (!st->resent[s] && st->deadline[s] != UINT64_MAX) { /* Karn: sent once, and sent */
 		if (st->cfg.rto_adaptive)
 			rtt_sample(st, pl->now - st->sent_at[s]);
@@ -724,6 +798,8 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 			status = SWML_DISAGREE;
 			break;
 		}
+		if (pl.rack_moved)
+			rack_detect(st, &pl);
 		if (st->n_queued) {
 			swml_xsk_reclaim(st->xsk);
 			drain_queue(st, &pl);

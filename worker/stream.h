@@ -25,7 +25,10 @@
  * moves to align_up(call start + SWML_SEQ_RESYNC_STRIDE, 2 S), as on every
  * other rank that failed it.
  * Every in-flight packet has a retransmission timer that doubles up to a cap;
- * results of packets not in flight count as duplicates.
+ * results of packets not in flight count as duplicates. Before its timer, a
+ * packet goes again on evidence (RACK): a RESULT for a packet that went out
+ * more than a quarter of the smoothed round trip after it (docs/transport.md,
+ * "Loss by evidence").
  * New packets go in order of p, at most the congestion window's limit in
  * flight, paced (window.h: the rules of switchml_xdp/client/window.py), no
  * faster than the rate the box's last authentic RESULT stamped in `pace`,
@@ -104,6 +107,7 @@ struct swml_stream_stats {
 	uint64_t spurious_timeouts; /* probes whose original was in the round after all */
 	uint64_t header_only;       /* header-only RESULTs taken: another rank's shard */
 	uint64_t rate_waits;        /* of the pace_waits, those the box's rate cap set */
+	uint64_t rack_resends;      /* resent on evidence: a later packet's round came back */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -119,6 +123,8 @@ struct swml_stream {
 	uint64_t *deadline;   /* when to resend; UINT64_MAX while queued for tx */
 	uint64_t *rto;        /* its current timeout */
 	uint64_t *sent_at;    /* first transmission, for an RTT sample */
+	uint64_t *xmit_at;    /* latest transmission, for loss by evidence (RACK) */
+	uint8_t *evidence_n;  /* resends on evidence so far */
 	uint8_t *resent;      /* retransmitted: no RTT sample (Karn) */
 	uint8_t *timer_state; /* TIMER_*: deferred behind the probe or not */
 	int64_t probe;        /* the slot of the probe (retransmit.py), -1 if none */

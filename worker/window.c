@@ -71,11 +71,14 @@ void swml_window_ack(struct swml_window *w, double rtt, double now)
 
 void swml_window_loss(struct swml_window *w, double now)
 {
-	if (may_decrease(w, now)) {
-		if (w->backlog > w->target)
-			w->cwnd *= 0.5;
-		else
-			w->cwnd *= 1.0 - w->policy.random_loss_md;
+	double md;
+
+	if (w->backlog > w->target)
+		md = 0.5;
+	else
+		md = w->policy.random_loss_md;
+	if (md > 0.0 && may_decrease(w, now)) {
+		w->cwnd *= 1.0 - md;
 		w->last_decrease = now;
 		w->cwnd = clamp_cwnd(w->cwnd, w->slots);
 	}

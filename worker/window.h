@@ -30,7 +30,7 @@ void swml_window_init(struct swml_window *w, uint32_t slots,
 		      const struct swml_window_policy *policy);
 /* A result for a packet sent once, rtt seconds after it went out. */
 void swml_window_ack(struct swml_window *w, double rtt, double now);
-/* A retransmission timer expired. */
+/* A packet was lost: its timer expired, or a later one's result came back first. */
 void swml_window_loss(struct swml_window *w, double now);
 /* Packets that may be in flight now. */
 uint32_t swml_window_limit(const struct swml_window *w);

@@ -36,6 +36,30 @@ holding back the packet that the other's probe needs, and chains of such
 waits across many ranks stall the job (measured: 60x slower at 1% loss and
 8 workers when deferrals could repeat).
 
+Loss by evidence (RACK, RFC 8985), before any timer: RESULTs come back in
+the order their rounds complete, and a round completes with its slowest
+rank's packet, which no packet of a later round overtakes on that rank's
+path. So when a packet's RESULT comes back, every packet in flight that went
+out more than a quarter of the smoothed round trip before it
+(RACK_REORDER_DIV) lost something:
+its DATA, another rank's DATA of its round, or its RESULT. It goes again at
+once, its timeout as it was (nothing timed out), and its resend is judged
+the same way: a lost resend is found by the next RESULTs, not by a doubled
+timeout. The n-th resend of a packet on evidence waits until 2^n round
+trips (the evidence's, or the smoothed one where longer: it holds the other
+ranks' usual lateness) have passed since the last (RACK's time rule, backed
+off; n at most RACK_MAX_BACKOFF): the round may
+wait for another rank that lost its packet and has yet to resend it
+(descheduled, or yet to hear of the loss), and each of our resends meanwhile
+is a duplicate (measured: 52% of packets resent at 5% loss, 4 ranks, 1
+Gbit/s, without it). The time that counts is a packet's latest
+transmission; a RESULT that comes back sooner than the base round trip
+after a resend answers the original, and says nothing. Every rank of a
+round that lost one rank's packet resends its own (the others' resends are
+counted duplicates at the switch): a few resends more, for recovery in one
+round trip instead of a timeout. Timers remain for what no later RESULT can
+reveal: the last packets of a call, and a stall.
+
 `RtoEstimator` and `RetransmitTimers` are these rules in Python (the udp
 backend); worker/stream.c (rtt_sample, check_timers) implements the same
 rules in the afxdp engine, which takes the policy's three numbers. The
@@ -56,6 +80,8 @@ from ..layout import DEFINES
 _ENGINE = DEFINES["engine_policy.h"]
 RTO_BACKOFF = _ENGINE["SWML_RTO_BACKOFF"]      # an expired timer's timeout times this
 RTO_QUIET_DIV = _ENGINE["SWML_RTO_QUIET_DIV"]  # RESULTs stopped: none for the RTO / this
+RACK_REORDER_DIV = _ENGINE["SWML_RACK_REORDER_DIV"]  # evidence's margin: base RTT / this
+RACK_MAX_BACKOFF = _ENGINE["SWML_RACK_MAX_BACKOFF"]  # resends on evidence: 2^n RTTs apart
 # A call fails when no result came in for this long (every backend's default).
 STALL_TIMEOUT_S = float(_ENGINE["SWML_STALL_TIMEOUT_S"])
 
@@ -129,12 +155,17 @@ class RetransmitTimers:
         self.estimator = RtoEstimator(policy)
         self.clock = clock
         # packet -> (deadline, its timeout, first send time or None once resent
-        # (Karn), first send time)
-        self._timers: dict[int, tuple[float, float, float | None, float]] = {}
+        # (Karn), first send time, latest send time, resends on evidence)
+        self._timers: dict[int, tuple[float, float, float | None, float, float, int]] = {}
         self._last_answer = clock()         # when the last result came in
         self._probe: int | None = None      # the resent packet whose answer is awaited
         self._deferred: set[int] = set()    # timed out while the probe was out: not resent
         self.spurious = 0                   # probes whose original was in the round after all
+        self.min_rtt = 0.0                  # the smallest round trip sampled (Karn's)
+        self._rack_xmit = 0.0               # latest send time of a packet answered
+        self._rack_rtt = 0.0                # ... and that answer's round trip
+        self._rack_moved = False            # ... and it moved since the last look
+        self.evidence_resends = 0           # packets resent on evidence
 
     def start(self) -> None:
         """A new stream: forget the timers of the last one (a failed tensor
@@ -143,12 +174,14 @@ class RetransmitTimers:
         self._last_answer = self.clock()
         self._probe = None
         self._deferred.clear()
+        self._rack_xmit = 0.0
+        self._rack_moved = False
 
     def sent(self, p: int) -> None:
         """Packet p went out for the first time."""
         now = self.clock()
         rto = self.estimator.rto
-        self._timers[p] = (now + rto, rto, now, now)
+        self._timers[p] = (now + rto, rto, now, now, now, 0)
 
     def answered(self, p: int, lost: bool = True) -> float | None:
         """Packet p has its result: stop its timer, sample its round trip;
@@ -159,14 +192,19 @@ class RetransmitTimers:
         self._last_answer = now
         timer = self._timers.pop(p, None)
         self._deferred.discard(p)
+        if timer is not None and (timer[2] is not None or now - timer[4] >= self.min_rtt) \
+                and timer[4] > self._rack_xmit:
+            self._rack_xmit = timer[4]
+            self._rack_rtt = now - timer[4]
+            self._rack_moved = True
         if timer is not None and p == self._probe:
             self._probe = None
             # A loss: the deferred are due at once (and go, deferred before).
             # Else the late rank is back: a fresh timeout for its packets, and
             # no RTT sample: this round trip includes its wait (module docstring).
             for q in self._deferred:
-                _, rto, first, sent0 = self._timers[q]
-                self._timers[q] = (now if lost else now + rto, rto, first, sent0)
+                _, rto, first, sent0, xmit, n = self._timers[q]
+                self._timers[q] = (now if lost else now + rto, rto, first, sent0, xmit, n)
             if not lost:
                 self.spurious += 1
                 self._deferred.clear()
@@ -174,7 +212,29 @@ class RetransmitTimers:
             return None
         rtt = now - timer[2]
         self.estimator.sample(rtt)
+        if not self.min_rtt or rtt < self.min_rtt:
+            self.min_rtt = rtt
         return rtt
+
+    def lost_by_evidence(self) -> list[int]:
+        """The packets to resend now because a packet sent after them has its
+        result (module docstring, "Loss by evidence"), each re-armed with its
+        timeout as it was. Empty unless a result came in since the last look."""
+        if not self._rack_moved:
+            return []
+        self._rack_moved = False
+        now = self.clock()
+        reo = (self.estimator.srtt or 0.0) / RACK_REORDER_DIV
+        before = self._rack_xmit - reo
+        rtt = max(self._rack_rtt, self.estimator.srtt or 0.0)
+        lost = sorted(p for p, timer in self._timers.items() if timer[4] < before
+                      and now >= timer[4] + rtt * 2 ** min(timer[5], RACK_MAX_BACKOFF) + reo)
+        for p in lost:
+            _, rto, _, sent0, _, n = self._timers[p]
+            self._timers[p] = (now + rto, rto, None, sent0, now, n + 1)
+            self._deferred.discard(p)
+        self.evidence_resends += len(lost)
+        return lost
 
     def expired(self) -> Iterator[int]:
         """The packets to resend now, each re-armed with a doubled timeout.
@@ -193,15 +253,16 @@ class RetransmitTimers:
                                        >= self.estimator.rto / RTO_QUIET_DIV):
                 self._probe = oldest
         for p in due:
-            _, rto, first, sent0 = self._timers[p]
+            _, rto, first, sent0, xmit, n = self._timers[p]
             if self._probe is None or p == self._probe \
                     or p in self._deferred:  # deferred once, never twice
                 self._deferred.discard(p)
                 rto = self.estimator.backoff(rto)
-                self._timers[p] = (self.clock() + rto, rto, None, sent0)
+                sent = self.clock()
+                self._timers[p] = (sent + rto, rto, None, sent0, sent, n)
                 yield p
             else:
-                self._timers[p] = (now + rto, rto, first, sent0)
+                self._timers[p] = (now + rto, rto, first, sent0, xmit, n)
                 self._deferred.add(p)
 
     def next_deadline(self) -> float | None:

@@ -113,6 +113,7 @@ class UdpBackend(Backend):
 
     def stats(self) -> dict:
         return {**self._counters, "spurious_timeouts": self.timers.spurious,
+                "rack_resends": self.timers.evidence_resends,
                 "rto_us": int(self.timers.estimator.rto * 1e6),
                 "cwnd": int(self.window.cwnd), "rate_kbps": self.box.rate_kbps,
                 "dscp": self.box.dscp}
@@ -297,6 +298,12 @@ class UdpBackend(Backend):
                     self._counters["results"] += 1
                     progress = True
             now = time.monotonic()
+            evidence = timers.lost_by_evidence() if progress else ()
+            for p in evidence:  # a packet sent later has its result (retransmit.py)
+                self._counters["retransmissions"] += 1
+                self._send(plan, p, True, next_new)
+            if evidence:
+                window.on_loss(now)
             pace_until = pump(now)
             if progress:
                 last_progress = now

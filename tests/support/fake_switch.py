@@ -35,6 +35,20 @@ def signed(payload: bytes, key: bytes = RESULT_KEY, auth: int = wire.AUTH_HEADER
     return bytes(buf)
 
 
+def hold_first_copy_of(p_held: int):
+    """An answer that echoes every DATA at once (world 1), except the first
+    copy of packet p_held: a lost packet for the backend to recover."""
+    seen = set()
+
+    def answer(h, values):
+        p = int(h["seq"])
+        if p == p_held and p not in seen:
+            seen.add(p)
+            return []
+        return [(False, result_of(h, values))]
+    return answer
+
+
 def echo(h, values: np.ndarray, auth: int = wire.AUTH_HEADER) -> list:
     """World 1: the switch returns the payload as it came, in its format
     (`values`: the payload's bytes as FakeSwitch reads them), signed."""

@@ -17,7 +17,7 @@ from switchml_xdp.client.window import (
 
 
 def test_window_never_exceeds_the_slots_nor_drops_below_one():
-    w = CongestionWindow(slots=8)
+    w = CongestionWindow(slots=8, policy=WindowPolicy(random_loss_md=0.2))
     t = 0.0
     for _ in range(1000):
         t += 0.001
@@ -90,12 +90,35 @@ def test_a_loss_behind_a_queue_halves_once_a_round_trip():
     assert w.cwnd == pytest.approx(before / 2)
 
 
-def test_a_loss_without_a_queue_is_random_and_cuts_a_fifth():
+def test_a_loss_without_a_queue_is_not_congestion_and_keeps_the_window():
+    """At 5% loss both ways a rank of 4 loses about a quarter of its rounds:
+    any cut per loss would hold the window near nothing."""
     w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32))
     w.on_ack(0.002, 0.0)                      # no backlog
     before = w.cwnd
+    for i in range(100):
+        w.on_loss(1.0 + i * 0.01)
+    assert w.cwnd == before
+
+
+def test_a_random_loss_cut_stays_available_as_a_knob():
+    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32, random_loss_md=0.2))
+    w.on_ack(0.002, 0.0)
+    before = w.cwnd
     w.on_loss(1.0)
     assert w.cwnd == pytest.approx(before * 0.8)
+
+
+def test_a_random_loss_does_not_hold_off_a_congestion_cut():
+    w = CongestionWindow(slots=64, policy=WindowPolicy(initial=32, max_backlog=8))
+    w.on_ack(0.001, 0.0)
+    w.on_loss(0.0002)                         # no backlog: no cut, and no cut's hold
+    assert w.last_decrease < 0
+    w.on_ack(0.0011, 0.0003)                  # backlog 2.6 < 8: grows
+    w.backlog = 9.0                           # as if the queue had grown
+    before = w.cwnd
+    w.on_loss(0.0004)                         # within the round trip of the first loss
+    assert w.cwnd == pytest.approx(before / 2)
 
 
 def test_pacing_spreads_the_window_over_a_round_trip_with_a_small_credit():
