@@ -891,7 +891,9 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	if (put_u64(d, "packets_sent", s->packets_sent) ||
 	    put_u64(d, "retransmissions", s->retransmissions) ||
 	    put_u64(d, "spurious_timeouts", s->spurious_timeouts) ||
-	    put_u64(d, "results", s->results) || put_u64(d, "duplicates", s->duplicates) ||
+	    put_u64(d, "rack_resends", s->rack_resends) ||
+	    put_u64(d, "tail_probes", s->tail_probes) || put_u64(d, "results", s->results) ||
+	    put_u64(d, "duplicates", s->duplicates) ||
 	    put_u64(d, "shadow_replies", s->shadow_replies) || put_u64(d, "ignored", s->ignored) ||
 	    put_u64(d, "header_only", s->header_only) || put_u64(d, "forged", s->forged) ||
 	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||

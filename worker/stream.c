@@ -59,6 +59,7 @@ struct plan {
 	 * whose RESULT came back, and whether it moved since the last look */
 	uint64_t rack_xmit, rack_rtt;
 	int rack_moved;
+	int tail_armed; /* the tail probe may go: a RESULT came since the last */
 };
 
 static inline uint64_t now_ns(void)
@@ -428,6 +429,34 @@ static void rack_detect(struct swml_stream *st, struct plan *pl)
 		swml_window_loss(&st->win, pl->now * 1e-9);
 }
 
+/* When the tail probe may go (UINT64_MAX: not now): two smoothed round trips,
+ * at most the RTO, after the last RESULT, while packets are in flight. */
+static uint64_t tail_probe_at(const struct swml_stream *st, const struct plan *pl)
+{
+	if (!pl->tail_armed || !st->n_inflight || !st->srtt_ns)
+		return UINT64_MAX;
+	return pl->last_progress + min_u64(2 * st->srtt_ns, st->rto_ns);
+}
+
+/* The tail probe (retransmit.py): the newest packet in flight goes again,
+ * once until the next RESULT; its answer is evidence about the older ones. */
+static void tail_probe(struct swml_stream *st, struct plan *pl)
+{
+	int64_t newest = -1;
+
+	if (pl->now < tail_probe_at(st, pl))
+		return;
+	pl->tail_armed = 0;
+	for (uint32_t s = 0; s < pl->S; s++)
+		if (st->inflight[s] >= 0 && st->deadline[s] != UINT64_MAX &&
+		    (newest < 0 || st->inflight[s] > st->inflight[newest]))
+			newest = s;
+	if (newest < 0)
+		return;
+	transmit(st, pl, (uint64_t)st->inflight[newest], 1);
+	st->stats.tail_probes++;
+}
+
 /* A RESULT of this job from the switch: 0, or -1 if it ends the call as a
  * disagreement. */
 static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_result *r)
@@ -486,6 +515,7 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 	st->stats.results++;
 	pl->remaining--;
 	pl->last_progress = pl->now;
+	pl->tail_armed = 1;
 
 	if (header_only) {
 		/* another rank's block: nothing to write, but later packets
@@ -688,6 +718,9 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 		t = min_u64(t, SLEEP_TX_WAIT_NS);
 	if (pl->last_progress + st->cfg.stall_ns > pl->now)
 		t = min_u64(t, pl->last_progress + st->cfg.stall_ns - pl->now);
+	if (tail_probe_at(st, pl) != UINT64_MAX)
+		t = tail_probe_at(st, pl) > pl->now ? min_u64(t, tail_probe_at(st, pl) - pl->now)
+						    : 0;
 	ts.tv_sec = t / 1000000000ull;
 	ts.tv_nsec = t % 1000000000ull;
 	st->stats.sleeps++;
@@ -779,6 +812,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	pl.now = pl.last_progress = now_ns();
 	pl.next_check = UINT64_MAX;
 	pl.waiting = UINT64_MAX;
+	pl.tail_armed = 1;
 	if (slack > 1000)
 		prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0);
 
@@ -807,8 +841,11 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 		pump(st, &pl);
 		/* Timers only with the rx ring drained: after a pause (this thread
 		 * descheduled) the results are usually waiting there already. */
-		if (got < RX_BATCH && pl.now >= pl.next_check)
-			check_timers(st, &pl);
+		if (got < RX_BATCH) {
+			tail_probe(st, &pl);
+			if (pl.now >= pl.next_check)
+				check_timers(st, &pl);
+		}
 		flush_tx(st, &io_error);
 		if (st->xsk->n_free_tx < st->xsk->nframes / 4)
 			swml_xsk_reclaim(st->xsk);

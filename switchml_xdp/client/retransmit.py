@@ -60,6 +60,12 @@ counted duplicates at the switch): a few resends more, for recovery in one
 round trip instead of a timeout. Timers remain for what no later RESULT can
 reveal: the last packets of a call, and a stall.
 
+The tail probe (RACK-TLP's): when no RESULT has come in for two smoothed
+round trips (at most the RTO) while packets are in flight, the newest of
+them goes again, once until the next RESULT. Its answer is evidence about
+every older packet, so a lost tail costs about three round trips, not a
+timeout (2 ms at least). A late rank costs one packet a stall.
+
 `RtoEstimator` and `RetransmitTimers` are these rules in Python (the udp
 backend); worker/stream.c (rtt_sample, check_timers) implements the same
 rules in the afxdp engine, which takes the policy's three numbers. The
@@ -165,7 +171,9 @@ class RetransmitTimers:
         self._rack_xmit = 0.0               # latest send time of a packet answered
         self._rack_rtt = 0.0                # ... and that answer's round trip
         self._rack_moved = False            # ... and it moved since the last look
+        self._tail_armed = True             # the tail probe may go (once a result)
         self.evidence_resends = 0           # packets resent on evidence
+        self.tail_probes = 0                # packets resent as the tail probe
 
     def start(self) -> None:
         """A new stream: forget the timers of the last one (a failed tensor
@@ -176,6 +184,7 @@ class RetransmitTimers:
         self._deferred.clear()
         self._rack_xmit = 0.0
         self._rack_moved = False
+        self._tail_armed = True
 
     def sent(self, p: int) -> None:
         """Packet p went out for the first time."""
@@ -190,6 +199,7 @@ class RetransmitTimers:
         SHADOW reply); it matters for the probe only (module docstring)."""
         now = self.clock()
         self._last_answer = now
+        self._tail_armed = True
         timer = self._timers.pop(p, None)
         self._deferred.discard(p)
         if timer is not None and (timer[2] is not None or now - timer[4] >= self.min_rtt) \
@@ -265,8 +275,30 @@ class RetransmitTimers:
                 self._timers[p] = (now + rto, rto, first, sent0, xmit, n)
                 self._deferred.add(p)
 
+    def _tail_probe_at(self) -> float | None:
+        if not (self._tail_armed and self._timers and self.estimator.srtt):
+            return None
+        return self._last_answer + min(2 * self.estimator.srtt, self.estimator.rto)
+
+    def tail_probe(self) -> int | None:
+        """The newest packet in flight, to resend now as the tail probe
+        (module docstring), or None: a result came in within the probe's
+        time, nothing is in flight, or it went already."""
+        at = self._tail_probe_at()
+        if at is None or self.clock() < at:
+            return None
+        self._tail_armed = False
+        p = max(self._timers)
+        _, rto, _, sent0, _, n = self._timers[p]
+        now = self.clock()
+        self._timers[p] = (now + rto, rto, None, sent0, now, n)
+        self.tail_probes += 1
+        return p
+
     def next_deadline(self) -> float | None:
-        return min((timer[0] for timer in self._timers.values()), default=None)
+        timers = (timer[0] for timer in self._timers.values())
+        return min((t for t in (min(timers, default=None), self._tail_probe_at())
+                    if t is not None), default=None)
 
     def pending(self) -> list[int]:
         """Packets still waiting for a result."""

@@ -114,6 +114,7 @@ class UdpBackend(Backend):
     def stats(self) -> dict:
         return {**self._counters, "spurious_timeouts": self.timers.spurious,
                 "rack_resends": self.timers.evidence_resends,
+                "tail_probes": self.timers.tail_probes,
                 "rto_us": int(self.timers.estimator.rto * 1e6),
                 "cwnd": int(self.window.cwnd), "rate_kbps": self.box.rate_kbps,
                 "dscp": self.box.dscp}
@@ -315,6 +316,9 @@ class UdpBackend(Backend):
                     f"no result from the switch for {self.stall_timeout:g} s; waiting for "
                     f"slot(s) {sorted((base + p) % S for p in timers.pending())[:8]} "
                     f"of job {self.info.name!r}")
+            if (tail := timers.tail_probe()) is not None:
+                self._counters["retransmissions"] += 1
+                self._send(plan, tail, True, next_new)
             if next_deadline is not None and now >= next_deadline:
                 lost = False
                 for p in timers.expired():

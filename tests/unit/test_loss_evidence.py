@@ -109,3 +109,36 @@ def test_the_udp_backend_recovers_a_lost_packet_without_waiting_for_its_timer(fa
     np.testing.assert_array_equal(x, np.arange(8 * 40, dtype=np.int32))
     stats = be.stats()
     assert stats["rack_resends"] == stats["retransmissions"] == 1
+
+
+def test_a_lost_tail_is_probed_after_two_round_trips_not_a_timeout():
+    """The last packets of a call: no later result can reveal their loss.
+    After 2 srtt without a result the newest goes again, once; its answer
+    then condemns the older ones."""
+    clock, timers = engine_like_timers()
+    timers.sent(0)
+    clock.t += 0.001
+    timers.answered(0, lost=False)                   # srtt 1 ms, RTO 2 ms
+    for p in (1, 2, 3):
+        timers.sent(p)
+        clock.t += 0.0001
+    assert timers.next_deadline() == pytest.approx(100.001 + 0.002)
+    clock.t = 100.001 + 0.0019
+    assert timers.tail_probe() is None               # not yet: 2 srtt
+    clock.t = 100.001 + 0.0021
+    assert timers.tail_probe() == 3                  # the newest
+    assert timers.tail_probe() is None               # once until a result
+    assert timers.tail_probes == 1
+    clock.t += 0.0011
+    timers.answered(3, lost=True)
+    assert timers.lost_by_evidence() == [1, 2]
+    assert list(timers.expired()) == []              # before any timer
+
+
+def test_nothing_in_flight_no_tail_probe():
+    clock, timers = engine_like_timers()
+    timers.sent(0)
+    clock.t += 0.001
+    timers.answered(0, lost=False)
+    clock.t += 1.0
+    assert timers.tail_probe() is None and timers.next_deadline() is None
