@@ -179,6 +179,9 @@ class TestLossMatrix:
         evidence = sum(s1[r]["rack_resends"] - s0[r]["rack_resends"] for r in range(world))
         if loss >= 0.01:
             assert evidence >= 0.5 * sum(retx.values()), (evidence, retx)
+        # ... and the timeout stays near the round trip, far from its cap (it
+        # ran up to the 0.5 s cap at 5% loss when timers found every loss)
+        assert all(st["rto_us"] < 50_000 for st in s1), [st["rto_us"] for st in s1]
         report("loss", backend=backend, loss=f"{loss:.1%}", burst=burst, packets_per_worker=npk,
                seconds=f"{elapsed:.2f}", up_dropped=up_dropped, down_dropped=down_dropped,
                retransmissions=sum(retx.values()), shadow_replies=c["shadow_reply"],
