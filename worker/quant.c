@@ -19,6 +19,7 @@
 
 #define F32_ABS_MASK 0x7fffffffu
 #define F32_MIN_NORMAL_BITS 0x00800000u
+#define F32_INF_BITS 0x7f800000u /* |x| bits at or above: Inf or NaN */
 /* |x| bits + 2^23 has bit 31 set iff x is Inf or NaN (exponent field all ones). */
 #define F32_NONFINITE_CARRY 0x00800000u
 /* (v + 1.5*2^52) - 1.5*2^52 rounds v to an integer, half to even, in the
@@ -90,11 +91,28 @@ int swml_exponent_bits(uint32_t world)
 	return L;
 }
 
+/* The largest |x| of the n elements at x, as bits: an Inf or NaN among them
+ * makes it at least F32_INF_BITS. Two operations an element. */
 SWML_CLONES
-int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite)
+static uint32_t abs_peak(const float *x, size_t n)
 {
-	uint32_t peak = 0, bad = 0;
-	int e;
+	uint32_t peak = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+
+		memcpy(&u, x + i, sizeof u);
+		u &= F32_ABS_MASK;
+		peak = u > peak ? u : peak; /* non-negative floats order as their bits */
+	}
+	return peak;
+}
+
+/* The largest finite |x|, as bits, for a block that has an Inf or NaN. */
+SWML_CLONES
+static uint32_t finite_peak(const float *x, size_t n)
+{
+	uint32_t peak = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		uint32_t u, a, t;
@@ -102,11 +120,20 @@ int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite)
 		memcpy(&u, x + i, sizeof u);
 		a = u & F32_ABS_MASK;
 		t = a + F32_NONFINITE_CARRY;
-		bad |= t;
-		a &= (t >> 31) - 1u;        /* 0 for Inf/NaN */
-		peak = a > peak ? a : peak; /* non-negative floats order as their bits */
+		a &= (t >> 31) - 1u; /* 0 for Inf/NaN */
+		peak = a > peak ? a : peak;
 	}
-	*nonfinite = (int)(bad >> 31);
+	return peak;
+}
+
+int8_t swml_block_exponent(const float *x, size_t n, int *nonfinite)
+{
+	uint32_t peak = abs_peak(x, n);
+	int e;
+
+	*nonfinite = peak >= F32_INF_BITS;
+	if (*nonfinite) /* rare: a second pass that leaves them out */
+		peak = finite_peak(x, n);
 	if (peak == 0)
 		return SWML_EXP_MIN;
 	if (peak >= F32_MIN_NORMAL_BITS)
