@@ -898,6 +898,7 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "header_only", s->header_only) || put_u64(d, "forged", s->forged) ||
 	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
 	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
+	    put_u64(d, "zero_copy", (uint64_t)self->xsk.zero_copy) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
 	    put_u64(d, "window_waits", s->window_waits) ||
 	    put_u64(d, "pace_waits", s->pace_waits) || put_u64(d, "rate_waits", s->rate_waits) ||

@@ -56,14 +56,29 @@ int swml_xsk_open(struct swml_xsk *x, const char *ifname, uint32_t queue, uint32
 		snprintf(err, errlen, "out of memory");
 		goto fail;
 	}
-	ret = xsk_umem__create(&x->umem, x->area, x->area_len, &x->fill, &x->comp, &ucfg);
-	if (ret) {
-		snprintf(err, errlen, "cannot register the UMEM (xsk_umem__create): %s",
-			 strerror(-ret));
+	/* Zero-copy where the driver has it (the NIC reads and writes the UMEM
+	 * itself: mlx5, ice, i40e ...), else copy mode (veth; virtio-net in
+	 * Debian 12's kernel). A socket whose bind failed keeps its rings, and a
+	 * second bind on the UMEM's first socket would find them taken: the
+	 * fallback starts again from a new UMEM registration. */
+	for (int attempt = 0; attempt < 2; attempt++) {
+		scfg.bind_flags = attempt == 0 ? XDP_ZEROCOPY : XDP_COPY;
+		ret = xsk_umem__create(&x->umem, x->area, x->area_len, &x->fill, &x->comp, &ucfg);
+		if (ret) {
+			snprintf(err, errlen, "cannot register the UMEM (xsk_umem__create): %s",
+				 strerror(-ret));
+			x->umem = NULL;
+			goto fail;
+		}
+		ret = xsk_socket__create(&x->xsk, ifname, queue, x->umem, &x->rx, &x->tx, &scfg);
+		if (!ret) {
+			x->zero_copy = attempt == 0;
+			break;
+		}
+		x->xsk = NULL;
+		xsk_umem__delete(x->umem);
 		x->umem = NULL;
-		goto fail;
 	}
-	ret = xsk_socket__create(&x->xsk, ifname, queue, x->umem, &x->rx, &x->tx, &scfg);
 	if (ret) {
 		snprintf(err, errlen, "cannot bind an AF_XDP socket (copy mode) to %s queue %u: %s",
 			 ifname, queue, strerror(-ret));

@@ -42,9 +42,11 @@ struct swml_xsk {
 	int fd;
 	uint32_t queue;
 	uint64_t kicks, kick_errors;
+	int zero_copy; /* bound in zero-copy mode (the driver has it), else copy mode */
 };
 
-/* Create UMEM + socket on ifname/queue in copy mode, fill the fill ring and
+/* Create UMEM + socket on ifname/queue in zero-copy mode where the driver
+ * has it, else in copy mode, fill the fill ring and
  * insert the socket into xskmap_fd (if >= 0). On failure returns -errno and
  * writes a message into err. */
 int swml_xsk_open(struct swml_xsk *x, const char *ifname, uint32_t queue, uint32_t nframes,
