@@ -72,6 +72,7 @@ def lib() -> ct.CDLL:
         "bpf_map_update_elem": [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_uint64],
         "bpf_map_delete_elem": [ct.c_int, ct.c_void_p],
         "bpf_prog_test_run_opts": [ct.c_int, ct.c_void_p],
+        "bpf_enable_stats": [ct.c_int],
     }
     for name, argtypes in sigs.items():
         fn = getattr(so, name)
