@@ -9,12 +9,14 @@ bytes times its calls, whatever the number of ranks. Per row:
   kernel does no IRQ time accounting, so packet work that runs in softirq in
   a rank's own context (its sends, the veth hop, the XDP switch behind it)
   is in its system time; what ksoftirqd does is not.
-- box: the switch's own cost, over the whole rank group's run (warm-up
-  included, and so in its GiB): the XDP program's run time from the
+- box: the switch's own cost over one more call of every rank, after the
+  timed ones (BoxCpu.over_call): the XDP program's run time from the
   kernel's BPF statistics (run_time_ns, the program alone: not the veth
-  hop or the redirect and clone that follow it) plus the switch daemon's
-  process time; for the user-space data plane, its process time. In the lab
-  the XDP part runs in the senders' softirq, so it is also inside `ranks`.
+  hop or the redirect and clone that follow it), on for that call only
+  (their two clock reads a packet cost the ranks ~4% on this VM), plus the
+  switch daemon's process time; for the user-space data plane, its process
+  time. In the lab the XDP part runs in the senders' softirq, so it is also
+  inside `ranks`.
 - machine: every core's busy time (/proc/stat) over rank 0's timed calls:
   everything, ksoftirqd and other people's work included.
 Gloo has no box; its rows' ratio is the one every swml row of the same
@@ -53,14 +55,10 @@ class BoxCpu:
         self.prog_ids, self.pids = list(prog_ids), list(pids)
 
     @classmethod
-    def of_switches(cls, stack: contextlib.ExitStack, switches) -> BoxCpu:
-        """The XDP switches' (lab.cluster.SwitchProcess), with the kernel's
-        BPF statistics on until `stack` closes (they cost two clock reads a
-        packet)."""
-        from ..bpf import stats_enabled
+    def of_switches(cls, switches) -> BoxCpu:
+        """The XDP switches' (lab.cluster.SwitchProcess)."""
         from ..switch.state_files import read_state
 
-        stack.enter_context(stats_enabled())
         return cls([read_state(sw.iface)["prog_id"] for sw in switches], [sw.proc.pid for sw in switches])
 
     def seconds(self) -> float:
@@ -73,15 +71,20 @@ class BoxCpu:
         return ns / 1e9 + sum(map(proc_cpu_s, self.pids))
 
 
-def with_box_cpu(extra_of, box: BoxCpu):
-    """An extra_of (lab_bench.Bench._phase) that adds `box_cpu_s`, the
-    boxes' CPU seconds over the phase, to what `extra_of` records."""
-    def snap(before=None):
-        if before is None:
-            return (extra_of() if extra_of else None, box.seconds())
-        inner, s0 = before
-        return {**(extra_of(inner) if extra_of else {}), "box_cpu_s": round(box.seconds() - s0, 6)}
-    return snap
+    def over_call(self, group, timeout: float) -> dict:
+        """`box_cpu_s`, the boxes' CPU seconds over one untimed call of every
+        rank of `group` (bench/rank_group.py), with the BPF statistics on for
+        it alone, and `box_calls`: 1; a failed call: None and why."""
+        from ..bpf import stats_enabled
+        from .rank_group import RankError
+
+        with stats_enabled() if self.prog_ids else contextlib.nullcontext():
+            s0 = self.seconds()
+            try:
+                group.run(1, 0, timeout)
+            except RankError as e:
+                return {"box_cpu_s": None, "box_error": str(e)}
+            return {"box_cpu_s": round(self.seconds() - s0, 6), "box_calls": 1}
 
 
 def compare_to_gloo(results: list[dict], gloo: dict) -> str:

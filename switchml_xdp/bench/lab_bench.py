@@ -64,7 +64,7 @@ from .constants import (
     bound_mbps,
 )
 from .cpu import Disturbance, cpu_summary, proc_cpu_s, quietness, wait_quiet
-from .cpu_per_gib import BoxCpu, compare_to_gloo, per_gib, with_box_cpu
+from .cpu_per_gib import BoxCpu, compare_to_gloo, per_gib
 from .lab_switch import switch_counters, userspace_switch
 from .rank_group import RankError, RankGroup
 from .report import SKIPPED, boxes_label, markdown, row_line
@@ -148,7 +148,7 @@ class Bench:
             row["job_slots"] = self.job_slots(k)
         row.update(extra or {})
         if ranks:
-            row["cpu_s_per_gib"] = per_gib(ranks, cfg.size, row.get("box_cpu_s"), cfg.warmup + cfg.iterations)
+            row["cpu_s_per_gib"] = per_gib(ranks, cfg.size, row.get("box_cpu_s"), row.get("box_calls", 0))
         self.results.append(row)
         self.out(row_line(row))
         if ranks and system == "gloo" and (vs := compare_to_gloo(self.results, row)):
@@ -156,8 +156,9 @@ class Bench:
         return row
 
     def _phase(self, lab, system: str, k: int | None, argv_of, set_loss,
-               extra_of: Callable[[], dict] | None = None) -> bool:
-        """Start one rank group and time it at every loss rate. False if it could not start."""
+               extra_of: Callable[[], dict] | None = None, box: BoxCpu | None = None) -> bool:
+        """Start one rank group and time it at every loss rate (then one call for the box's
+        CPU: cpu_per_gib.py). False if it could not start."""
         cfg = self.cfg
         env = cfg.env
         n = len(lab.workers)
@@ -189,8 +190,8 @@ class Bench:
                         self._record(system, n, k, rest, None, group.impl,
                                      status=f"{SKIPPED}: the run at loss {loss * 100:g}% failed")
                     break
-                extra = extra_of(snap) if extra_of else {}
-                extra.update(watch.report())
+                extra = {**(extra_of(snap) if extra_of else {}), **watch.report()}
+                extra.update(box.over_call(group, timeout) if box else {})
                 if env:
                     extra["rank_env"] = env
                 self._record(system, n, k, loss, ranks, group.impl, extra=extra)
@@ -295,7 +296,7 @@ class Bench:
         if wanted:
             with contextlib.ExitStack() as stack:
                 sws = switches_on_every_box(stack, lab, [*self._switch_args(k), "--fanout", cfg.fanout])
-                box = BoxCpu.of_switches(stack, sws)
+                box = BoxCpu.of_switches(sws)
                 for system in wanted:
                     backend = "udp" if system == "swml-udp" else "afxdp"
                     precision = "16" if system.endswith("16") else "32"
@@ -306,7 +307,7 @@ class Bench:
                         continue
                     job = f"{backend}{precision}n{n}k{k}"
                     self._phase(lab, system, k, self._swml_args(lab, backend, job, k, precision),
-                                set_loss, with_box_cpu(self._counter_deltas(lab), box))
+                                set_loss, self._counter_deltas(lab), box)
                     lab.set_loss(0.0)
                 for sw in sws:
                     assert sw.proc.poll() is None, "a switch died:\n" + "\n".join(sw.output[-20:])
@@ -330,7 +331,7 @@ class Bench:
                             "workers_backend": backend,
                             "switch_counters": {k: c1[k] - c0[k] for k in c1 if c1[k] != c0.get(k)}}
                 self._phase(lab, "userspace", k, self._swml_args(lab, backend, f"us{n}k{k}", k),
-                            set_loss, with_box_cpu(switch_cpu, BoxCpu(pids=pids)))
+                            set_loss, switch_cpu, BoxCpu(pids=pids))
 
     @staticmethod
     def _counter_deltas(lab):

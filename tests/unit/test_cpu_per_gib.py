@@ -28,22 +28,36 @@ def test_per_gib_divides_the_ranks_summed_time_by_one_ranks_bytes():
     assert cpu_per_gib.per_gib(ranks[1:], 256 * MIB, None, 5)["machine"] is None
 
 
-class _FakeBox:
-    def __init__(self):
-        self.s = 1.0
+class _Group:
+    """A rank group whose call makes the box spend 2.5 s; `fail`: a rank dies."""
+
+    def __init__(self, box, fail: bool = False):
+        self.box, self.fail, self.calls = box, fail, []
+
+    def run(self, iterations, warmup, timeout):
+        from switchml_xdp.bench.rank_group import RankError
+
+        self.calls.append((iterations, warmup))
+        if self.fail:
+            raise RankError("rank 1 exited (1): boom")
+        self.box.s += 2.5
+        return []
+
+
+class _Box(cpu_per_gib.BoxCpu):
+    s = 1.0
 
     def seconds(self) -> float:
         return self.s
 
 
-def test_box_cpu_is_the_phases_delta_beside_what_the_inner_snapshot_records():
-    box = _FakeBox()
-    snap = cpu_per_gib.with_box_cpu(lambda before=None: 7 if before is None else {"seen": before}, box)
-    before = snap()
-    box.s = 3.5
-    assert snap(before) == {"seen": 7, "box_cpu_s": 2.5}
-    bare = cpu_per_gib.with_box_cpu(None, box)
-    assert bare(bare()) == {"box_cpu_s": 0.0}
+def test_the_boxs_cpu_is_its_delta_over_one_untimed_call():
+    box = _Box(pids=[1])             # no program: no statistics to turn on
+    group = _Group(box)
+    assert box.over_call(group, 10) == {"box_cpu_s": 2.5, "box_calls": 1}
+    assert group.calls == [(1, 0)]   # one call, no warm-up
+    assert box.over_call(_Group(box, fail=True), 10) == {"box_cpu_s": None,
+                                                         "box_error": "rank 1 exited (1): boom"}
 
 
 def test_box_cpu_counts_a_process_and_skips_a_vanished_program():
