@@ -83,7 +83,7 @@ class UdpBackend(Backend):
                              wire.FMT_INT16: "<i2"}
         self._tx_by_fmt = {f: bytearray(wire.HDR_LEN + np.dtype(e).itemsize * k)
                            for f, e in self._elem_by_fmt.items()}
-        self._rx = bytearray(2048)
+        self._rx = bytearray(wire.PAGE_FRAME_LEN)  # more than any datagram (swml_wire.h)
         self._rx_bufs = [self._rx]
         self._rx_tos = -1  # the datagram's TOS where it was read (-1: not)
         self._rx_vals_by_fmt = {f: np.frombuffer(self._rx, dtype=e, count=k, offset=wire.HDR_LEN)
