@@ -103,6 +103,12 @@ def link_master(iface: str, netns: str | None = None) -> str | None:
         return ipr.get_links(master)[0].get_attr("IFLA_IFNAME") if master else None
 
 
+def link_mtu(iface: str, netns: str | None = None) -> int:
+    """The MTU of `iface`: the largest IPv4 datagram it sends unfragmented."""
+    with _link(iface, netns) as (ipr, index):
+        return ipr.get_links(index)[0].get_attr("IFLA_MTU")
+
+
 def link_has_carrier(iface: str, netns: str | None = None) -> bool:
     """Whether `iface` is up with a carrier: frames it sends reach the wire."""
     with _link(iface, netns) as (ipr, index):

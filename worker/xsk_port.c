@@ -1,6 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 #include "xsk_port.h"
 
+#include "swml_wire.h"
+
+/* XDP_PACKET_HEADROOM, then the largest frame, in one UMEM frame. */
+_Static_assert(SWML_XSK_FRAME_SIZE >= 256 + SWML_PAGE_FRAME_LEN, "a UMEM frame holds a frame");
+_Static_assert(SWML_XSK_FRAME_SIZE >= SWML_XSK_TX_OFFSET + SWML_PAGE_FRAME_LEN,
+	       "a tx frame holds a frame");
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

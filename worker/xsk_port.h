@@ -19,7 +19,9 @@
 #include <linux/if_xdp.h>
 #include <xdp/xsk.h>
 
-#define SWML_XSK_FRAME_SIZE 2048u /* one frame holds the largest packet (1514 B) */
+/* One page: a frame holds the largest packet (SWML_PAGE_FRAME_LEN, 3520 B,
+ * xdp/swml_wire.h) after the kernel's XDP_PACKET_HEADROOM (256 B) on receive. */
+#define SWML_XSK_FRAME_SIZE 4096u
 #define SWML_XSK_RX_RING 2048u
 #define SWML_XSK_TX_RING 2048u
 #define SWML_XSK_FILL_RING 4096u /* > rx frames: a refill always fits */

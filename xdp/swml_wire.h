@@ -75,13 +75,27 @@
 /* Job ids are 1..SWML_MAX_JOBS-1; 0 is never a valid job. */
 #define SWML_MAX_JOBS 256
 
-/* Elements per packet: default, and the most that fits a 1500-byte MTU
- * (1500 - 20 IPv4 - 8 UDP - 32 swml = 1440 bytes = 360 int32). */
+/* Elements per packet (k). The default fits a 1500-byte MTU, as does k up to
+ * SWML_MTU1500_K (1500 - 20 IPv4 - 8 UDP - 32 swml = 1440 bytes = 360 int32).
+ * Larger k needs a larger MTU: a packet of k elements is an IPv4 datagram of
+ * SWML_IP_OVERHEAD + 4k bytes (docs/performance.md, "Larger frames"). */
 #define SWML_DEFAULT_K 256
-#define SWML_MAX_K 360
+#define SWML_MTU1500 1500
+#define SWML_IP_OVERHEAD 60 /* IPv4 20 + UDP 8 + swml 32: the MTU a packet needs, less 4k */
+#define SWML_MTU1500_K ((SWML_MTU1500 - SWML_IP_OVERHEAD) / 4)
+/* The most k: the largest frame native XDP takes, one page without fragments
+ * (XDP multi-buffer is not used): 4096 - 256 (XDP_PACKET_HEADROOM) - 320
+ * (sizeof(struct skb_shared_info) on x86-64, 6.1 to 6.18) = 3520 bytes of
+ * Ethernet frame, MTU 3506 (virtio_net's and veth's limit with XDP), so
+ * (3506 - 60) / 4 = 861 int32, a 3518-byte frame. An AF_XDP frame
+ * (worker/xsk_port.h) is then one page too. */
+#define SWML_PAGE_FRAME_LEN 3520
+#define SWML_MAX_MTU (SWML_PAGE_FRAME_LEN - SWML_ETH_LEN)
+#define SWML_MAX_K ((SWML_MAX_MTU - SWML_IP_OVERHEAD) / 4)
 /* k is one per switch, whatever the format; an int16 packet of k elements is
- * k x 2 payload bytes, and the most that would fit the MTU in int16 is: */
-#define SWML_MAX_K_INT16 720
+ * k x 2 payload bytes, and the most int16 elements that would fit the largest
+ * frame (engine_micro's bound) is: */
+#define SWML_MAX_K_INT16 ((SWML_MAX_MTU - SWML_IP_OVERHEAD) / 2)
 #define SWML_DEFAULT_SLOTS 1024
 
 /* Header sizes in bytes (no IP options, no VLAN). */

@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from .. import net, wire
+from .. import mtu, net, wire
 from .backend import STAT_KEYS, Backend, LocalEnd
 from .box_watch import BOX_TIMEOUT_S, BoxSignal
 from .boxes import Box, BoxSplit, check_same_k, named, parse_switches
@@ -134,6 +134,7 @@ class Worker:
         try:
             info = control.join(job, world, rank, local.ip, port, local.mac, join_timeout,
                                 token=token, boxes=listed)
+            mtu.check_iface(info.k, local.iface)   # the switch's k, over this worker's link
             signal = BoxSignal(control.abort)
             return Box(address, control, info, self._make_backend(i, info, local, signal,
                                                                   stall_timeout), signal)

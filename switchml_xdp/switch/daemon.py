@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from .. import wire
+from .. import mtu, wire
 from ..net import NetError
 from . import descriptors
 from .capacity import capacity_bps as box_capacity_bps
@@ -77,6 +77,15 @@ def make_dataplane(name: str, iface: str, params: SwitchParams, mode: str | None
         return DATAPLANES[name](iface, params)
     except DataplaneError as e:
         raise SwitchError(str(e)) from None
+
+
+def check_port_mtus(ports: list[str], k: int) -> None:
+    """Refuse a k whose packets a port's MTU does not carry (mtu.py), in one line."""
+    try:
+        for port in ports:
+            mtu.check_iface(k, port)
+    except (mtu.MtuError, NetError) as e:
+        raise SwitchError(f"--elements: {e}") from None
 
 
 def read_job_stats(maps) -> dict[str, dict[str, int]] | None:
@@ -140,6 +149,7 @@ class Switch:
         if not 1 <= self.control_port <= 65535:
             raise SwitchError(f"--control-port must be in 1..65535, got {self.control_port}")
         self.ip, self.mac = iface_address(self.dp.ports)
+        check_port_mtus([*self.dp.ports, *filter(None, [getattr(self.dp, "uplink", None)])], self.params.k)
         if self.parent is not None:
             try:
                 self.link = ParentLink(uplink_port(self.dp.uplink), self.parent[0], self.parent[1],

@@ -54,7 +54,8 @@ class SwitchParams:
 
     def validate(self) -> None:
         if not 1 <= self.k <= wire.MAX_K:
-            raise DataplaneError(f"--elements must be in 1..{wire.MAX_K} (1500-byte MTU), got {self.k}")
+            raise DataplaneError(f"--elements must be in 1..{wire.MAX_K} (the most a frame of one "
+                                 f"page carries, MTU {wire.MAX_MTU}), got {self.k}")
         if not 1 <= self.slots <= 65535:
             raise DataplaneError(f"--slots must be in 1..65535, got {self.slots}")
         if not 1 <= self.port <= 65535:

@@ -39,7 +39,10 @@
 
 #define BATCH 64
 #define SWML_L2L4_OVERHEAD (SWML_ETH_LEN + SWML_IP_LEN + SWML_UDP_LEN)
-#define MAXPKT 2048
+/* A datagram's room: more than the largest (SWML_HDR_LEN + 4 * SWML_MAX_K), so
+ * that a longer one reads as longer (and is counted so), not cut to fit. */
+#define MAXPKT 4096
+_Static_assert(MAXPKT > SWML_HDR_LEN + 4 * SWML_MAX_K, "room for the largest datagram");
 
 /* userspace.py takes the layouts of us_job, us_member and us_state from here
  * (JOB_DTYPE, MEMBER_DTYPE, _State: the compiler's, through layout_gen.py). */

@@ -19,7 +19,7 @@ from switchml_xdp.switch.userspace import MemoryMaps
 
 @pytest.mark.parametrize("args, reason", [
     (["--elements", "0"], "--elements"),
-    (["--elements", "365"], "--elements"),
+    (["--elements", str(wire.MAX_K + 1)], "--elements"),
     (["--slots", "0"], "--slots"),
     (["--mode", "offload"], "--mode"),
 ])

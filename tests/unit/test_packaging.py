@@ -73,17 +73,22 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path):
 
 def test_the_k_limit_is_wire_max_k_everywhere():
     """k's bound is the MTU arithmetic of docs/operations.md, the CLI's and the
-    docs' alike."""
+    docs' alike: one page's frame for native XDP (4096 - 256 headroom - 320
+    skb_shared_info) at most, and what a 1500-byte MTU carries beside it."""
     from switchml_xdp import wire
     from switchml_xdp.cli import switch as switch_cli
 
-    assert (1500 - 20 - 8 - wire.HDR_LEN) // 4 == wire.MAX_K
+    assert (1500 - 20 - 8 - wire.HDR_LEN) // 4 == wire.MTU1500_K == 360
+    assert wire.MAX_MTU == 4096 - 256 - 320 - wire.ETH_LEN == 3506
+    assert (wire.MAX_MTU - 20 - 8 - wire.HDR_LEN) // 4 == wire.MAX_K == 861
+    assert wire.ETH_LEN + wire.IP_OVERHEAD + 4 * wire.MAX_K <= wire.PAGE_FRAME_LEN
     [elements] = [p for p in switch_cli.up.params if p.name == "elements"]
     assert elements.type.max == wire.MAX_K
     ops = (REPO / "docs/operations.md").read_text()
-    assert f"32 (the swml header of\n  wire v2) = 1440 bytes = {wire.MAX_K} int32" in ops
+    assert f"32 (the swml header of\n  wire v2) = 1440 bytes = {wire.MTU1500_K} int32" in ops
+    assert f"= {wire.MAX_K} int32" in ops
     assert wire.HDR_LEN == 32
     for doc in ("README.md", "docs/operations.md", "docs/design.md", "docs/quantization.md"):
         text = (REPO / doc).read_text()
-        limits = re.findall(r"(?:k=|1\.\.|at most |range 1<=x<=)(3[0-9]{2})\b", text)
-        assert set(limits) <= {str(wire.MAX_K)}, (doc, limits)
+        limits = re.findall(r"(?:k=|1\.\.|at most |range 1<=x<=)([38][0-9]{2})\b", text)
+        assert set(limits) <= {str(wire.MAX_K), str(wire.MTU1500_K)}, (doc, limits)
