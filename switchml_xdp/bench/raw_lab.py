@@ -14,21 +14,27 @@ import sys
 from .raw_path import DEFAULT_WARMUP, fraction, swml_pps
 
 RAW_SECONDS = 1.0
+SETUP_TIMEOUT_S = 120        # for every worker's set-up (a bcc compile each)
 SWML_SYSTEMS = ("swml-afxdp", "swml-udp", "swml-afxdp16", "userspace")
 
 
 def measure_lab(lab, k: int, window: int, seconds: float = RAW_SECONDS) -> dict:
     """Every worker's raw pps through the reflector on box 0's port; the
-    median over workers is the lab's. RuntimeError with a one-line reason."""
+    median over workers is the lab's; overlap, the share of the run when all
+    of them ran. RuntimeError with a one-line reason."""
     from .reflector import Reflector, ReflectorError
 
     sw = lab.switch
     argv = [sys.executable, "-m", "switchml_xdp.bench.raw_path", "--switch", sw.ip, "--k", str(k),
-            "--window", str(window), "--seconds", str(seconds)]
+            "--window", str(window), "--seconds", str(seconds), "--ready-go"]
     try:
         with Reflector(sw.iface, netns=sw.ns, quiet=True) as r:
-            procs = [lab.popen(w, argv, stdout=-1, stderr=-1, text=True) for w in lab.workers]
-            outs = [p.communicate(timeout=60 + 2 * (seconds + DEFAULT_WARMUP)) for p in procs]
+            procs = [lab.popen(w, argv, stdin=-1, stdout=-1, stderr=-1, text=True)
+                     for w in lab.workers]
+            said = _together(procs)
+            outs = [(first + out, err) for first, (out, err) in
+                    zip(said, (p.communicate(timeout=60 + seconds + DEFAULT_WARMUP)
+                               for p in procs))]
             reflected = r.counters()["reflected"]
     except ReflectorError as e:
         raise RuntimeError(str(e)) from None
@@ -42,11 +48,31 @@ def measure_lab(lab, k: int, window: int, seconds: float = RAW_SECONDS) -> dict:
             raise RuntimeError(f"{w.name}: {got['error']}")
         per_worker.append(got)
     pps = [g["pps"] for g in per_worker]
+    span = max(g["ended"] for g in per_worker) - min(g["began"] for g in per_worker)
+    common = min(g["ended"] for g in per_worker) - max(g["began"] for g in per_worker)
     return {"k": k, "window": window, "frame_len": per_worker[0]["frame_len"],
             "pps": statistics.median(pps), "pps_min": min(pps), "per_worker_pps": pps,
             "gbps": statistics.median(g["gbps"] for g in per_worker),
             "lost": sum(g["lost"] for g in per_worker), "bad": sum(g["bad"] for g in per_worker),
+            "overlap": round(max(common, 0.0) / span, 3),
             "reflected": reflected}
+
+
+def _together(procs) -> list[str]:
+    """Wait until every worker is set up ("ready"), then start them all: their
+    counted seconds overlap, whatever each one's set-up took. Returns what
+    each said before (a worker that failed says why on stdout, then ends)."""
+    said = []
+    for p in procs:
+        lines = []
+        while (text := p.stdout.readline()) and text.strip() != "ready":
+            lines.append(text)
+        said.append("".join(lines))
+    for p in procs:
+        if p.poll() is None:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+    return said
 
 
 def line(raw: dict, workers: int) -> str:

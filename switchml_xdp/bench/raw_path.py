@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .. import bpf, net, wire
+from .. import bpf, mtu, net, wire
 
 DEFAULT_WINDOW = 128     # the daemon's default job slots: what swml keeps in flight
 DEFAULT_SECONDS = 1.0
@@ -75,11 +75,14 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
             seconds: float = DEFAULT_SECONDS, warmup: float = DEFAULT_WARMUP, *,
             port: int = wire.DEFAULT_PORT, reflect_port: int = wire.DEFAULT_PORT,
             iface: str | None = None, mode: str | None = None, batch: int = 0,
-            spin: int | None = None) -> dict:
+            spin: int | None = None, before: Callable[[], None] | None = None) -> dict:
     """Frames of k int32 elements from this host's `port` to the reflector at
     switch_ip:reflect_port and back, `window` in flight, counted for `seconds`
-    after `warmup`. Returns the engine's counts plus pps (echoes a second),
-    gbps (their frames' bits a second, one way) and rtt_us (window / pps).
+    after `warmup`; `before` is called once everything is set up, just before
+    the first frame (several workers wait there to start together). Returns
+    the engine's counts plus pps (echoes a second), gbps (their frames' bits a
+    second, one way), rtt_us (window / pps), and when it began and ended
+    (time.monotonic(): one clock for every namespace of the host).
     RuntimeError with a one-line reason if it cannot run or nothing came back."""
     from ..client.afxdp_backend import PORT_RCVBUF, SPIN, compile_redirect, unavailable_reason
     from ..client.port import reserve_port
@@ -101,15 +104,20 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
                              switch_port=reflect_port)
     sock = reserve_port(port, None, local_ip, PORT_RCVBUF)
     try:
+        mtu.check_iface(k, iface)          # a frame the link drops would look like no reflector
         box_mac = _box_mac(sock, switch_ip, iface)
         with compile_redirect(target, local_ip) as prog, \
                 bpf.attach_link(iface, prog.fd, mode, quiet=True):
             abort = np.zeros(1, dtype=np.uint32)
+            if before:
+                before()
+            began = time.monotonic()
             r = _engine.raw_pingpong(
                 iface, prog.map_fd("xsks"), abort, wire.mac_to_bytes(mac),
                 wire.mac_to_bytes(box_mac), socket.inet_aton(local_ip),
                 socket.inet_aton(switch_ip), port, reflect_port, k, window,
                 batch, SPIN if spin is None else spin, warmup, seconds)
+        ended = time.monotonic()
     except (bpf.XdpError, net.NetError, OSError, ValueError) as e:
         raise RuntimeError(f"raw path to {switch_ip}:{reflect_port}: {e}") from None
     finally:
@@ -120,6 +128,7 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
     elapsed = r["elapsed_ns"] / 1e9
     pps = r["echoed"] / elapsed
     return {**r, "k": k, "window": window, "iface": iface, "seconds": elapsed,
+            "began": began, "ended": ended,
             "pps": pps, "gbps": pps * r["frame_len"] * 8 / 1e9, "rtt_us": window / pps * 1e6}
 
 
@@ -159,6 +168,11 @@ def beside(rows: list[dict], raw: dict) -> str:
     return "\n".join(lines)
 
 
+def _ready_go() -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m switchml_xdp.bench.raw_path",
                                 description="the raw path's ping-pong; one JSON object")
@@ -169,10 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=DEFAULT_WARMUP)
     p.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="this host's UDP port")
     p.add_argument("--reflect-port", type=int, default=wire.DEFAULT_PORT)
+    p.add_argument("--ready-go", action="store_true",
+                   help="once set up, print 'ready' and begin at a line on stdin (several "
+                        "workers together)")
     a = p.parse_args(argv)
     try:
         r = measure(a.switch, a.k, a.window, a.seconds, a.warmup, port=a.port,
-                    reflect_port=a.reflect_port)
+                    reflect_port=a.reflect_port, before=_ready_go if a.ready_go else None)
     except RuntimeError as e:
         print(json.dumps({"error": str(e)}))
         return 1

@@ -97,3 +97,19 @@ def test_bench_baseline_raw_prints_swmls_share_of_the_raw_path(fresh_lab):
     assert row["raw"]["window"] == row["slots"] and row["raw"]["bad"] == 0
     assert 0 < row["raw_pps_fraction"] < 5, row
     assert "reflecting UDP to port" in said and "reflected" in said, said
+
+
+@pytest.mark.lab_workers(2)
+def test_the_lab_bench_measures_every_worker_at_once(fresh_lab):
+    """swml-lab bench's raw path (raw_lab.py): the reflector up for the
+    measurement only, both workers counted over the same moment."""
+    from switchml_xdp import bpf
+    from switchml_xdp.bench import raw_lab
+
+    raw = raw_lab.measure_lab(fresh_lab, 64, 16, seconds=0.3)
+    assert len(raw["per_worker_pps"]) == 2 and min(raw["per_worker_pps"]) > 1000, raw
+    assert raw["frame_len"] == wire_len(64) and raw["bad"] == 0 and raw["lost"] == 0, raw
+    assert raw["overlap"] > 0.8, raw                        # they ran together
+    assert raw["reflected"] >= 2 * 1000
+    sw = fresh_lab.switch
+    assert bpf.attachment(sw.iface, netns=sw.ns).mode is None   # the reflector is gone
