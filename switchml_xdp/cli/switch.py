@@ -216,8 +216,8 @@ def job(name, weight, dscp, iface, token_file):
               help="go down after this long [default: at Ctrl-C]")
 def reflect(iface, port, mode, seconds):
     """The path's ceiling: in the switch's place on IFACE, send every UDP
-    frame to PORT back where it came from (root; docs/performance.md, "The
-    path's ceiling"). Workers measure against it with `swml-worker bench
+    frame to its address and PORT back where it came from (root;
+    docs/performance.md, "The path's ceiling"). Workers measure against it with `swml-worker bench
     --baseline raw`; the switch cannot be up on IFACE meanwhile."""
     import signal
     import sys

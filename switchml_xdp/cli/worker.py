@@ -71,6 +71,10 @@ def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, p
 
     if rank >= world:
         raise click.BadParameter(f"rank {rank} must be < world {world}", param_hint="--rank")
+    if baseline:   # before the allreduces: the raw path needs the engine whatever the backend
+        from ..client.afxdp_backend import unavailable_reason
+        if (why := unavailable_reason()):
+            raise click.ClickException(f"--baseline raw needs the AF_XDP engine: {why}")
     switch_ip = boxes[0]   # where the join's progress is asked
     waiting = contextlib.nullcontext()
     if not quiet and world > 1:
