@@ -42,11 +42,13 @@ SWML_BOUND_DEFINITION = (
     f"rate x 4k / ({SWML_HEADERS} + 4k), or / ({SWML_HEADERS} + 2k) in the 16-bit format: Ethernet "
     f"{wire.ETH_LEN} + IPv4 {wire.IP_LEN} + UDP {wire.UDP_LEN} + swml {wire.HDR_LEN} bytes "
     "of headers a packet")
-TCP_MSS = 1448                                  # MTU 1500 - IPv4 20 - TCP 20 - timestamps 12
-TCP_FRAME = TCP_MSS + 14 + 20 + 20 + 12         # 1514
+TCP_HEADERS = 20 + 20 + 12                      # IPv4 20 + TCP 20 + timestamps 12, within the MTU
+TCP_MSS = wire.MTU1500 - TCP_HEADERS            # 1448 at MTU 1500 (lab --mtu: MTU - 52)
+TCP_FRAME = TCP_MSS + 14 + TCP_HEADERS          # 1514
 GLOO_BOUND_DEFINITION = (
     f"rate x {TCP_MSS}/{TCP_FRAME} x N / (2(N-1)): ring allreduce moves 2(N-1)/N of the tensor "
-    f"over each link direction, TCP segments of {TCP_MSS} bytes in {TCP_FRAME}-byte frames")
+    f"over each link direction, TCP segments of {TCP_MSS} bytes in {TCP_FRAME}-byte frames "
+    f"(at another MTU, MTU - {TCP_HEADERS} bytes in MTU + 14)")
 
 BOXES_BOUND_DEFINITION = (
     "through M boxes whose ports run at R_1..R_M: the swml bound at min(rate, (R_1 + ... + R_M) / "
@@ -98,23 +100,27 @@ def boxes_bound_s(size: int, workers: int, rate_mbit: float, box_rates: Sequence
     return size * 8 / (swml_bound_mbps(share, k, wire_bytes) * 1e6)
 
 
-def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4) -> float:
+def gloo_bound_mbps(rate_mbit: float, workers: int, wire_bytes: int = 4,
+                    mtu: int = wire.MTU1500) -> float:
     """Ring allreduce moves 2(N-1)/N of the tensor over each link direction, in
-    TCP segments of 1448 payload bytes in 1514-byte frames; float32 tensor
-    bytes a second when each element travels in wire_bytes."""
+    TCP segments of MTU - 52 payload bytes in MTU + 14-byte frames (1448 in
+    1514); float32 tensor bytes a second when each element travels in wire_bytes."""
     if workers < 2:
         return float("inf")
-    return rate_mbit * TCP_MSS / TCP_FRAME * workers / (2 * (workers - 1)) * 4 / wire_bytes
+    mss = mtu - TCP_HEADERS
+    return rate_mbit * mss / (mss + 14 + TCP_HEADERS) * workers / (2 * (workers - 1)) * 4 / wire_bytes
 
 
 def bound_mbps(system: str, rate_mbit: float, k: int | None, workers: int,
-               collective: str = "allreduce", box_rates: Sequence[float | None] = ()) -> float:
+               collective: str = "allreduce", box_rates: Sequence[float | None] = (),
+               mtu: int | None = None) -> float:
     """A collective's link bound, in float32 tensor Mbit/s a worker. A ring's
     reduce_scatter is the first half of its allreduce, (N-1)/N of the tensor
     each way; through the switch a worker still sends the whole tensor, over
-    boxes whose ports have `box_rates` (boxes_bound_s)."""
+    boxes whose ports have `box_rates` (boxes_bound_s). `mtu`: the links'
+    (None: 1500; the swml packet's size is k's alone, TCP's segments grow with it)."""
     wire_bytes = BYTES_PER_ELEMENT.get(system, 4)
     if system in GLOO_SYSTEMS:
-        ring = gloo_bound_mbps(rate_mbit, workers, wire_bytes)
+        ring = gloo_bound_mbps(rate_mbit, workers, wire_bytes, mtu or wire.MTU1500)
         return 2 * ring if collective == "reduce_scatter" else ring
     return swml_bound_mbps(worker_share_mbit(rate_mbit, workers, box_rates), k, wire_bytes)

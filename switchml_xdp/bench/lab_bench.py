@@ -99,6 +99,7 @@ class BenchConfig:
     box_rate_mbit: float | None = None   # every box's port, each way (None: unshaped)
     ports: int = 1                 # >1: one box of that many ports (Lab(ports=P)), bound as P boxes
     burst: float | None = None     # mean burst length: swml's loss in bursts (lab/burst.py)
+    mtu: int | None = None         # every lab link's MTU (None: 1500; lab/link_mtu.py)
 
 
 class Bench:
@@ -114,7 +115,7 @@ class Bench:
                 extra: dict | None = None) -> dict:
         cfg = self.cfg
         box_rates = [cfg.box_rate_mbit] * max(self.boxes, cfg.ports)
-        bound = bound_mbps(system, cfg.rate_mbit, k, workers, cfg.collective, box_rates)
+        bound = bound_mbps(system, cfg.rate_mbit, k, workers, cfg.collective, box_rates, cfg.mtu)
         row = {"system": system, "workers": workers, "k": k, "loss": loss,
                "rate_mbit": cfg.rate_mbit, "size_bytes": cfg.size, "iterations": cfg.iterations,
                "warmup": cfg.warmup, "bound_mbps": round(bound, 3),
@@ -224,11 +225,11 @@ class Bench:
             self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way{queue}, "
                      f"{boxes_label(m, cfg.box_rate_mbit, cfg.ports)}, "
                      f"{cfg.size / 2**20:g} MiB float32 "
-                     f"{cfg.collective}, fan-out {cfg.fanout}, "
+                     f"{cfg.collective}, fan-out {cfg.fanout}{f', MTU {cfg.mtu}' if cfg.mtu else ''}, "
                      f"{cfg.warmup} warm-up + {cfg.iterations} iterations")
             self.boxes = m
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
-                     boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports) as lab:
+                     boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports, mtu=cfg.mtu) as lab:
                 lab.set_loss(0.0)          # attach the loss injector once
                 for k in cfg.ks:   # the raw path's ceiling first, then the swml systems
                     raw_lab.around(self, lab, k)
@@ -369,11 +370,10 @@ class Bench:
             "started": _dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
             "duration_s": round(time.time() - started, 1),
             "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets, "fanout": cfg.fanout,
-            "collective": cfg.collective,
-            "size_bytes": cfg.size, "iterations": cfg.iterations,
+            "collective": cfg.collective, "size_bytes": cfg.size, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "ks": list(cfg.ks), "systems": list(cfg.systems), "job_slots": cfg.job_slots,
-            "rank_env": dict(cfg.env),
+            "rank_env": dict(cfg.env), "mtu": cfg.mtu,
             "wait_quiet_s": cfg.wait_quiet,
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),

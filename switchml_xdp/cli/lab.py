@@ -41,6 +41,7 @@ from .lab_options import (
     link_loss,
     loss_options,
     loss_text,
+    mtu_option,
     pct,
     rack_options,
     racks_of,
@@ -136,12 +137,13 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
               help="Options for that switch, as on the `swml-switch up` command line "
                    "(e.g. '-k 64 --dataplane userspace').")
 @rack_options
+@mtu_option
 def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: int,
        box_rate: float | None, loss: float | None, dup: float | None, burst: float | None,
        loss_port: int | None, queue: int | None, dscp_bands: tuple[int, ...] | None, no_multicast: bool,
        snooping: bool, query_interval: float | None, start_switch: bool, switch_args: str,
        racks: int | None, per_rack: str | None, uplink_rate: float | None,
-       layout: str | None) -> None:
+       layout: str | None, mtu: int | None) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.box_runs import capacity_args
     from switchml_xdp.lab.cluster import start_background_switch
@@ -153,7 +155,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
     check_burst(burst, [loss])
     if sizes is not None:
         for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
-                            (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands")):
+                            (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands"), (mtu, "--mtu")):
             if value:
                 raise click.BadParameter("not with --racks", param_hint=name)
         if start_switch:
@@ -180,7 +182,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
                   loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue, burst=burst,
                   multicast=not no_multicast, igmp=snooping,
                   query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate,
-                  ports=ports, dscp_bands=dscp_bands).start()
+                  ports=ports, dscp_bands=dscp_bands, mtu=mtu).start()
         ready = []
         if start_switch:
             try:
@@ -200,6 +202,8 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         shaping += f", box links to {box_rate:g} Mbit/s"
     if queue:
         shaping += f", {queue}-packet queues"
+    if mtu:
+        shaping += f", MTU {mtu}"
     if dscp_bands:
         shaping += f", DSCP bands {','.join(map(str, dscp_bands))} on box ports"
     if no_multicast:

@@ -9,10 +9,13 @@ from collections.abc import Iterator
 
 import click
 
+from switchml_xdp import wire
 from switchml_xdp.lab import LabError
 from switchml_xdp.lab.addressing import MAX_BOXES, MAX_WORKERS
 from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.burst import BurstModel, mean_length
+from switchml_xdp.lab.link_mtu import DEFAULT_MTU, MIN_MTU
+from switchml_xdp.lab.link_mtu import effective as effective_mtu
 from switchml_xdp.lab.loss import LossError, probability
 from switchml_xdp.lab.racks import LAYOUTS, MAX_RACKS, rack_sizes
 from switchml_xdp.lab.shaping import MAX_RATE_MBIT, check_bands
@@ -45,6 +48,26 @@ def box_options(f):
     f = click.option("--boxes", type=click.IntRange(1, MAX_BOXES), default=1, show_default=True,
                      help="Number of boxes (switch hosts: sw, sw1, ...) on the bridge.")(f)
     return f
+
+
+def mtu_option(f):
+    """--mtu: every lab link's MTU (lab/link_mtu.py)."""
+    return click.option("--mtu", type=click.IntRange(MIN_MTU, wire.MAX_MTU), default=None,
+                        metavar="BYTES",
+                        help=f"Every lab link's MTU: veths, bridges, the box's ports [default: "
+                             f"{DEFAULT_MTU}]. Up to {wire.MAX_MTU}, a frame of one page for "
+                             f"native XDP, which carries k up to {wire.MAX_K}: k <= (MTU - "
+                             f"{wire.IP_OVERHEAD}) / 4.")(f)
+
+
+def check_k_fits(ks, mtu: int | None) -> None:
+    """BadParameter (-k) for a k the lab's MTU does not carry, saying the MTU it needs."""
+    from switchml_xdp.mtu import mtu_needed
+
+    too_big = [k for k in ks if mtu_needed(k) > effective_mtu(mtu)]
+    if too_big:
+        raise click.BadParameter(f"k={max(too_big)} needs --mtu {mtu_needed(max(too_big))} or more "
+                                 f"(the lab's MTU is {effective_mtu(mtu)})", param_hint="--elements")
 
 
 def rack_options(f):

@@ -22,9 +22,11 @@ from .lab_options import (
     box_options,
     burst_option,
     check_burst,
+    check_k_fits,
     lab_errors,
     lab_options,
     list_of,
+    mtu_option,
     rack_options,
     racks_of,
     run_rows,
@@ -247,9 +249,10 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
 @click.option("--dscp", "dscp_classes", type=DscpClasses(), default=None, metavar="LIST",
               help="With --jobs: under a policy the box marks jobs (swml-switch up --dscp LIST) and "
                    "the lab's box port serves LIST as priority bands")
+@mtu_option
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
-          jobs_spec, share, reweight, no_gloo, dscp_classes, burst):
+          jobs_spec, share, reweight, no_gloo, dscp_classes, burst, mtu):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -262,8 +265,9 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     from switchml_xdp.bench import lab_bench
     from switchml_xdp.bench.allreduce_bench import parse_size
 
-    if burst is not None and (jobs_spec is not None or racks is not None):
-        raise click.BadParameter("not with --jobs or --racks", param_hint="--burst")
+    for value, hint in ((burst, "--burst"), (mtu, "--mtu")):
+        if value is not None and (jobs_spec is not None or racks is not None):
+            raise click.BadParameter("not with --jobs or --racks", param_hint=hint)
     check_burst(burst, losses)
     if jobs_spec is not None:
         from .lab_bench_jobs import bench_jobs
@@ -294,6 +298,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
                                  param_hint="--ports")
     if any(not 1 <= k <= wire.MAX_K for k in ks):
         raise click.BadParameter(f"k must be in 1..{wire.MAX_K}", param_hint="--elements")
+    check_k_fits(ks, mtu)
     try:
         size_bytes = parse_size(size)
     except ValueError as e:
@@ -312,7 +317,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
         wait_quiet=wait_quiet, fanout=fanout, collective=collective, boxes=boxes,
-        box_rate_mbit=box_rate, ports=ports, burst=burst,
+        box_rate_mbit=box_rate, ports=ports, burst=burst, mtu=mtu,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)

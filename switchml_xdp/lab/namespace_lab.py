@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pyroute2 import IPRoute
 
 from .. import bpf
-from . import addressing, box_ports, lifecycle, netns, wiring
+from . import addressing, box_ports, lifecycle, link_mtu, netns, wiring
 from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, box_host, bridge_iface, bridge_ns, check_names, new_prefix, worker_host
@@ -61,7 +61,7 @@ class Lab:
                  queue_packets: int | None = None, multicast: bool = True,
                  query_interval_s: float | None = None, boxes: int = 1,
                  box_rate_mbit: float | None = None, ports: int = 1,
-                 dscp_bands: Sequence[int] | None = None, burst=None):
+                 dscp_bands: Sequence[int] | None = None, burst=None, mtu: int | None = None):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of duplicating, data-port UDP
         frames on every worker link in both directions; giving either (or loss_port) attaches the
         loss injector at build time, set_loss() does it later otherwise. loss_port: the UDP port
@@ -77,7 +77,8 @@ class Lab:
         rate of each one's link, both ways, or a list of one each (lab/shaping.py). ports: the
         switch as a box with that many ports, each on its own segment (lab/box_ports.py);
         box_rate_mbit is then each port's. dscp_bands: DSCP values, highest priority first, that
-        every box's port serves in that order (needs both rates; lab/shaping.py)."""
+        every box's port serves in that order (needs both rates; lab/shaping.py). mtu: every link's
+        MTU (default the kernel's 1500; at most one page's frame for XDP, lab/link_mtu.py)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
@@ -94,7 +95,7 @@ class Lab:
             raise LabError("a lab without multicast takes no loss or dup (both use the "
                            "switch's bridge port)")
         self.multicast = multicast
-        self.rate_mbit, self.box_rate_mbit = rate_mbit, box_rate_mbit
+        self.rate_mbit, self.box_rate_mbit, self.mtu = rate_mbit, box_rate_mbit, link_mtu.check_mtu(mtu)
         self.keep = keep
         self.igmp = igmp
         if query_interval_s is not None and not igmp:
@@ -169,7 +170,7 @@ class Lab:
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "burst": loss_mod.burst_state(self.burst),
             "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
-            "multicast": self.multicast,
+            "multicast": self.multicast, "mtu": self.mtu,
             "switch": dataclasses.asdict(self.switch),
             "switches": [dataclasses.asdict(b) for b in self.switches],
             "ports": 1 + len(self.box_ports),
@@ -195,7 +196,7 @@ class Lab:
                   query_interval_s=state.get("query_interval_s"),
                   boxes=len(state.get("switches") or [state["switch"]]),
                   box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1),
-                  dscp_bands=state.get("dscp_bands"), burst=state.get("burst"))
+                  dscp_bands=state.get("dscp_bands"), burst=state.get("burst"), mtu=state.get("mtu"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -324,6 +325,7 @@ class Lab:
         for host in self.hosts:
             self._make_link(host)
         box_ports.build(self._ipr, self)
+        link_mtu.apply(self._ipr, self.namespaces, self.mtu)   # before XDP: veth checks it then
         if (self.loss, self.dup, self.loss_port, self.burst) == (None,) * 4:
             self._attach_pass_program()
         else:

@@ -45,3 +45,43 @@ def test_the_switch_checks_every_port(monkeypatch):
     with pytest.raises(SwitchError, match=r"^--elements: k=861 needs an MTU of at least 3504 on p1, "
                                           r"whose MTU is 1500 \(it carries k <= 360\)"):
         check_port_mtus(["p0", "p1"], wire.MAX_K)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["bench", "-k", "256,361"], "k=361 needs --mtu 1504 or more (the lab's MTU is 1500)"),
+    (["bench", "-k", "861", "--mtu", "3500"], "k=861 needs --mtu 3504 or more (the lab's MTU is 3500)"),
+    (["bench", "--mtu", str(wire.MAX_MTU + 1)], "--mtu"),
+    (["bench", "--mtu", "3506", "--racks", "2"], "not with --jobs or --racks"),
+    (["up", "--mtu", "100"], "--mtu"),
+    (["up", "--mtu", "3506", "--racks", "2"], "not with --racks"),
+])
+def test_the_labs_mtu_is_checked_before_anything_is_built(args, says):
+    from click.testing import CliRunner
+
+    from switchml_xdp.cli import lab as lab_cli
+
+    r = CliRunner().invoke(lab_cli.main, args)
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "Traceback" not in r.output, r.output
+
+
+def test_lab_mtu_values():
+    from switchml_xdp.lab import LabError
+    from switchml_xdp.lab.link_mtu import check_mtu
+
+    assert check_mtu(None) is None and check_mtu(wire.MAX_MTU) == 3506
+    for bad in (wire.MAX_MTU + 1, 9000, 100, "1500", True):
+        with pytest.raises(LabError, match=r"^mtu must be an integer from 576 to 3506"):
+            check_mtu(bad)
+
+
+def test_gloos_bound_grows_with_the_mtu_and_swmls_does_not():
+    from switchml_xdp.bench import constants
+
+    assert constants.bound_mbps("gloo", 1000, None, 4) == pytest.approx(1000 * 1448 / 1514 * 4 / 6)
+    assert constants.bound_mbps("gloo", 1000, None, 4, mtu=3506) == pytest.approx(
+        1000 * 3454 / 3520 * 4 / 6)
+    for k in (256, wire.MAX_K):
+        assert constants.bound_mbps("swml-afxdp", 1000, k, 4, mtu=3506) == \
+            constants.bound_mbps("swml-afxdp", 1000, k, 4) == pytest.approx(
+                1000 * 4 * k / (wire.HEADERS_LEN + 4 * k))
