@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from pyroute2 import IPRoute
 
-from .. import net
+from .. import net, wire
 from ..client.control import CONTROL_DSCP
 from .addressing import Host
 from .errors import LabError
@@ -107,7 +107,8 @@ def _bytes_per_s(rate_mbit: float) -> int:
 
 
 def _burst(rate: int) -> int:
-    """Bucket size for `rate` bytes/s: at least 1 ms of traffic, at least 32 KiB."""
+    """Bucket size for `rate` bytes/s: at least 1 ms of traffic, at least 32 KiB
+    (many frames of the largest, wire.PAGE_FRAME_LEN: a lab's --mtu 3506)."""
     return max(32 * 1024, rate // 1000)
 
 
@@ -192,8 +193,10 @@ def _bands(ipr: IPRoute, index: int, source_class: int, i: int, source_key: str,
 
 
 def _quantum(rate: int) -> int:
-    """HTB's quantum for a class of `rate` bytes/s: within what it accepts."""
-    return max(1600, min(200_000, rate // 10))
+    """HTB's quantum for a class of `rate` bytes/s: within what it accepts, and
+    at least one frame of the largest a lab's links carry (--mtu), so that a
+    class sends a whole frame a round."""
+    return max(wire.PAGE_FRAME_LEN, min(200_000, rate // 10))
 
 
 def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequence[Host],

@@ -84,3 +84,20 @@ def test_a_switch_refuses_a_k_its_port_does_not_carry(fresh_lab):
                          f"raise the MTU of {fresh_lab.switch.iface} and of the network, or use "
                          f"a smaller k"), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_shaped_links_carry_the_largest_frames():
+    """TBF on worker links, HTB on the box's: their buckets and quanta hold a
+    3518-byte frame, and the job's sums come out exact."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    x = np.arange(4 * wire.MAX_K, dtype=np.int32)
+    with Lab(workers=2, mtu=wire.MAX_MTU, rate_mbit=200, box_rate_mbit=400) as lab, \
+            SwitchProcess(lab, ["-k", str(wire.MAX_K)]):
+        results = run_job(lab, "jumbo-shaped", ["udp"] * 2,
+                          lambda rank, w: w.allreduce(x * (rank + 1), op="sum"))
+    for out in results:
+        np.testing.assert_array_equal(out, 3 * x)
