@@ -25,6 +25,15 @@ class ReflectorError(RuntimeError):
     """The reflector cannot be put up; says why in one line."""
 
 
+def compile_reflector(ip: str, port: int) -> bpf.Program:
+    """xdp/swml_reflect.c for the box at `ip`, answering `port`, loaded."""
+    try:
+        return bpf.compile_program(SOURCE, PROG_NAME, {
+            "SWML_REFLECT_PORT": port, "SWML_REFLECT_IP": f"{wire.ip_to_be32(ip):#x}u"})
+    except bpf.BpfError as e:
+        raise ReflectorError(f"cannot load the reflector ({SOURCE}): {e}") from None
+
+
 class Reflector:
     """xdp/swml_reflect.c on `iface` (in namespace `netns`), a context manager."""
 
@@ -44,11 +53,7 @@ class Reflector:
         if current.mode is not None:
             raise ReflectorError(f"{iface} already has an XDP program (id {current.prog_id}): "
                                  "the switch? The reflector takes the port in its place")
-        try:
-            self._prog = bpf.compile_program(SOURCE, PROG_NAME, {
-                "SWML_REFLECT_PORT": port, "SWML_REFLECT_IP": f"{wire.ip_to_be32(self.ip):#x}u"})
-        except bpf.BpfError as e:
-            raise ReflectorError(f"cannot load the reflector ({SOURCE}): {e}") from None
+        self._prog = compile_reflector(self.ip, port)
         try:
             self._link = bpf.attach_link(iface, self._prog.fd, mode, netns=netns, quiet=quiet)
         except bpf.XdpError as e:
