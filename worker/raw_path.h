@@ -15,7 +15,9 @@
  * `window` frames are kept in flight; each loop takes up to `batch` echoes,
  * sends one frame for each (and for any room in the window), and kicks the
  * socket once, as the engine's loop does. Frames that never come back (no
- * echo for SWML_RAW_LOSS_NS) are counted lost and the window refilled.
+ * echo for SWML_RAW_LOSS_NS) are counted lost and the window refilled: a
+ * real loss, or a loaded machine that held the echoes back (they come back
+ * `late`).
  */
 #ifndef SWML_RAW_PATH_H
 #define SWML_RAW_PATH_H
@@ -26,7 +28,7 @@
 #include "xsk_port.h"
 
 #define SWML_RAW_BATCH 64            /* the engine's rx batch (stream.c) */
-#define SWML_RAW_LOSS_NS 20000000ull /* 20 ms without an echo: the rest is lost */
+#define SWML_RAW_LOSS_NS 50000000ull /* 50 ms without an echo: the rest is lost */
 #define SWML_RAW_SLEEP_NS 1000000ull /* the abort flag is read at least this often */
 
 struct swml_raw_cfg {
