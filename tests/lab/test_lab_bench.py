@@ -225,6 +225,8 @@ def test_bench_smoke(tmp_path):
     assert a["status"] == "ok" or a["status"].startswith("unavailable"), a
     md = (tmp_path / "lab_bench.md").read_text()
     assert "| N | loss |" in md and "k = 64" in md
+    if a["status"] == "ok":   # the raw path's ceiling beside it (raw_lab.py)
+        assert a["raw_pps"] > 0 and a["raw_pps_fraction"] > 0 and "% of raw pps" in md, a
     assert doc["results"] == saved["results"]
     # The bound is the wire's, and the definition printed with it says so.
     hdrs = wire.HEADERS_LEN
