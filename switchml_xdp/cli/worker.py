@@ -99,7 +99,8 @@ def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, p
                                             op, precision)]
         if baseline:
             from ..bench import raw_path
-            raw = raw_path.measure_when_up(switch_ip, w.info.k, w.info.slots, join_timeout,
+            raw_k = w.info.k // 2 if precision == "16" else w.info.k   # frames of the same size
+            raw = raw_path.measure_when_up(switch_ip, raw_k, w.info.slots, join_timeout,
                                            lambda line: click.echo(line, err=True), port=port,
                                            reflect_port=w.info.switch_port, iface=iface)
     except (ControlError, JobAborted, TimeoutError, RuntimeError, OSError, ValueError) as e:
