@@ -216,11 +216,12 @@ static void build(struct swml_stream *st, const struct plan *pl, uint64_t p, int
 				swml_quantize16_block(x, m, k, pl->gexp[b], payload);
 			else if (pl->coding == C_QUANT16)
 				swml_quantize16_block_checked(x, m, k, pl->gexp[b], payload);
-			else if (!checked)
-				swml_quantize_block(x, m, k, pl->gexp[b], pl->L, payload);
+			else if (!checked) /* the offset in the same pass (0 for SWML_FMT_INT32) */
+				swml_quantize_block_offset(x, m, k, pl->gexp[b], pl->L, pl->offset,
+							   payload);
 			else
 				swml_quantize_block_checked(x, m, k, pl->gexp[b], pl->L, payload);
-			if (pl->offset)
+			if (pl->offset && checked)
 				swml_offset_block(payload, k, pl->offset);
 			if (pl->lnf[b])
 				flags |= SWML_FLAG_NONFINITE;
@@ -541,23 +542,15 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 
 			/* Block b's input is no longer needed: packets b and b + lag,
 			 * the only ones reading it, both have their results. The
-			 * payload is copied out to an aligned buffer for the
-			 * vectorized loops. */
-			if (pl->coding == C_QUANT16) {
-				int16_t res[SWML_MAX_K] __attribute__((aligned(64)));
-
-				memcpy(res, r->payload, (size_t)k * 2);
-				swml_dequantize16_block(res, min_u64(k, pl->n - off), pl->gexp[b],
+			 * payload is read where it lies in the frame, the world's
+			 * offsets taken off on the way (uint32 wraps). */
+			if (pl->coding == C_QUANT16)
+				swml_dequantize16_payload(r->payload, min_u64(k, pl->n - off),
+							  pl->gexp[b], pl->L, nf, y);
+			else
+				swml_dequantize_payload(r->payload, min_u64(k, pl->n - off),
+							pl->offset * st->cfg.world, pl->gexp[b],
 							pl->L, nf, y);
-			} else {
-				int32_t sums[SWML_MAX_K] __attribute__((aligned(64)));
-
-				memcpy(sums, r->payload, (size_t)k * 4);
-				if (pl->offset) /* the world's offsets off: uint32 wraps */
-					swml_offset_block(sums, k, 0u - pl->offset * st->cfg.world);
-				swml_dequantize_block(sums, min_u64(k, pl->n - off), pl->gexp[b],
-						      pl->L, nf, y);
-			}
 		}
 	}
 	return 0;
