@@ -19,8 +19,9 @@
 #include <linux/if_xdp.h>
 #include <xdp/xsk.h>
 
-/* One page: a frame holds the largest packet (SWML_PAGE_FRAME_LEN, 3520 B,
- * xdp/swml_wire.h) after the kernel's XDP_PACKET_HEADROOM (256 B) on receive. */
+/* One page: a frame holds the largest frame native XDP takes
+ * (SWML_PAGE_FRAME_LEN, 3520 B, xdp/swml_wire.h) after the kernel's
+ * XDP_PACKET_HEADROOM (256 B) on receive. */
 #define SWML_XSK_FRAME_SIZE 4096u
 #define SWML_XSK_RX_RING 2048u
 #define SWML_XSK_TX_RING 2048u

@@ -83,14 +83,17 @@
 #define SWML_MTU1500 1500
 #define SWML_IP_OVERHEAD 60 /* IPv4 20 + UDP 8 + swml 32: the MTU a packet needs, less 4k */
 #define SWML_MTU1500_K ((SWML_MTU1500 - SWML_IP_OVERHEAD) / 4)
-/* The most k: the largest frame native XDP takes, one page without fragments
- * (XDP multi-buffer is not used): 4096 - 256 (XDP_PACKET_HEADROOM) - 320
- * (sizeof(struct skb_shared_info) on x86-64, 6.1 to 6.18) = 3520 bytes of
- * Ethernet frame, MTU 3506 (virtio_net's and veth's limit with XDP), so
- * (3506 - 60) / 4 = 861 int32, a 3518-byte frame. An AF_XDP frame
+/* The most k: the largest frame native XDP takes in one page, without
+ * fragments (XDP multi-buffer is not used): 4096 - 256 (XDP_PACKET_HEADROOM)
+ * - 320 (sizeof(struct skb_shared_info) on x86-64, 6.1 to 6.18) = 3520 bytes
+ * (veth's limit, MTU 3506), less the 12-byte header virtio_net keeps in the
+ * same receive buffer (6.1 drops a larger frame, though it takes MTU 3506):
+ * 3508 bytes, MTU 3494, which ena (3498) and veth take too. So
+ * (3494 - 60) / 4 = 858 int32, a 3506-byte frame. An AF_XDP frame
  * (worker/xsk_port.h) is then one page too. */
 #define SWML_PAGE_FRAME_LEN 3520
-#define SWML_MAX_MTU (SWML_PAGE_FRAME_LEN - SWML_ETH_LEN)
+#define SWML_VNET_HDR_LEN 12
+#define SWML_MAX_MTU (SWML_PAGE_FRAME_LEN - SWML_VNET_HDR_LEN - SWML_ETH_LEN)
 #define SWML_MAX_K ((SWML_MAX_MTU - SWML_IP_OVERHEAD) / 4)
 /* k is one per switch, whatever the format; an int16 packet of k elements is
  * k x 2 payload bytes, and the most int16 elements that would fit the largest

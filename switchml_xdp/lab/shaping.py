@@ -108,7 +108,7 @@ def _bytes_per_s(rate_mbit: float) -> int:
 
 def _burst(rate: int) -> int:
     """Bucket size for `rate` bytes/s: at least 1 ms of traffic, at least 32 KiB
-    (many frames of the largest, wire.PAGE_FRAME_LEN: a lab's --mtu 3506)."""
+    (many frames of the largest, wire.PAGE_FRAME_LEN: a lab's --mtu)."""
     return max(32 * 1024, rate // 1000)
 
 

@@ -90,12 +90,13 @@ class VmLab:
 
     def __init__(self, workers: int = 2, accel: str = "auto",
                  switch_args: tuple[str, ...] = (), out=print, box_ports: int = 1,
-                 tree: bool = False):
+                 tree: bool = False, mtu: int = MTU):
         """box_ports: the switch VM serves as a box with that many ports, its
         NIC and box_ports - 1 veths, members of one bridge that holds its
         address (vm_guest.sh); the workers reach it through the NIC. tree:
         the switch VM's box is a rack box whose parent box runs in a
-        namespace of the same VM, behind a veth uplink (vm_guest.sh)."""
+        namespace of the same VM, behind a veth uplink (vm_guest.sh). mtu:
+        the network's and every guest NIC's (larger k needs more: mtu.py)."""
         if not 1 <= workers <= 64:
             raise LabError(f"workers must be 1..64 (a job's members), not {workers}")
         self.prefix = new_prefix()
@@ -107,7 +108,8 @@ class VmLab:
         self.out = out
         self.accel = ""
         self.accel_reason = ""
-        self.net = VmNetwork(self.prefix, MTU)
+        self.mtu = mtu
+        self.net = VmNetwork(self.prefix, mtu)
         self.run_dir: Path | None = None
         self.switch = Vm(vm_host(self.prefix, "sw", QUEUES_PER_CPU * SWITCH_CPUS), "switch",
                          SWITCH_CPUS, SWITCH_MEMORY_MB)
@@ -214,7 +216,7 @@ class VmLab:
     def _write_env(self, vm: Vm, token: str, bench_args: tuple[str, ...]) -> None:
         rank = "" if vm.role == "switch" else vm.name[1:]
         env = {
-            "SWML_ROLE": vm.role, "SWML_IFACE": GUEST_IFACE, "SWML_MTU": MTU,
+            "SWML_ROLE": vm.role, "SWML_IFACE": GUEST_IFACE, "SWML_MTU": self.mtu,
             "SWML_IP": vm.host.ip, "SWML_PREFIXLEN": SUBNET_PREFIXLEN,
             "SWML_SWITCH_IP": SWITCH_IP, "SWML_RANK": rank, "SWML_WORLD": self.workers,
             "SWML_PYTHON": sys.executable, "SWML_TUNE_NIC": TUNE_NIC,

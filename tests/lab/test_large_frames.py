@@ -1,6 +1,6 @@
 """Larger frames (docs/performance.md, "Larger frames"): a lab whose links
-all have MTU 3506 (Lab(mtu=...)), the switch at k = SWML_MAX_K, a job on each
-backend with exact sums in packets of 861 elements; a switch and a worker
+all have MTU 3494 (Lab(mtu=...)), the switch at k = SWML_MAX_K, a job on each
+backend with exact sums in packets of 858 elements; a switch and a worker
 refusing a k their link's MTU does not carry, in one line."""
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_a_job_at_the_largest_k_sums_exactly(jumbo_lab, backend):
     for out, big, sent in results:
         np.testing.assert_array_equal(out, inputs[0] + inputs[1])
         assert np.all(big == 3.0)
-        # 861 elements a packet: the two calls' packets, not 360's.
+        # 858 elements a packet: the two calls' packets, not 360's.
         packets = -(-n // wire.MAX_K) + -(-(3 << 16) // wire.MAX_K)
         assert packets <= sent < 2 * packets
 
@@ -66,7 +66,7 @@ def test_a_worker_whose_link_is_too_small_fails_its_join_in_one_line(jumbo_lab):
             Worker(lab.switch.ip, "jumbo-small", 0, 1, backend="udp", verbose=False)
         said = str(e.value)
         assert "\n" not in said
-        assert (f"k={wire.MAX_K} needs an MTU of at least 3504 on {w.iface}, whose MTU is 1500 "
+        assert (f"k={wire.MAX_K} needs an MTU of at least 3492 on {w.iface}, whose MTU is 1500 "
                 "(it carries k <= 360)") in said
     finally:
         lab.run(w, ["ip", "link", "set", "dev", w.iface, "mtu", str(wire.MAX_MTU)])
@@ -88,7 +88,7 @@ def test_a_switch_refuses_a_k_its_port_does_not_carry(fresh_lab):
 
 def test_shaped_links_carry_the_largest_frames():
     """TBF on worker links, HTB on the box's: their buckets and quanta hold a
-    3518-byte frame, and the job's sums come out exact."""
+    3506-byte frame, and the job's sums come out exact."""
     if NO_LAB:
         pytest.skip(NO_LAB)
     from switchml_xdp.lab import Lab

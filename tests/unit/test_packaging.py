@@ -74,13 +74,14 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path):
 def test_the_k_limit_is_wire_max_k_everywhere():
     """k's bound is the MTU arithmetic of docs/operations.md, the CLI's and the
     docs' alike: one page's frame for native XDP (4096 - 256 headroom - 320
-    skb_shared_info) at most, and what a 1500-byte MTU carries beside it."""
+    skb_shared_info - virtio_net's 12-byte header) at most, and what a
+    1500-byte MTU carries beside it."""
     from switchml_xdp import wire
     from switchml_xdp.cli import switch as switch_cli
 
     assert (1500 - 20 - 8 - wire.HDR_LEN) // 4 == wire.MTU1500_K == 360
-    assert wire.MAX_MTU == 4096 - 256 - 320 - wire.ETH_LEN == 3506
-    assert (wire.MAX_MTU - 20 - 8 - wire.HDR_LEN) // 4 == wire.MAX_K == 861
+    assert wire.MAX_MTU == 4096 - 256 - 320 - 12 - wire.ETH_LEN == 3494
+    assert (wire.MAX_MTU - 20 - 8 - wire.HDR_LEN) // 4 == wire.MAX_K == 858
     assert wire.ETH_LEN + wire.IP_OVERHEAD + 4 * wire.MAX_K <= wire.PAGE_FRAME_LEN
     [elements] = [p for p in switch_cli.up.params if p.name == "elements"]
     assert elements.type.max == wire.MAX_K

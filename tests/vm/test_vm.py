@@ -66,14 +66,14 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
 
 
 def _serve_one_worker_vm(capsys, switch_args: tuple[str, ...], box_ports: int = 1,
-                         tree: bool = False) -> dict:
+                         tree: bool = False, mtu: int | None = None) -> dict:
     """A switch VM (`swml-switch up ... SWITCH_ARGS`) and one worker VM that
     reduces through it and checks every result; the switch's status."""
     from switchml_xdp.lab.vm import VmLab
 
     lines = []
     with VmLab(workers=1, switch_args=switch_args, out=lines.append, box_ports=box_ports,
-               tree=tree) as lab:
+               tree=tree, **({"mtu": mtu} if mtu else {})) as lab:
         results = lab.bench(size="16KiB", iterations=2, warmup=1, dtype="float32", verify=True)
         status = lab.switch_status()
     with capsys.disabled():
@@ -81,6 +81,20 @@ def _serve_one_worker_vm(capsys, switch_args: tuple[str, ...], box_ports: int = 
     assert results[0]["verify_failures"] == 0 and results[0]["verified"] == 3, results
     [switch] = status["switches"]
     return switch
+
+
+@needs_vms
+@pytest.mark.timeout(900)
+def test_the_largest_k_loads_and_serves_on_debian_12_s_kernel_at_mtu_3494(capsys):
+    """k = SWML_MAX_K (858 int32, a 3506-byte frame): the switch program's
+    longest loops pass Debian 12's verifier (6.1), virtio_net takes native XDP
+    at MTU 3494 and such frames with it, and the afxdp worker's page-sized UMEM frames carry the
+    packets (docs/performance.md, "Larger frames")."""
+    from switchml_xdp import wire
+
+    switch = _serve_one_worker_vm(capsys, ("-k", str(wire.MAX_K)), mtu=wire.MAX_MTU)
+    assert switch["params"]["k"] == wire.MAX_K and switch["mode"] == "native", switch
+    assert switch["counters"]["completed"] >= 3 * -(-(16 * 1024 // 4) // wire.MAX_K), switch
 
 
 @needs_vms
