@@ -221,6 +221,9 @@ def test_bench_smoke(tmp_path):
         assert by[s]["status"] == "ok", by[s]
         assert by[s]["tat_median_s"] > 0 and by[s]["cpu"]["busy_pct"] >= 0   # (10 ms ticks)
         assert by[s]["rel_err"] < 1e-6, by[s]      # the result is the sum
+        assert by[s]["cpu_s_per_gib"]["ranks"] > 0, by[s]   # cpu_per_gib.py
+    for s in ("swml-udp", "userspace"):     # the box's CPU over one more call
+        assert by[s]["box_calls"] == 1 and by[s]["cpu_s_per_gib"]["box"] > 0, by[s]
     a = by["swml-afxdp"]
     assert a["status"] == "ok" or a["status"].startswith("unavailable"), a
     md = (tmp_path / "lab_bench.md").read_text()
@@ -235,3 +238,6 @@ def test_bench_smoke(tmp_path):
     assert f"swml {wire.HDR_LEN} bytes" in md
     if missing:
         pytest.skip(f"Gloo part skipped: {missing}")
+    assert by["gloo"]["cpu_s_per_gib"]["box"] is None
+    assert by["swml-udp"]["cpu_per_gib_vs_gloo"] > 0 and "| CPU swml/gloo |" in md
+    assert any(line.startswith("    ranks' CPU s/GiB over Gloo's: ") for line in lines), lines
