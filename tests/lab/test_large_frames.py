@@ -86,6 +86,22 @@ def test_a_switch_refuses_a_k_its_port_does_not_carry(fresh_lab):
     assert "Traceback" not in r.stderr
 
 
+def test_the_user_space_data_plane_takes_the_largest_k():
+    """userspace_dp.c's datagram buffers hold a packet of SWML_MAX_K elements."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    x = np.arange(3 * wire.MAX_K + 5, dtype=np.int32) - 1000
+    with Lab(workers=2, mtu=wire.MAX_MTU) as lab, \
+            SwitchProcess(lab, ["--dataplane", "userspace", "-k", str(wire.MAX_K)]):
+        results = run_job(lab, "jumbo-userspace", ["udp"] * 2,
+                          lambda rank, w: w.allreduce(x * (rank + 2), op="sum"))
+    for out in results:
+        np.testing.assert_array_equal(out, 5 * x)
+
+
 def test_shaped_links_carry_the_largest_frames():
     """TBF on worker links, HTB on the box's: their buckets and quanta hold a
     3506-byte frame, and the job's sums come out exact."""
