@@ -7,7 +7,8 @@
 # touches what differs. Best effort: a setting the NIC does not support is reported,
 # not fatal (the switch then falls back to generic XDP, which works anywhere).
 #
-# - MTU: SWML_MTU. Native XDP on virtio_net needs MTU <= 3506 (one page a frame).
+# - MTU: SWML_MTU. Native XDP on virtio_net needs MTU <= 3506 (one page a frame), and
+#   drops received frames over 3508 bytes: 3494 carries every frame (k <= 858).
 # - Queue pairs (virtio_net): native XDP_TX/REDIRECT want one spare TX queue per CPU
 #   on top of the pairs in use, else the driver falls back to a slower shared,
 #   locked TX queue. Switch: as many pairs as vCPUs in use if the NIC has twice
