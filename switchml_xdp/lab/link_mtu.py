@@ -26,8 +26,8 @@ def check_mtu(mtu: int | None) -> int | None:
     if mtu is None:
         return None
     if isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_MTU <= mtu <= wire.MAX_MTU:
-        raise LabError(f"mtu must be an integer from {MIN_MTU} to {wire.MAX_MTU} (the most native "
-                       f"XDP takes on veth: a frame of one page), not {mtu!r}")
+        raise LabError(f"mtu must be an integer from {MIN_MTU} to {wire.MAX_MTU} (the largest MTU "
+                       f"whose frames native XDP takes in one page, SWML_MAX_MTU), not {mtu!r}")
     return mtu
 
 
