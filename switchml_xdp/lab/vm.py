@@ -47,7 +47,7 @@ GUEST_TMPFS = (Path("/tmp"), Path("/run"), Path("/var/tmp"))
 # every guest: one description of what a virtio NIC needs for native XDP.
 TUNE_NIC = Path(__file__).resolve().parents[2] / "packaging" / "tune-nic.sh"
 GUEST_IFACE = "eth0"
-MTU = 1500                     # vagrant/cluster.json network.mtu; native XDP needs <= 3506
+MTU = 1500                     # vagrant/cluster.json network.mtu; at most wire.MAX_MTU (3494)
 # virtio_net wants a spare TX queue per vCPU for XDP_TX: 2 x vCPUs queue pairs.
 QUEUES_PER_CPU = 2
 SWITCH_CPUS, WORKER_CPUS = 2, 1
