@@ -76,19 +76,31 @@ box_ports() {
 
 # A rack box (SWML_TREE=1, docs/scale-out.md): its parent box runs in
 # namespace swcore of this VM, behind veth uplink0 (10.98.0.2) - core0
-# (10.98.0.1), natively in XDP on both ends; prints the rack box's options.
+# (10.98.0.1), natively in XDP on both ends, at the network's MTU; the
+# parent takes the rack box's k (-k in SWML_SWITCH_ARGS); prints the rack
+# box's options.
+switch_k() {
+  # shellcheck disable=SC2086  # SWML_SWITCH_ARGS: words on purpose
+  set -- $SWML_SWITCH_ARGS
+  while [ $# -gt 1 ]; do
+    case $1 in -k|--elements) echo "-k $2"; return ;; esac
+    shift
+  done
+}
+
 tree_parent() {
   local out=$share/$vm.parent.out
   ip netns add swcore || finish 2
-  ip link add uplink0 type veth peer name core0 || finish 2
+  ip link add uplink0 mtu "$SWML_MTU" type veth peer name core0 mtu "$SWML_MTU" || finish 2
   ip link set core0 netns swcore || finish 2
   ip addr add 10.98.0.2/24 dev uplink0
   ip link set uplink0 up
   ip netns exec swcore ip addr add 10.98.0.1/24 dev core0
   ip netns exec swcore ip link set core0 up
   ip netns exec swcore ip link set lo up
+  # shellcheck disable=SC2046 # switch_k's words are two arguments
   ip netns exec swcore "$SWML_PYTHON" -m switchml_xdp.cli.switch up core0 --mode native \
-    >"$out" 2>&1 &
+    $(switch_k) >"$out" 2>&1 &
   local deadline=$((SECONDS + SWML_WAIT_S))
   until grep -q ' up on ' "$out"; do
     [ $SECONDS -lt $deadline ] || { say "parent not up after ${SWML_WAIT_S} s:"; cat "$out" >&2; finish 1; }
