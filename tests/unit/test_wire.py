@@ -30,7 +30,7 @@ def test_layout_is_the_compilers(k):
     assert set(sizes) == {"swml_hdr", "swml_job", "swml_member", "swml_job_stats", "swml_slot",
                           "swml_port_stats", "swml_uplink", "swml_parent_route", "swml_job_pace",
                           "swml_fanout_meta", "us_job", "us_member", "us_state",
-                          "swml_loss_cfg", "swml_loss_counters"}
+                          "swml_loss_cfg", "swml_loss_counters", "swml_loss_state"}
     for struct, size in sizes.items():
         dt, ct = layout.dtype(struct, k), layout.ctype(struct, k)
         assert dt.itemsize == ctypes.sizeof(ct) == size, struct
