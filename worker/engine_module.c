@@ -619,7 +619,7 @@ static PyObject *py_window_trace(PyObject *self, PyObject *args)
 		if (!strcmp(kind, "ack"))
 			swml_window_ack(&w, a, b);
 		else if (!strcmp(kind, "loss"))
-			swml_window_loss(&w, a);
+			swml_window_loss(&w, a, b != 0.0);
 		else if (!strcmp(kind, "sent"))
 			swml_window_sent(&w, a);
 		else if (!strcmp(kind, "rate"))

@@ -59,7 +59,8 @@ struct plan {
 	 * whose RESULT came back, and whether it moved since the last look */
 	uint64_t rack_xmit, rack_rtt;
 	int rack_moved;
-	int tail_armed; /* the tail probe may go: a RESULT came since the last */
+	int tail_armed;    /* the tail probe may go: a RESULT came since the last */
+	uint64_t last_new; /* when the last packet went out for the first time */
 };
 
 static inline uint64_t now_ns(void)
@@ -305,6 +306,7 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 	}
 	st->inflight[s] = (int64_t)p;
 	st->n_inflight++;
+	pl->last_new = pl->now;
 	swml_window_sent(&st->win, pl->now * 1e-9);
 	st->rto[s] = st->rto_ns;
 	st->resent[s] = 0;
@@ -427,16 +429,24 @@ static void rack_detect(struct swml_stream *st, struct plan *pl)
 		lost = 1;
 	}
 	if (lost)
-		swml_window_loss(&st->win, pl->now * 1e-9);
+		swml_window_loss(&st->win, pl->now * 1e-9, 0);
 }
 
 /* When the tail probe may go (UINT64_MAX: not now): two smoothed round trips,
- * at most the RTO, after the last RESULT, while packets are in flight. */
+ * at most the RTO, after the last RESULT or the last first send, while packets
+ * are in flight and no new one waits for its paced send time (the call's
+ * tail, or a window or slots held by lost rounds: nothing new will go whose
+ * RESULT could be evidence). Not while the pacer holds one: a stream paced
+ * slower than a packet every two round trips would probe between every two
+ * RESULTs. */
 static uint64_t tail_probe_at(const struct swml_stream *st, const struct plan *pl)
 {
-	if (!pl->tail_armed || !st->n_inflight || !st->srtt_ns)
+	uint64_t since;
+
+	if (!pl->tail_armed || !st->n_inflight || !st->srtt_ns || pl->pace_until != UINT64_MAX)
 		return UINT64_MAX;
-	return pl->last_progress + min_u64(2 * st->srtt_ns, st->rto_ns);
+	since = pl->last_progress > pl->last_new ? pl->last_progress : pl->last_new;
+	return since + min_u64(2 * st->srtt_ns, st->rto_ns);
 }
 
 /* The tail probe (retransmit.py): the newest packet in flight goes again,
@@ -690,7 +700,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 		next = min_u64(next, st->deadline[s]);
 	}
 	if (lost)
-		swml_window_loss(&st->win, pl->now * 1e-9);
+		swml_window_loss(&st->win, pl->now * 1e-9, 1);
 	pl->next_check = next;
 }
 

@@ -69,14 +69,16 @@ void swml_window_ack(struct swml_window *w, double rtt, double now)
 	w->cwnd = clamp_cwnd(w->cwnd, w->slots);
 }
 
-void swml_window_loss(struct swml_window *w, double now)
+void swml_window_loss(struct swml_window *w, double now, int timeout)
 {
 	double md;
 
 	if (w->backlog > w->target)
 		md = 0.5;
-	else
+	else if (timeout)
 		md = w->policy.random_loss_md;
+	else
+		md = 0.0;
 	if (md > 0.0 && may_decrease(w, now)) {
 		w->cwnd *= 1.0 - md;
 		w->last_decrease = now;

@@ -30,8 +30,9 @@ void swml_window_init(struct swml_window *w, uint32_t slots,
 		      const struct swml_window_policy *policy);
 /* A result for a packet sent once, rtt seconds after it went out. */
 void swml_window_ack(struct swml_window *w, double rtt, double now);
-/* A packet was lost: its timer expired, or a later one's result came back first. */
-void swml_window_loss(struct swml_window *w, double now);
+/* A packet was lost: its timer expired (timeout), or a later one's result came
+ * back first (timeout 0). */
+void swml_window_loss(struct swml_window *w, double now, int timeout);
 /* Packets that may be in flight now. */
 uint32_t swml_window_limit(const struct swml_window *w);
 /* The box's cap: bits_per_s of frames of frame_bits each (0: no cap). */

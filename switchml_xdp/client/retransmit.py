@@ -60,9 +60,14 @@ counted duplicates at the switch): a few resends more, for recovery in one
 round trip instead of a timeout. Timers remain for what no later RESULT can
 reveal: the last packets of a call, and a stall.
 
-The tail probe (RACK-TLP's): when no RESULT has come in for two smoothed
-round trips (at most the RTO) while packets are in flight, the newest of
-them goes again, once until the next RESULT. Its answer is evidence about
+The tail probe (RACK-TLP's): when no RESULT has come in and no packet gone
+out for the first time for two smoothed round trips (at most the RTO) while
+packets are in flight and no new one waits for its paced send time (a
+call's tail, or a window or slots held by lost rounds: nothing new will go
+whose RESULT could be evidence), the newest in flight goes again, once until
+the next RESULT. Not while the pacer holds a packet: a stream paced slower
+than a packet every two round trips (a box's share) would probe between
+every two RESULTs. Its answer is evidence about
 every older packet, so a lost tail costs about three round trips, not a
 timeout (2 ms at least). A late rank costs one packet a stall.
 
@@ -172,6 +177,8 @@ class RetransmitTimers:
         self._rack_rtt = 0.0                # ... and that answer's round trip
         self._rack_moved = False            # ... and it moved since the last look
         self._tail_armed = True             # the tail probe may go (once a result)
+        self.pacing = False                 # a new packet waits for its paced time
+        self._last_sent = clock()           # the last first send
         self.evidence_resends = 0           # packets resent on evidence
         self.tail_probes = 0                # packets resent as the tail probe
 
@@ -185,12 +192,14 @@ class RetransmitTimers:
         self._rack_xmit = 0.0
         self._rack_moved = False
         self._tail_armed = True
+        self.pacing = False
 
     def sent(self, p: int) -> None:
         """Packet p went out for the first time."""
         now = self.clock()
         rto = self.estimator.rto
         self._timers[p] = (now + rto, rto, now, now, now, 0)
+        self._last_sent = now
 
     def answered(self, p: int, lost: bool = True) -> float | None:
         """Packet p has its result: stop its timer, sample its round trip;
@@ -276,9 +285,10 @@ class RetransmitTimers:
                 self._deferred.add(p)
 
     def _tail_probe_at(self) -> float | None:
-        if not (self._tail_armed and self._timers and self.estimator.srtt):
+        if self.pacing or not (self._tail_armed and self._timers and self.estimator.srtt):
             return None
-        return self._last_answer + min(2 * self.estimator.srtt, self.estimator.rto)
+        since = max(self._last_answer, self._last_sent)
+        return since + min(2 * self.estimator.srtt, self.estimator.rto)
 
     def tail_probe(self) -> int | None:
         """The newest packet in flight, to resend now as the tail probe

@@ -245,6 +245,7 @@ class UdpBackend(Backend):
             return None
 
         pace_until = pump(time.monotonic())
+        timers.pacing = pace_until is not None
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
 
@@ -304,8 +305,9 @@ class UdpBackend(Backend):
                 self._counters["retransmissions"] += 1
                 self._send(plan, p, True, next_new)
             if evidence:
-                window.on_loss(now)
+                window.on_loss(now, timeout=False)
             pace_until = pump(now)
+            timers.pacing = pace_until is not None
             if progress:
                 last_progress = now
                 continue

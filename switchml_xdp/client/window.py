@@ -40,13 +40,16 @@ AIMD on loss):
 - a loss (a retransmission timer expired, or a later packet's result came
   back first) halves it, at most once a round trip, if the last backlog
   estimate was above target: the loss is the queue overflowing. Below
-  target the loss is not congestion (no queue to overflow: a bad optic, a
-  lossy overlay), and the window stays (`random_loss_md`, 0: TCP Veno's
-  distinction without Veno's fifth). SwitchML makes random loss look about
-  N + 1 times as frequent as it is: a round that lost any rank's packet, or
-  its RESULT, is a loss at every rank; at 5% loss both ways and 4 ranks, 23%
-  of a rank's rounds. Any cut per such round starves the job: a fifth off
-  once a round trip held the window near 1 / 0.2 = 5 packets at 5% loss;
+  target a loss found by evidence is not congestion (no queue to overflow:
+  a bad optic, a lossy overlay), and the window stays. A timeout below
+  target cuts a fifth (`random_loss_md`, TCP Veno's rule): nothing came back
+  to show the path works (a stall, a path that drops everything for a
+  while). SwitchML makes random loss look about N + 1 times as frequent as
+  it is: a round that lost any rank's packet, or its RESULT, is a loss at
+  every rank; at 5% loss both ways and 4 ranks, 23% of a rank's rounds. Any
+  cut per such round starves the job: a fifth off once a round trip held
+  the window near 1 / 0.2 = 5 packets at 5% loss, when timers found every
+  loss;
 - sends are paced at cwnd per srtt, with a credit of `pace_burst` packets so
   a loop that wakes late (timer slack, a busy core) catches up without a
   burst of the whole window;
@@ -79,7 +82,7 @@ class WindowPolicy:
     max_mdf: float = 0.5          # never shrink by more than this in one step
     target_backlog: float = 8.0   # backlog allowed, in packets, at least ...
     pace_burst: float = 16.0      # packets a late loop may send at once
-    random_loss_md: float = 0.0   # the cut on a loss while the backlog is below target
+    random_loss_md: float = 0.2   # the cut on a timeout while the backlog is below target
     max_backlog: float = 32.0     # ... and at most; in between, target_delay_s of sending
     target_delay_s: float = 0.001
 
@@ -172,13 +175,15 @@ class CongestionWindow:
             self.last_decrease = now
         self._clamp()
 
-    def on_loss(self, now: float) -> None:
-        """A packet was lost: its timer expired, or a later one's result came
-        back first (retransmit.py, "Loss by evidence")."""
+    def on_loss(self, now: float, timeout: bool = True) -> None:
+        """A packet was lost: its timer expired (`timeout`), or a later one's
+        result came back first (retransmit.py, "Loss by evidence")."""
         if self.backlog > self.target:
             md = 0.5
-        else:
+        elif timeout:
             md = self.policy.random_loss_md
+        else:
+            md = 0.0
         if md > 0.0 and self._may_decrease(now):
             self.cwnd *= 1.0 - md
             self.last_decrease = now

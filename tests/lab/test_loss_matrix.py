@@ -174,9 +174,10 @@ class TestLossMatrix:
         if loss == 0:
             assert up_dropped == down_dropped == 0
         # Found by evidence, not by timers: a later packet's RESULT reveals a
-        # loss within a round trip (the timers remain for a call's last
-        # packets and a late rank).
-        evidence = sum(s1[r]["rack_resends"] - s0[r]["rack_resends"] for r in range(world))
+        # loss within a round trip, the tail probe's answer one at the tail
+        # (the timers remain for what neither reveals, and a late rank).
+        evidence = sum(s1[r][key] - s0[r][key] for r in range(world)
+                       for key in ("rack_resends", "tail_probes"))
         if loss >= 0.01:
             assert evidence >= 0.5 * sum(retx.values()), (evidence, retx)
         # ... and the timeout stays near the round trip, far from its cap (it

@@ -122,10 +122,13 @@ def test_a_lost_tail_is_probed_after_two_round_trips_not_a_timeout():
     for p in (1, 2, 3):
         timers.sent(p)
         clock.t += 0.0001
-    assert timers.next_deadline() == pytest.approx(100.001 + 0.002)
-    clock.t = 100.001 + 0.0019
+    timers.pacing = True                             # a new packet waits for its paced time
+    assert timers.next_deadline() == pytest.approx(100.001 + 0.003)   # timers only
+    timers.pacing = False                            # 3 was the call's last packet
+    assert timers.next_deadline() == pytest.approx(100.0012 + 0.002)  # 2 srtt after the last send
+    clock.t = 100.0012 + 0.0019
     assert timers.tail_probe() is None               # not yet: 2 srtt
-    clock.t = 100.001 + 0.0021
+    clock.t = 100.0012 + 0.0021
     assert timers.tail_probe() == 3                  # the newest
     assert timers.tail_probe() is None               # once until a result
     assert timers.tail_probes == 1
@@ -133,6 +136,21 @@ def test_a_lost_tail_is_probed_after_two_round_trips_not_a_timeout():
     timers.answered(3, lost=True)
     assert timers.lost_by_evidence() == [1, 2]
     assert list(timers.expired()) == []              # before any timer
+
+
+def test_no_tail_probe_while_the_pacer_holds_a_packet():
+    """A paced stream whose RESULTs are more than 2 srtt apart: its later
+    packets' RESULTs are the evidence, a probe each gap would double it."""
+    clock, timers = engine_like_timers()
+    timers.sent(0)
+    clock.t += 0.0002
+    timers.answered(0, lost=False)                   # srtt 0.2 ms
+    timers.pacing = True
+    for p in range(1, 20):
+        timers.sent(p)
+        clock.t += 0.001                             # 1 ms apart: 5 srtt
+        assert timers.tail_probe() is None
+        timers.answered(p, lost=False)
 
 
 def test_nothing_in_flight_no_tail_probe():
