@@ -33,6 +33,7 @@ from reliability_helpers import (
     wrap_sum,
 )
 from switchml_xdp import quant, wire
+from switchml_xdp.client.retransmit import ENGINE_POLICY, PYTHON_POLICY
 from switchml_xdp.lab.cluster import run_ranks
 
 # (rate, mean burst length or None for independent drops): up to 10% random
@@ -185,9 +186,11 @@ class TestLossMatrix:
         if loss >= 0.01:
             share = 0.5 if backend == "afxdp" else 0.25
             assert evidence >= share * sum(retx.values()), (evidence, retx)
-        # ... and the timeout stays near the round trip, far from its cap (it
-        # ran up to the 0.5 s cap at 5% loss when timers found every loss)
-        assert all(st["rto_us"] < 50_000 for st in s1), [st["rto_us"] for st in s1]
+        # ... and the timeout stays far from its cap (the engine's ran up to
+        # its 0.5 s cap at 5% loss when timers found every loss; a few
+        # doublings of the udp backend's 5 ms floor in bursts are fine)
+        cap = (ENGINE_POLICY if backend == "afxdp" else PYTHON_POLICY).max_s
+        assert all(st["rto_us"] < cap * 1e6 / 4 for st in s1), [st["rto_us"] for st in s1]
         report("loss", backend=backend, loss=f"{loss:.1%}", burst=burst, packets_per_worker=npk,
                seconds=f"{elapsed:.2f}", up_dropped=up_dropped, down_dropped=down_dropped,
                retransmissions=sum(retx.values()), on_evidence=evidence,
