@@ -400,9 +400,9 @@ static void rack_answered(struct swml_stream *st, struct plan *pl, uint32_t s)
  * whose RESULT is back lost its DATA, another rank's or its RESULT. It goes
  * again now, with its timeout as it was: nothing timed out. Its n-th resend
  * on evidence waits until 2^n round trips (that RESULT's, or the smoothed one
- * where longer) have passed since the last: the round may wait for a rank that has yet to resend its own lost
- * packet (descheduled, or still to hear of the loss), and each of our resends
- * meanwhile is a duplicate. */
+ * where longer) have passed since the last: the round may wait for a rank
+ * that has yet to resend its own lost packet (descheduled, or still to hear
+ * of the loss), and each of our resends meanwhile is a duplicate. */
 static void rack_detect(struct swml_stream *st, struct plan *pl)
 {
 	/* the round trip a resend waits out: the smoothed one, which holds the
@@ -707,7 +707,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 /* Wait for a frame (or a timer, or the abort check) without burning the CPU. */
 static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 {
-	uint64_t t = SLEEP_MAX_NS;
+	uint64_t t = SLEEP_MAX_NS, probe_at;
 	struct pollfd pfd = {.fd = st->xsk->fd, .events = POLLIN};
 	struct timespec ts;
 
@@ -721,9 +721,9 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 		t = min_u64(t, SLEEP_TX_WAIT_NS);
 	if (pl->last_progress + st->cfg.stall_ns > pl->now)
 		t = min_u64(t, pl->last_progress + st->cfg.stall_ns - pl->now);
-	if (tail_probe_at(st, pl) != UINT64_MAX)
-		t = tail_probe_at(st, pl) > pl->now ? min_u64(t, tail_probe_at(st, pl) - pl->now)
-						    : 0;
+	probe_at = tail_probe_at(st, pl);
+	if (probe_at != UINT64_MAX)
+		t = probe_at > pl->now ? min_u64(t, probe_at - pl->now) : 0;
 	ts.tv_sec = t / 1000000000ull;
 	ts.tv_nsec = t % 1000000000ull;
 	st->stats.sleeps++;
