@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 
 from .constants import GLOO_SYSTEMS
-from .cpu import CPU_FIELDS, proc_cpu_s
+from .cpu import CPU_FIELDS, proc_run_s
 
 GIB = 2**30
 _IDLE = [CPU_FIELDS.index("idle"), CPU_FIELDS.index("iowait")]
@@ -49,7 +49,8 @@ def per_gib(ranks: list[dict], size_bytes: int, box_cpu_s: float | None,
 
 class BoxCpu:
     """The boxes' CPU seconds so far: the XDP programs' BPF run time (while
-    bpf.stats_enabled() holds) and the switch processes' user + system time."""
+    bpf.stats_enabled() holds) and the switch processes' time on a CPU (to the
+    nanosecond: one short call of a user-space switch is under a 10 ms tick)."""
 
     def __init__(self, prog_ids=(), pids=()):
         self.prog_ids, self.pids = list(prog_ids), list(pids)
@@ -68,7 +69,7 @@ class BoxCpu:
         for prog in self.prog_ids:
             with contextlib.suppress(OSError, RuntimeError):
                 ns += prog_stats(prog)["run_time_ns"]
-        return ns / 1e9 + sum(map(proc_cpu_s, self.pids))
+        return ns / 1e9 + sum(map(proc_run_s, self.pids))
 
 
     def over_call(self, group, timeout: float) -> dict:

@@ -67,6 +67,22 @@ def test_box_cpu_counts_a_process_and_skips_a_vanished_program():
     assert box.seconds() > 0
 
 
+def test_a_process_time_counts_below_a_clock_tick():
+    """A user-space switch's share of one tiny call is a few ms: under the
+    10 ms tick that /proc/PID/stat counts in (CI once read 0.0 for it)."""
+    import os
+    import time
+
+    from switchml_xdp.bench.cpu import proc_run_s
+
+    before, t0 = proc_run_s(os.getpid()), time.process_time()
+    while time.process_time() - t0 < 0.002:
+        pass
+    spent = proc_run_s(os.getpid()) - before
+    assert 0.0015 < spent < 0.5, spent
+    assert proc_run_s(2**22 + 7) == 0.0         # no such process
+
+
 def _row(system: str, ranks_s: float, workers: int = 2, k=256, loss: float = 0.0) -> dict:
     return {"system": system, "workers": workers, "k": k, "loss": loss, "status": "ok",
             "tat_median_s": 0.1, "tat_min_s": 0.1, "tat_max_s": 0.1, "goodput_mbps": 1.0,
