@@ -6,9 +6,9 @@
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
  *          key=, seq_base=, queue=0, frames=4096, rto_initial=, rto_min=,
  *          rto_max=, stall_timeout=, spin=, rto_adaptive=True,
- *          window=WindowPolicy tuple)
+ *          window=WindowPolicy tuple, coalesce=)
  *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy; their,
- *     stall_timeout's and spin's defaults are engine_policy.h's; window a
+ *     stall_timeout's, spin's and coalesce's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
  *     .allreduce(array, op, tag, fmt, shard=0) -> status  whole tensor, GIL
@@ -646,13 +646,12 @@ fail:
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"ifname",   "xskmap_fd",     "abort",       "job",
-				 "rank",     "world",         "k",           "slots",
-				 "src_mac",  "dst_mac",       "src_ip",      "dst_ip",
-				 "src_port", "dst_port",      "key",         "seq_base",
-				 "queue",    "frames",        "rto_initial", "rto_min",
-				 "rto_max",  "stall_timeout", "spin",        "rto_adaptive",
-				 "window",   "result_key",    "auth",        NULL};
+	static char *kwlist[] = {
+		"ifname",      "xskmap_fd",  "abort",   "job",           "rank",   "world",
+		"k",           "slots",      "src_mac", "dst_mac",       "src_ip", "dst_ip",
+		"src_port",    "dst_port",   "key",     "seq_base",      "queue",  "frames",
+		"rto_initial", "rto_min",    "rto_max", "stall_timeout", "spin",   "rto_adaptive",
+		"window",      "result_key", "auth",    "coalesce",      NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -662,7 +661,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	unsigned long long key = 0;
 	unsigned int seq_base = 0;
 	PyObject *key_obj = NULL, *seq_base_obj = NULL;
-	unsigned int spin = SWML_ENGINE_SPIN;
+	unsigned int spin = SWML_ENGINE_SPIN, coalesce = SWML_ENGINE_COALESCE;
 	int rto_adaptive = 1;
 	PyObject *window_obj = NULL, *result_key = NULL;
 	unsigned int auth = SWML_AUTH_HEADER;
@@ -676,12 +675,12 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSI", kwlist, &ifname,
-					 &xskmap_fd, &abort_obj, &job, &rank, &world, &k, &slots,
-					 &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port,
-					 &key_obj, &seq_base_obj, &queue, &frames, &rto_initial,
-					 &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
-					 &window_obj, &result_key, &auth))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSII", kwlist,
+					 &ifname, &xskmap_fd, &abort_obj, &job, &rank, &world, &k,
+					 &slots, &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port,
+					 &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
+					 &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin,
+					 &rto_adaptive, &window_obj, &result_key, &auth, &coalesce))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
@@ -739,6 +738,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.rto_adaptive = (uint8_t)rto_adaptive;
 	cfg.stall_ns = (uint64_t)(stall_timeout * 1e9);
 	cfg.spin = spin;
+	cfg.coalesce = coalesce;
 
 	if (PyObject_GetBuffer(abort_obj, &self->abort_buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) <
 	    0)
@@ -897,6 +897,7 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "shadow_replies", s->shadow_replies) || put_u64(d, "ignored", s->ignored) ||
 	    put_u64(d, "header_only", s->header_only) || put_u64(d, "forged", s->forged) ||
 	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
+	    put_u64(d, "coalesced", s->coalesced) ||
 	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
 	    put_u64(d, "zero_copy", (uint64_t)self->xsk.zero_copy) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||

@@ -61,6 +61,8 @@ struct plan {
 	int rack_moved;
 	int tail_armed;    /* the tail probe may go: a RESULT came since the last */
 	uint64_t last_new; /* when the last packet went out for the first time */
+	uint64_t last_rx;  /* when a pass last brought RESULTs (0: none yet this call) */
+	uint64_t rx_gap;   /* smoothed time between RESULTs, ns (0: not known) */
 };
 
 static inline uint64_t now_ns(void)
@@ -704,10 +706,47 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 	pl->next_check = next;
 }
 
+/* Waiting (engine_policy.h, SWML_ENGINE_COALESCE). A pass that brought
+ * `results` RESULTs times the gap between RESULTs since the last such pass,
+ * smoothed by 1/8 as srtt is (a RESULT apart, not a pass: a batch gathered
+ * by a timed sleep does not read as a slower link); an idle spell (a late
+ * rank) counts as at most the RTO floor. */
+static void time_results(struct swml_stream *st, struct plan *pl, uint64_t results)
+{
+	if (pl->last_rx) {
+		const uint64_t gap = min_u64(pl->now - pl->last_rx, st->cfg.rto_min_ns) / results;
+
+		pl->rx_gap = pl->rx_gap ? (7 * pl->rx_gap + gap) / 8 : gap;
+	}
+	pl->last_rx = pl->now;
+}
+
+/* Empty passes of the rx ring before sleeping: the configured spin, unless
+ * RESULTs come too far apart for spinning to catch the next one cheaper
+ * than a wake does. */
+static uint32_t spin_budget(const struct swml_stream *st, const struct plan *pl)
+{
+	return pl->rx_gap > SWML_SPIN_MAX_GAP_NS ? 0 : st->cfg.spin;
+}
+
+/* How long to sleep deaf to the socket so that RESULTs gather (0: do not).
+ * Only in mid-stream: the window full (nothing goes out before RESULTs
+ * come), many packets in flight (the next RESULTs are on their way, not the
+ * call's last), and RESULTs coming slower than the engine takes them. */
+static uint64_t coalesce_ns(const struct swml_stream *st, const struct plan *pl)
+{
+	const uint32_t n = st->cfg.coalesce;
+
+	if (!n || !st->srtt_ns || pl->rx_gap < SWML_COALESCE_MIN_GAP_NS || st->n_inflight < 2 * n ||
+	    pl->next_new >= pl->N)
+		return 0;
+	return min_u64(n * pl->rx_gap, st->srtt_ns / SWML_COALESCE_RTT_DIV);
+}
+
 /* Wait for a frame (or a timer, or the abort check) without burning the CPU. */
 static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 {
-	uint64_t t = SLEEP_MAX_NS, probe_at;
+	uint64_t t = SLEEP_MAX_NS, probe_at, c;
 	struct pollfd pfd = {.fd = st->xsk->fd, .events = POLLIN};
 	struct timespec ts;
 
@@ -724,6 +763,17 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 	probe_at = tail_probe_at(st, pl);
 	if (probe_at != UINT64_MAX)
 		t = probe_at > pl->now ? min_u64(t, probe_at - pl->now) : 0;
+	c = coalesce_ns(st, pl);
+	if (c && c < t) {
+		/* A timed sleep the arrivals do not cut short: their wake-ups
+		 * are what it saves (one a batch, not one a RESULT). */
+		ts.tv_sec = 0;
+		ts.tv_nsec = (long)c;
+		st->stats.coalesced++;
+		nanosleep(&ts, NULL);
+		*woken = 1;
+		return;
+	}
 	ts.tv_sec = t / 1000000000ull;
 	ts.tv_nsec = t % 1000000000ull;
 	st->stats.sleeps++;
@@ -824,13 +874,17 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 
 	while (pl.remaining && !io_error && !disagree) {
 		uint32_t got;
+		uint64_t results;
 
 		if (st->cfg.abort && __atomic_load_n(st->cfg.abort, __ATOMIC_RELAXED)) {
 			status = SWML_ABORTED;
 			break;
 		}
 		pl.now = now_ns();
+		results = st->stats.results;
 		got = rx_batch(st, &pl, &disagree);
+		if (st->stats.results != results)
+			time_results(st, &pl, st->stats.results - results);
 		if (disagree) {
 			status = SWML_DISAGREE;
 			break;
@@ -862,7 +916,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 			idle = 0;
 			continue;
 		}
-		if (++idle > st->cfg.spin) {
+		if (++idle > spin_budget(st, &pl)) {
 			int woken;
 
 			sleep_rx(st, &pl, &woken);

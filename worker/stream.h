@@ -90,7 +90,8 @@ struct swml_stream_cfg {
 	uint64_t rto_init_ns, rto_min_ns, rto_max_ns, stall_ns;
 	uint8_t rto_adaptive;
 	struct swml_window_policy window;
-	uint32_t spin;                  /* empty polls of the rx ring before sleeping in ppoll */
+	uint32_t spin;     /* empty polls of the rx ring before sleeping in ppoll */
+	uint32_t coalesce; /* RESULTs a timed sleep gathers (engine_policy.h); 0: off */
 	const volatile uint32_t *abort; /* nonzero: stop (set by another thread) */
 };
 
@@ -100,6 +101,7 @@ struct swml_stream_stats {
 	uint64_t forged;      /* RESULTs whose authenticator was wrong: not the switch's */
 	uint64_t tx_deferred; /* sends that waited for a tx frame or ring slot */
 	uint64_t sleeps;      /* ppoll calls */
+	uint64_t coalesced;   /* timed sleeps that let RESULTs gather (stream.c, waiting) */
 	uint64_t rtt_samples;
 	uint64_t tensors;
 	uint64_t window_waits;      /* ready packets that waited for room in the window */

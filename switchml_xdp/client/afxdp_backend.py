@@ -39,13 +39,16 @@ PROG_NAME = "swml_redirect"
 SOURCE = "swml_redirect.c"
 QUEUE = 0                 # veth (and the lab) have one rx queue; the engine binds it
 # SWML_AFXDP_RTO_INITIAL / _MIN / _MAX (seconds) override the policy's timeouts
-# for experiments (RetransmitPolicy.with_env), SWML_AFXDP_SPIN the spin below.
+# for experiments (RetransmitPolicy.with_env), SWML_AFXDP_SPIN and
+# SWML_AFXDP_COALESCE the waiting below.
 ENV_PREFIX = "SWML_AFXDP_"
 # The port-holding socket reads nothing (frames come through AF_XDP): what the
 # redirect program passes to the stack may fill this little and be dropped.
 PORT_RCVBUF = 4096
 # Empty rx-ring polls before the engine sleeps; worker/engine_policy.h says why 200.
 SPIN = DEFINES["engine_policy.h"]["SWML_ENGINE_SPIN"]
+# RESULTs a timed sleep lets gather on a slow link (0: off); engine_policy.h.
+COALESCE = DEFINES["engine_policy.h"]["SWML_ENGINE_COALESCE"]
 
 
 def _tunable(name: str, default: float) -> float:
@@ -123,7 +126,8 @@ class AfxdpBackend(Backend):
                 result_key=info.result_key, auth=info.auth, seq_base=info.seq_base, queue=QUEUE,
                 rto_initial=self.policy.initial_s, rto_min=self.policy.min_s,
                 rto_max=self.policy.max_s, rto_adaptive=self.policy.adaptive,
-                stall_timeout=self.stall_timeout, spin=spin, window=self.window_policy.as_tuple())
+                stall_timeout=self.stall_timeout, spin=spin, window=self.window_policy.as_tuple(),
+                coalesce=_tunable("COALESCE", COALESCE))
             join_when_up(self._port_sock, info.group_ip, local.ip, local.iface)
         except BaseException:
             self.close()
