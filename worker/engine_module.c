@@ -11,6 +11,7 @@
  *     stall_timeout's, spin's and coalesce's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
+ *     .wake()                      a running allreduce reads the abort flag now
  *     .allreduce(array, op, tag, fmt, shard=0) -> status  whole tensor, GIL
  *                                   released; OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
  *                                   fmt SWML_FMT_INT16: the 16-bit format,
@@ -46,13 +47,16 @@
  * can compare them bit for bit. All arrays go through the buffer protocol (any C-contiguous
  * buffer: numpy arrays, bytearray, memoryview), no numpy C API.
  * `abort` is a writable buffer of at least 4 bytes; a nonzero first word stops
- * a running allreduce within a few ms (the Python side raises JobAborted).
+ * a running allreduce (the Python side raises JobAborted): at once after
+ * .wake(), within SLEEP_MAX_NS (50 ms, worker/stream.c) without.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "engine_micro.h"
 #include "engine_policy.h"
@@ -66,6 +70,7 @@ typedef struct {
 	struct swml_xsk xsk;
 	struct swml_stream stream;
 	Py_buffer abort_buf;
+	int wake_fd; /* an eventfd: wake() ends a running call's sleep (stream.h) */
 	int open;
 	int busy;
 } EngineObject;
@@ -750,12 +755,19 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	cfg.abort = (const volatile uint32_t *)self->abort_buf.buf;
+	self->wake_fd = cfg.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (self->wake_fd < 0) {
+		PyBuffer_Release(&self->abort_buf);
+		PyErr_SetFromErrno(PyExc_OSError);
+		return -1;
+	}
 
 	Py_BEGIN_ALLOW_THREADS
 	ret = swml_xsk_open(&self->xsk, ifname, queue, frames, xskmap_fd, err, sizeof err);
 	Py_END_ALLOW_THREADS
 	if (ret) {
 		PyBuffer_Release(&self->abort_buf);
+		close(self->wake_fd);
 		errno = -ret;
 		PyErr_Format(PyExc_OSError, "%s", err);
 		return -1;
@@ -763,6 +775,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	if (swml_stream_init(&self->stream, &cfg, &self->xsk)) {
 		swml_xsk_close(&self->xsk);
 		PyBuffer_Release(&self->abort_buf);
+		close(self->wake_fd);
 		PyErr_NoMemory();
 		return -1;
 	}
@@ -778,6 +791,8 @@ static void engine_close(EngineObject *self)
 	swml_stream_free(&self->stream);
 	swml_xsk_close(&self->xsk);
 	PyBuffer_Release(&self->abort_buf);
+	close(self->wake_fd);
+	self->wake_fd = -1;
 }
 
 static void Engine_dealloc(EngineObject *self)
@@ -929,6 +944,17 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+/* Set the abort flag first: the call that wakes reads it (stream.h, wake_fd).
+ * Holds the GIL, as close() does, so the fd cannot close under it. */
+static PyObject *Engine_wake(EngineObject *self, PyObject *unused)
+{
+	const uint64_t one = 1;
+
+	if (self->open && write(self->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	Py_RETURN_NONE;
+}
+
 static PyObject *Engine_get_next_index(EngineObject *self, void *closure)
 {
 	return PyLong_FromUnsignedLongLong(self->stream.next_index);
@@ -950,6 +976,8 @@ static PyMethodDef Engine_methods[] = {
 	 "Slots that were still waiting for a result when the last allreduce failed."},
 	{"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters as a dict."},
 	{"close", (PyCFunction)Engine_close, METH_NOARGS, "Close the socket and free the UMEM."},
+	{"wake", (PyCFunction)Engine_wake, METH_NOARGS,
+	 "End a running allreduce's sleep now, so that it reads the abort flag (set it first)."},
 	{NULL}};
 
 static PyGetSetDef Engine_getset[] = {

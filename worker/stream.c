@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine_policy.h"
 #include "quant.h"
@@ -18,7 +19,10 @@
 #define RX_BATCH 64
 #define QUEUED_NEW 1
 #define QUEUED_RETRANS 2
-#define SLEEP_MAX_NS 2000000ull   /* the abort flag is read at least this often */
+/* The abort flag is read at least this often: a sleep also ends when the
+ * engine's wake fd (stream.h) turns readable, so this only bounds how late an
+ * abort without a wake is seen. Each wake of an idle rank costs ~35 us. */
+#define SLEEP_MAX_NS 50000000ull
 #define SLEEP_TX_WAIT_NS 50000ull /* while waiting for tx frames or ring room */
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
@@ -747,7 +751,10 @@ static uint64_t coalesce_ns(const struct swml_stream *st, const struct plan *pl)
 static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 {
 	uint64_t t = SLEEP_MAX_NS, probe_at, c;
-	struct pollfd pfd = {.fd = st->xsk->fd, .events = POLLIN};
+	/* the socket, and the wake fd (stream.h) where there is one */
+	struct pollfd pfd[2] = {{.fd = st->xsk->fd, .events = POLLIN},
+				{.fd = st->cfg.wake_fd, .events = POLLIN}};
+	const nfds_t wake = st->cfg.wake_fd >= 0;
 	struct timespec ts;
 
 	if (pl->next_check > pl->now)
@@ -770,14 +777,14 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long)c;
 		st->stats.coalesced++;
-		nanosleep(&ts, NULL);
+		ppoll(&pfd[1], wake, &ts, NULL);
 		*woken = 1;
 		return;
 	}
 	ts.tv_sec = t / 1000000000ull;
 	ts.tv_nsec = t % 1000000000ull;
 	st->stats.sleeps++;
-	*woken = ppoll(&pfd, 1, &ts, NULL) > 0;
+	*woken = ppoll(pfd, 1 + wake, &ts, NULL) > 0 && (pfd[0].revents & POLLIN);
 }
 
 static void flush_tx(struct swml_stream *st, int *io_error)
@@ -820,6 +827,14 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 	st->n_pending = 0;
 	if (n == 0)
 		return SWML_OK;
+	if (st->cfg.wake_fd >= 0) {
+		/* a wake left from an earlier call's abort: the flag says whether
+		 * this one is aborted too, and a readable fd would end every sleep */
+		uint64_t stale;
+
+		if (read(st->cfg.wake_fd, &stale, sizeof stale) < 0 && errno != EAGAIN)
+			return SWML_EIO;
+	}
 	pl.coding = dtype == SWML_INT32           ? C_INT32
 		    : call->op != SWML_OP_SUM     ? C_ORDERED
 		    : call->fmt == SWML_FMT_INT16 ? C_QUANT16

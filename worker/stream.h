@@ -93,6 +93,8 @@ struct swml_stream_cfg {
 	uint32_t spin;     /* empty polls of the rx ring before sleeping in ppoll */
 	uint32_t coalesce; /* RESULTs a timed sleep gathers (engine_policy.h); 0: off */
 	const volatile uint32_t *abort; /* nonzero: stop (set by another thread) */
+	int wake_fd; /* readable once the abort flag is set: sleeps end at once (an
+		      * eventfd; -1: none, the flag is read every SLEEP_MAX_NS) */
 };
 
 struct swml_stream_stats {

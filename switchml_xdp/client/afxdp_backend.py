@@ -16,7 +16,7 @@ released. The streaming rules, packet format and quantization are those of the
 udp backend (plans.py, quant.py; quant16.py at precision "16"), so both kinds
 of worker can share a job, and so is the retransmission policy (retransmit.py;
 the engine's estimator in worker/stream.c implements its rules). The job's AbortSignal raises a flag the
-C loop reads every few ms; the loop's status code becomes JobAborted /
+C loop reads, and wakes the loop's sleep (Engine.wake); the loop's status code becomes JobAborted /
 TimeoutError / CallMismatch here.
 """
 from __future__ import annotations
@@ -157,9 +157,10 @@ class AfxdpBackend(Backend):
             if self._closed:
                 return
             self._closed = True
-        self._abort[0] = 1  # a call still running in C returns within a few ms
+        self._abort[0] = 1  # a call still running in C returns at once: woken
         try:
             if self._engine is not None:
+                self._engine.wake()
                 with self._call_lock:
                     self._engine.close()
         finally:
@@ -176,6 +177,8 @@ class AfxdpBackend(Backend):
     def _on_abort(self, reason: str) -> None:
         with self._lock:
             self._abort[0] = 1
+            if self._engine is not None and not self._closed:
+                self._engine.wake()     # the call's sleep ends now (worker/stream.h, wake_fd)
 
     # --- the datapath ------------------------------------------------------------
     def allreduce(self, flat: np.ndarray, call: Call) -> None:

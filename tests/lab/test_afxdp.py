@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from switchml_xdp import quant
+from switchml_xdp import quant, wire
 
 pytest.importorskip("switchml_xdp._engine", reason="the AF_XDP engine is not built")
 
@@ -170,6 +170,55 @@ def test_abort_of_another_rank_raises_job_aborted_promptly(lab8, switch):
     finally:
         idle.kill()
         idle.wait()
+
+
+@needs_lab
+def test_a_woken_call_reads_its_abort_flag_at_once(lab8, switch, monkeypatch):
+    """A waiting engine sleeps until its next timer, at most 50 ms
+    (worker/stream.c, SLEEP_MAX_NS); the backend's abort sets the flag and
+    wakes the sleep through the engine's eventfd (Engine.wake), so the call
+    ends at once. With 10 s timers only the 50 ms cap is left: without the
+    wake the median of 5 would be about 25 ms."""
+    import statistics
+    import threading
+
+    from switchml_xdp import Worker
+
+    for knob in ("INITIAL", "MIN", "MAX"):
+        monkeypatch.setenv(f"SWML_AFXDP_RTO_{knob}", "10")
+    idle = start_idle_rank(lab8, lab8.workers[1], "wakeme", 1, 2)
+    try:
+        with lab8.enter(lab8.workers[0]):
+            w = Worker(lab8.switch.ip, "wakeme", 0, 2, backend="afxdp", verbose=False)
+        with w:
+            assert idle.stdout.readline().strip() == "joined"
+            be, engine = w._backend, w._backend._engine
+            waits = []
+            for _ in range(5):
+                status: list[int] = []
+                be._abort[0] = 0
+                x = np.ones(1 << 14, np.int32)
+                t = threading.Thread(target=lambda: status.append(
+                    engine.allreduce(x, wire.OP_SUM, 7, wire.FMT_INT32)))
+                t.start()
+                # (not a multiple of the 50 ms cap: the sleep would just be ending)
+                time.sleep(0.325)
+                assert t.is_alive()      # rank 1 sends nothing: rank 0 sleeps in C
+                t0 = time.monotonic()
+                be._abort[0] = 1
+                engine.wake()
+                t.join(5)
+                waits.append(time.monotonic() - t0)
+                assert status == [_engine().ABORTED], status
+            assert statistics.median(waits) < 0.005, waits
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def _engine():
+    from switchml_xdp import _engine as engine
+    return engine
 
 
 @needs_lab
