@@ -10,6 +10,7 @@ then reduces many tensors.
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -146,30 +147,39 @@ def test_two_overlapping_allreduce_async_calls(lab8, switch):
         assert np.array_equal(b, ys[0] + ys[1])
 
 
-@needs_lab
-def test_abort_of_another_rank_raises_job_aborted_promptly(lab8, switch):
+@contextlib.contextmanager
+def _rank0_beside_an_idle_rank1(lab, job: str, **worker_kw):
+    """Rank 0 of a 2-rank job on afxdp, joined, whose rank 1 (its own process,
+    yielded too) joined and never sends: rank 0's calls wait in C."""
     from switchml_xdp import Worker
-    from switchml_xdp.client.control import JobAborted
 
-    idle = start_idle_rank(lab8, lab8.workers[1], "abortme", 1, 2)
+    idle = start_idle_rank(lab, lab.workers[1], job, 1, 2)
     try:
-        with lab8.enter(lab8.workers[0]):
-            w = Worker(lab8.switch.ip, "abortme", 0, 2, backend="afxdp", verbose=False)
+        with lab.enter(lab.workers[0]):
+            w = Worker(lab.switch.ip, job, 0, 2, backend="afxdp", verbose=False, **worker_kw)
         with w:
             assert idle.stdout.readline().strip() == "joined"
-            fut = w.allreduce_async(np.ones(1 << 20, np.float32))
-            time.sleep(0.5)
-            assert not fut.done()  # rank 1 sends nothing: rank 0 waits in C
-            t0 = time.monotonic()
-            idle.kill()
-            with pytest.raises(JobAborted, match="abortme"):
-                fut.result(timeout=10)
-            assert time.monotonic() - t0 < 3.0
-            with pytest.raises(JobAborted):
-                w.allreduce(np.ones(10, np.int32))
+            yield w, idle
     finally:
         idle.kill()
         idle.wait()
+
+
+@needs_lab
+def test_abort_of_another_rank_raises_job_aborted_promptly(lab8, switch):
+    from switchml_xdp.client.control import JobAborted
+
+    with _rank0_beside_an_idle_rank1(lab8, "abortme") as (w, idle):
+        fut = w.allreduce_async(np.ones(1 << 20, np.float32))
+        time.sleep(0.5)
+        assert not fut.done()  # rank 1 sends nothing: rank 0 waits in C
+        t0 = time.monotonic()
+        idle.kill()
+        with pytest.raises(JobAborted, match="abortme"):
+            fut.result(timeout=10)
+        assert time.monotonic() - t0 < 3.0
+        with pytest.raises(JobAborted):
+            w.allreduce(np.ones(10, np.int32))
 
 
 @needs_lab
@@ -182,38 +192,28 @@ def test_a_woken_call_reads_its_abort_flag_at_once(lab8, switch, monkeypatch):
     import statistics
     import threading
 
-    from switchml_xdp import Worker
-
     for knob in ("INITIAL", "MIN", "MAX"):
         monkeypatch.setenv(f"SWML_AFXDP_RTO_{knob}", "10")
-    idle = start_idle_rank(lab8, lab8.workers[1], "wakeme", 1, 2)
-    try:
-        with lab8.enter(lab8.workers[0]):
-            w = Worker(lab8.switch.ip, "wakeme", 0, 2, backend="afxdp", verbose=False)
-        with w:
-            assert idle.stdout.readline().strip() == "joined"
-            be, engine = w._backend, w._backend._engine
-            waits = []
-            for _ in range(5):
-                status: list[int] = []
-                be._abort[0] = 0
-                x = np.ones(1 << 14, np.int32)
-                t = threading.Thread(target=lambda: status.append(
-                    engine.allreduce(x, wire.OP_SUM, 7, wire.FMT_INT32)))
-                t.start()
-                # (not a multiple of the 50 ms cap: the sleep would just be ending)
-                time.sleep(0.325)
-                assert t.is_alive()      # rank 1 sends nothing: rank 0 sleeps in C
-                t0 = time.monotonic()
-                be._abort[0] = 1
-                engine.wake()
-                t.join(5)
-                waits.append(time.monotonic() - t0)
-                assert status == [_engine().ABORTED], status
-            assert statistics.median(waits) < 0.005, waits
-    finally:
-        idle.kill()
-        idle.wait()
+    with _rank0_beside_an_idle_rank1(lab8, "wakeme") as (w, _):
+        be, engine = w._backend, w._backend._engine
+        waits = []
+        for _ in range(5):
+            status: list[int] = []
+            be._abort[0] = 0
+            x = np.ones(1 << 14, np.int32)
+            t = threading.Thread(target=lambda: status.append(
+                engine.allreduce(x, wire.OP_SUM, 7, wire.FMT_INT32)))
+            t.start()
+            # (not a multiple of the 50 ms cap: the sleep would just be ending)
+            time.sleep(0.325)
+            assert t.is_alive()      # rank 1 sends nothing: rank 0 sleeps in C
+            t0 = time.monotonic()
+            be._abort[0] = 1
+            engine.wake()
+            t.join(5)
+            waits.append(time.monotonic() - t0)
+            assert status == [_engine().ABORTED], status
+        assert statistics.median(waits) < 0.005, waits
 
 
 def _engine():
@@ -223,23 +223,12 @@ def _engine():
 
 @needs_lab
 def test_stall_timeout_raises_timeout_error(lab8, switch):
-    from switchml_xdp import Worker
-
-    idle = start_idle_rank(lab8, lab8.workers[1], "stallme", 1, 2)
-    try:
-        with lab8.enter(lab8.workers[0]):
-            w = Worker(lab8.switch.ip, "stallme", 0, 2, backend="afxdp", verbose=False,
-                       stall_timeout=1.0)
-        with w:
-            assert idle.stdout.readline().strip() == "joined"
-            t0 = time.monotonic()
-            with pytest.raises(TimeoutError, match="no result from the switch for 1 s"):
-                w.allreduce(np.ones(5000, np.int32))
-            assert 0.9 < time.monotonic() - t0 < 5.0
-            assert w.stats()["retransmissions"] > 0
-    finally:
-        idle.kill()
-        idle.wait()
+    with _rank0_beside_an_idle_rank1(lab8, "stallme", stall_timeout=1.0) as (w, _):
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="no result from the switch for 1 s"):
+            w.allreduce(np.ones(5000, np.int32))
+        assert 0.9 < time.monotonic() - t0 < 5.0
+        assert w.stats()["retransmissions"] > 0
 
 
 def _xdp_on(lab, host) -> str:
