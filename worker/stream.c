@@ -734,9 +734,10 @@ static uint32_t spin_budget(const struct swml_stream *st, const struct plan *pl)
 }
 
 /* How long to sleep deaf to the socket so that RESULTs gather (0: do not).
- * Only in mid-stream: the window full (nothing goes out before RESULTs
- * come), many packets in flight (the next RESULTs are on their way, not the
- * call's last), and RESULTs coming slower than the engine takes them. */
+ * Only in mid-stream: packets left to send, many in flight (the next
+ * RESULTs are on their way, not the call's last), and RESULTs coming slower
+ * than the engine takes them. (Requiring a full window as well batched
+ * half the RESULTs: 52 against 44 s/GiB, N=2 at 200 Mbit/s, a run each.) */
 static uint64_t coalesce_ns(const struct swml_stream *st, const struct plan *pl)
 {
 	const uint32_t n = st->cfg.coalesce;
