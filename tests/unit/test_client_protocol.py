@@ -220,7 +220,10 @@ def test_every_data_packet_carries_key_op_fmt_tag_and_seq(fake):
     x = np.arange(100, dtype=np.int32)
     be.allreduce(x, call)
     assert np.array_equal(x, np.arange(100, dtype=np.int32))
-    assert len(sw.headers) == 13 and be.next_index == 13
+    # 13 packets; a resend (the fake switch's thread late under load: CI once
+    # saw one) carries the same fields and is counted as one.
+    assert be.next_index == 13
+    assert len(sw.headers) == 13 + be.stats()["retransmissions"], be.stats()
     seqs = sorted({int(h["seq"]) for h in sw.headers}, key=lambda s: (s - (2**32 - 5)) % 2**32)
     assert seqs == [(2**32 - 5 + p) % 2**32 for p in range(13)]  # through the wrap
     for h in sw.headers:
