@@ -25,6 +25,7 @@ pytest.importorskip("switchml_xdp._engine", reason="the AF_XDP engine is not bui
 from engine_calls import bits
 from lab_jobs import start_idle_rank
 from requires import needs_lab
+from switchml_xdp import _engine
 
 K = 256  # the session switch's k
 
@@ -212,13 +213,8 @@ def test_a_woken_call_reads_its_abort_flag_at_once(lab8, switch, monkeypatch):
             engine.wake()
             t.join(5)
             waits.append(time.monotonic() - t0)
-            assert status == [_engine().ABORTED], status
+            assert status == [_engine.ABORTED], status
         assert statistics.median(waits) < 0.005, waits
-
-
-def _engine():
-    from switchml_xdp import _engine as engine
-    return engine
 
 
 @needs_lab
