@@ -6,7 +6,10 @@
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
  *          key=, seq_base=, queue=0, frames=4096, rto_initial=, rto_min=,
  *          rto_max=, stall_timeout=, spin=, rto_adaptive=True,
- *          window=WindowPolicy tuple, coalesce=)
+ *          window=WindowPolicy tuple, coalesce=, udp_fd=-1)
+ *     (udp_fd >= 0: over that bound kernel UDP socket instead, the udp
+ *     backend's, with ifname "" and xskmap_fd -1: udp_port.h; the caller
+ *     keeps the socket open while the engine is, and closes it)
  *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy; their,
  *     stall_timeout's, spin's and coalesce's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
@@ -23,7 +26,7 @@
  *     .pending_slots() -> list      slots still waiting when the last call failed
  *     .stats() -> dict              counters (packets_sent, retransmissions, ...)
  *     .next_index                   packets of the job's life so far
- *     .fd                           the AF_XDP socket
+ *     .fd                           the AF_XDP (or UDP) socket
  *     .close()
  *   block_exponents(x, k, exp_out, nonfinite_out)
  *   quantize(x, k, exp_global, world, out)
@@ -60,14 +63,14 @@
 
 #include "engine_micro.h"
 #include "engine_policy.h"
+#include "port.h"
 #include "quant.h"
 #include "raw_path.h"
 #include "stream.h"
-#include "xsk_port.h"
 
 typedef struct {
 	PyObject_HEAD
-	struct swml_xsk xsk;
+	struct swml_port port;
 	struct swml_stream stream;
 	Py_buffer abort_buf;
 	int wake_fd; /* an eventfd: wake() ends a running call's sleep (stream.h) */
@@ -649,6 +652,14 @@ fail:
 	return NULL;
 }
 
+static void port_close(struct swml_port *p)
+{
+	if (p->kind == SWML_PORT_UDP)
+		swml_udp_close(&p->udp);
+	else
+		swml_xsk_close(&p->xsk);
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {
@@ -656,7 +667,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		"k",           "slots",      "src_mac", "dst_mac",       "src_ip", "dst_ip",
 		"src_port",    "dst_port",   "key",     "seq_base",      "queue",  "frames",
 		"rto_initial", "rto_min",    "rto_max", "stall_timeout", "spin",   "rto_adaptive",
-		"window",      "result_key", "auth",    "coalesce",      NULL};
+		"window",      "result_key", "auth",    "coalesce",      "udp_fd", NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -670,6 +681,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int rto_adaptive = 1;
 	PyObject *window_obj = NULL, *result_key = NULL;
 	unsigned int auth = SWML_AUTH_HEADER;
+	int udp_fd = -1;
 	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
 	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
 	struct swml_stream_cfg cfg = {0};
@@ -680,12 +692,12 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSII", kwlist,
-					 &ifname, &xskmap_fd, &abort_obj, &job, &rank, &world, &k,
-					 &slots, &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port,
-					 &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
-					 &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin,
-					 &rto_adaptive, &window_obj, &result_key, &auth, &coalesce))
+	if (!PyArg_ParseTupleAndKeywords(
+		    args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIi", kwlist, &ifname, &xskmap_fd,
+		    &abort_obj, &job, &rank, &world, &k, &slots, &src_mac, &dst_mac, &src_ip,
+		    &dst_ip, &src_port, &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
+		    &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
+		    &window_obj, &result_key, &auth, &coalesce, &udp_fd))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
@@ -762,8 +774,14 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 
+	self->port.kind = udp_fd >= 0 ? SWML_PORT_UDP : SWML_PORT_XSK;
 	Py_BEGIN_ALLOW_THREADS
-	ret = swml_xsk_open(&self->xsk, ifname, queue, frames, xskmap_fd, err, sizeof err);
+	if (udp_fd >= 0)
+		ret = swml_udp_open(&self->port.udp, udp_fd, cfg.addrs.dst_ip, cfg.addrs.dst_port,
+				    err, sizeof err);
+	else
+		ret = swml_xsk_open(&self->port.xsk, ifname, queue, frames, xskmap_fd, err,
+				    sizeof err);
 	Py_END_ALLOW_THREADS
 	if (ret) {
 		PyBuffer_Release(&self->abort_buf);
@@ -772,8 +790,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_Format(PyExc_OSError, "%s", err);
 		return -1;
 	}
-	if (swml_stream_init(&self->stream, &cfg, &self->xsk)) {
-		swml_xsk_close(&self->xsk);
+	if (swml_stream_init(&self->stream, &cfg, &self->port)) {
+		port_close(&self->port);
 		PyBuffer_Release(&self->abort_buf);
 		close(self->wake_fd);
 		PyErr_NoMemory();
@@ -789,7 +807,7 @@ static void engine_close(EngineObject *self)
 		return;
 	self->open = 0;
 	swml_stream_free(&self->stream);
-	swml_xsk_close(&self->xsk);
+	port_close(&self->port);
 	PyBuffer_Release(&self->abort_buf);
 	close(self->wake_fd);
 	self->wake_fd = -1;
@@ -901,8 +919,8 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 
 	if (!d)
 		return NULL;
-	if (self->open)
-		swml_xsk_statistics(&self->xsk, &xs);
+	if (self->open && self->port.kind == SWML_PORT_XSK)
+		swml_xsk_statistics(&self->port.xsk, &xs);
 	if (put_u64(d, "packets_sent", s->packets_sent) ||
 	    put_u64(d, "retransmissions", s->retransmissions) ||
 	    put_u64(d, "spurious_timeouts", s->spurious_timeouts) ||
@@ -914,24 +932,30 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "tx_deferred", s->tx_deferred) || put_u64(d, "sleeps", s->sleeps) ||
 	    put_u64(d, "coalesced", s->coalesced) ||
 	    put_u64(d, "srtt_us", self->stream.srtt_ns / 1000) ||
-	    put_u64(d, "zero_copy", (uint64_t)self->xsk.zero_copy) ||
 	    put_u64(d, "rto_us", self->stream.rto_ns / 1000) ||
 	    put_u64(d, "window_waits", s->window_waits) ||
 	    put_u64(d, "pace_waits", s->pace_waits) || put_u64(d, "rate_waits", s->rate_waits) ||
 	    put_u64(d, "rate_kbps", self->stream.rate_kbps) ||
 	    put_u64(d, "dscp", self->stream.dscp) ||
 	    put_u64(d, "cwnd", (uint64_t)self->stream.win.cwnd) ||
-	    put_u64(d, "tx_kicks", self->xsk.kicks) ||
-	    put_u64(d, "tx_kick_errors", self->xsk.kick_errors) ||
-	    put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||
-	    put_u64(d, "xsk_rx_ring_full", xs.rx_ring_full) ||
-	    put_u64(d, "xsk_rx_fill_ring_empty", xs.rx_fill_ring_empty_descs) ||
-	    put_u64(d, "xsk_tx_invalid", xs.tx_invalid_descs) ||
-	    put_u64(d, "xsk_tx_ring_empty", xs.tx_ring_empty_descs)) {
-		Py_DECREF(d);
-		return NULL;
+	    put_u64(d, "tx_kicks", swml_port_kicks(&self->port)) ||
+	    put_u64(d, "tx_kick_errors", swml_port_kick_errors(&self->port)))
+		goto fail;
+	if (self->port.kind == SWML_PORT_UDP) { /* datagrams longer than any frame */
+		if (put_u64(d, "udp_rx_truncated", self->port.udp.rx_truncated))
+			goto fail;
+	} else if (put_u64(d, "zero_copy", (uint64_t)self->port.xsk.zero_copy) ||
+		   put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||
+		   put_u64(d, "xsk_rx_ring_full", xs.rx_ring_full) ||
+		   put_u64(d, "xsk_rx_fill_ring_empty", xs.rx_fill_ring_empty_descs) ||
+		   put_u64(d, "xsk_tx_invalid", xs.tx_invalid_descs) ||
+		   put_u64(d, "xsk_tx_ring_empty", xs.tx_ring_empty_descs)) {
+		goto fail;
 	}
 	return d;
+fail:
+	Py_DECREF(d);
+	return NULL;
 }
 
 static PyObject *Engine_close(EngineObject *self, PyObject *unused)
@@ -960,9 +984,29 @@ static PyObject *Engine_get_next_index(EngineObject *self, void *closure)
 	return PyLong_FromUnsignedLongLong(self->stream.next_index);
 }
 
+/* Between calls only: where the stream goes on (a test's "calls before"). */
+static int Engine_set_next_index(EngineObject *self, PyObject *value, void *closure)
+{
+	unsigned long long v;
+
+	if (!value) {
+		PyErr_SetString(PyExc_TypeError, "next_index cannot be deleted");
+		return -1;
+	}
+	v = PyLong_AsUnsignedLongLong(value);
+	if (PyErr_Occurred())
+		return -1;
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError, "next_index moves between calls only");
+		return -1;
+	}
+	self->stream.next_index = v;
+	return 0;
+}
+
 static PyObject *Engine_get_fd(EngineObject *self, void *closure)
 {
-	return PyLong_FromLong(self->open ? self->xsk.fd : -1);
+	return PyLong_FromLong(self->open ? swml_port_fd(&self->port) : -1);
 }
 
 static PyMethodDef Engine_methods[] = {
@@ -981,8 +1025,9 @@ static PyMethodDef Engine_methods[] = {
 	{NULL}};
 
 static PyGetSetDef Engine_getset[] = {
-	{"next_index", (getter)Engine_get_next_index, NULL, "packets of the job's life so far"},
-	{"fd", (getter)Engine_get_fd, NULL, "the AF_XDP socket's fd (-1 when closed)"},
+	{"next_index", (getter)Engine_get_next_index, (setter)Engine_set_next_index,
+	 "packets of the job's life so far (settable between calls)"},
+	{"fd", (getter)Engine_get_fd, NULL, "the AF_XDP or UDP socket's fd (-1 when closed)"},
 	{NULL}};
 
 static PyTypeObject EngineType = {

@@ -16,7 +16,7 @@
 #include "engine_policy.h"
 #include "quant.h"
 
-#define RX_BATCH 64
+#define RX_BATCH SWML_PORT_RX_BATCH
 #define QUEUED_NEW 1
 #define QUEUED_RETRANS 2
 /* The abort flag is read at least this often: a sleep also ends when the
@@ -122,13 +122,13 @@ static inline int ready(const struct plan *pl, uint64_t p)
 }
 
 int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
-		     struct swml_xsk *xsk)
+		     struct swml_port *port)
 {
 	uint32_t S = cfg->slots;
 
 	memset(st, 0, sizeof *st);
 	st->cfg = *cfg;
-	st->xsk = xsk;
+	st->port = port;
 	for (uint8_t fmt = 0; fmt < SWML_FMT_NUM; fmt++)
 		swml_build_template(st->tmpl[fmt], &cfg->addrs, cfg->k, fmt);
 	st->inflight = malloc(S * sizeof *st->inflight);
@@ -282,7 +282,7 @@ static void rtt_sample(struct swml_stream *st, uint64_t rtt)
 static void transmit(struct swml_stream *st, struct plan *pl, uint64_t p, int retrans)
 {
 	const uint32_t s = slot_of(pl, p);
-	uint8_t *f = swml_xsk_tx_reserve(st->xsk, pl->frame_len);
+	uint8_t *f = swml_port_tx_reserve(st->port, pl->frame_len);
 
 	if (!f) {
 		if (!st->queued[s]) {
@@ -335,7 +335,7 @@ static void drain_queue(struct swml_stream *st, struct plan *pl)
 			st->queue_cursor = (s + 1) % S;
 			continue;
 		}
-		f = swml_xsk_tx_reserve(st->xsk, pl->frame_len);
+		f = swml_port_tx_reserve(st->port, pl->frame_len);
 		if (!f)
 			return;
 		retrans = st->queued[s] == QUEUED_RETRANS;
@@ -617,25 +617,20 @@ static void box_pace(struct swml_stream *st, const struct plan *pl, const struct
 	}
 }
 
-/* Up to RX_BATCH frames from the rx ring; *disagree set if one ends the call. */
+/* Up to RX_BATCH frames from the port; *disagree set if one ends the call. */
 static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 {
-	struct swml_xsk *x = st->xsk;
-	uint64_t addrs[RX_BATCH];
-	uint32_t idx, n = xsk_ring_cons__peek(&x->rx, RX_BATCH, &idx);
+	const uint8_t *frames[RX_BATCH];
+	uint32_t lens[RX_BATCH];
+	const uint32_t n = swml_port_rx(st->port, frames, lens);
 
-	for (uint32_t i = 0; i < n; i++) {
-		const struct xdp_desc *d = xsk_ring_cons__rx_desc(&x->rx, idx + i);
-		const uint8_t *frame = xsk_umem__get_data(x->area, d->addr);
+	for (uint32_t i = 0; i < n && !*disagree; i++) { /* after a DISAGREE: only hand back */
 		struct swml_result r;
 
-		addrs[i] = d->addr;
-		if (*disagree)
-			continue; /* the call is over: only hand the frames back */
-		if (swml_parse_result(frame, d->len, &st->cfg.addrs, st->cfg.job, pl->k, pl->id.fmt,
-				      &r) == 0) {
-			if (!swml_result_authentic(frame, d->len, &r, pl->k, st->cfg.result_key,
-						   st->cfg.auth)) {
+		if (swml_parse_result(frames[i], lens[i], &st->cfg.addrs, st->cfg.job, pl->k,
+				      pl->id.fmt, &r) == 0) {
+			if (!swml_result_authentic(frames[i], lens[i], &r, pl->k,
+						   st->cfg.result_key, st->cfg.auth)) {
 				st->stats.forged++;
 				continue;
 			}
@@ -646,10 +641,7 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 			st->stats.ignored++;
 		}
 	}
-	if (n) {
-		xsk_ring_cons__release(&x->rx, n);
-		swml_xsk_refill(x, addrs, n);
-	}
+	swml_port_rx_done(st->port);
 	return n;
 }
 
@@ -753,7 +745,7 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 {
 	uint64_t t = SLEEP_MAX_NS, probe_at, c;
 	/* the socket, and the wake fd (stream.h) where there is one */
-	struct pollfd pfd[2] = {{.fd = st->xsk->fd, .events = POLLIN},
+	struct pollfd pfd[2] = {{.fd = swml_port_fd(st->port), .events = POLLIN},
 				{.fd = st->cfg.wake_fd, .events = POLLIN}};
 	const nfds_t wake = st->cfg.wake_fd >= 0;
 	struct timespec ts;
@@ -764,7 +756,7 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 		t = 0;
 	if (pl->pace_until != UINT64_MAX)
 		t = pl->pace_until > pl->now ? min_u64(t, pl->pace_until - pl->now) : 0;
-	if (st->n_queued || swml_xsk_tx_pending(st->xsk))
+	if (st->n_queued || swml_port_tx_pending(st->port))
 		t = min_u64(t, SLEEP_TX_WAIT_NS);
 	if (pl->last_progress + st->cfg.stall_ns > pl->now)
 		t = min_u64(t, pl->last_progress + st->cfg.stall_ns - pl->now);
@@ -790,8 +782,8 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 
 static void flush_tx(struct swml_stream *st, int *io_error)
 {
-	swml_xsk_submit(st->xsk);
-	if (swml_xsk_tx_pending(st->xsk) && swml_xsk_kick(st->xsk) < 0)
+	swml_port_submit(st->port);
+	if (swml_port_tx_pending(st->port) && swml_port_kick(st->port) < 0)
 		*io_error = 1;
 }
 
@@ -908,7 +900,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 		if (pl.rack_moved)
 			rack_detect(st, &pl);
 		if (st->n_queued) {
-			swml_xsk_reclaim(st->xsk);
+			swml_port_reclaim(st->port);
 			drain_queue(st, &pl);
 		}
 		pump(st, &pl);
@@ -920,8 +912,8 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 				check_timers(st, &pl);
 		}
 		flush_tx(st, &io_error);
-		if (st->xsk->n_free_tx < st->xsk->nframes / 4)
-			swml_xsk_reclaim(st->xsk);
+		if (swml_port_tx_low(st->port))
+			swml_port_reclaim(st->port);
 		/* Also while frames keep coming: frames that are not results (a
 		 * flood of them) must not hold off the stall clock. */
 		if (pl.now - pl.last_progress > st->cfg.stall_ns) {

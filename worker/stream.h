@@ -46,7 +46,7 @@
 
 #include "packet.h"
 #include "window.h"
-#include "xsk_port.h"
+#include "port.h"
 
 enum swml_status {
 	SWML_OK = 0,
@@ -119,7 +119,7 @@ struct swml_stream_stats {
 
 struct swml_stream {
 	struct swml_stream_cfg cfg;
-	struct swml_xsk *xsk;
+	struct swml_port *port;
 	uint8_t tmpl[SWML_FMT_NUM][SWML_L2L4_LEN]; /* per payload format: the lengths differ */
 	uint64_t next_index;                       /* packets of the job's life so far */
 	struct swml_stream_stats stats;
@@ -151,7 +151,7 @@ struct swml_stream {
 };
 
 int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
-		     struct swml_xsk *xsk);
+		     struct swml_port *port);
 void swml_stream_free(struct swml_stream *st);
 
 /* Reduce n elements at data (int32 or float32) in place over the job with

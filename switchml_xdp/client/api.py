@@ -166,8 +166,8 @@ class Worker:
                     print(f"switchml-xdp: afxdp set-up failed on {self.iface} ({e}); "
                           "backend auto -> udp", file=sys.stderr)
                 self.backend_name = "udp"
-        from .udp_backend import UdpBackend
-        return UdpBackend(*args, **kw)
+        from .udp_backend import udp_backend
+        return udp_backend(*args, **kw)
 
     # --- the API -------------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", precision: str = "32") -> np.ndarray:

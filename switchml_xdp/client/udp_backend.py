@@ -1,5 +1,10 @@
 """The `udp` backend: the wire protocol over kernel UDP sockets, no root needed.
 
+`udp_backend()` makes it: on the C engine where it is built
+(udp_engine_backend.py: batched syscalls, the afxdp backend's stream), else
+(or with SWML_UDP_ENGINE=0) the Python loop below, UdpBackend, which is also
+the reference the engine's rules are written after.
+
 One socket bound to the job's port (port.py: no SO_REUSEADDR, so no other
 socket on the host can share it) receives both the multicast RESULTs (it
 joins the job's group) and unicast shadow replies. Streaming follows
@@ -23,6 +28,7 @@ rate"), and a job's mark changes seldom.
 """
 from __future__ import annotations
 
+import os
 import select
 import socket
 import time
@@ -52,9 +58,23 @@ FOREIGN, DUPLICATE, RESULT, DISAGREED, FORGED, HEADER_ONLY = range(6)
 FMT_BYTES = {wire.FMT_INT32: 4, wire.FMT_OFFSET32: 4, wire.FMT_INT16: 2}
 
 
+def udp_backend(*args, engine: bool | None = None, **kwargs) -> Backend:
+    """Backend "udp" (backend.py's arguments): on the C engine where it is
+    built, else the Python loop; engine=True insists on the engine
+    (RuntimeError without it), engine=False on the loop; None: the engine
+    unless SWML_UDP_ENGINE=0."""
+    from .engine_backend import engine_missing
+    from .udp_engine_backend import UdpEngineBackend
+
+    if engine is None:
+        engine = os.environ.get(f"{ENV_PREFIX}ENGINE", "1") != "0" and engine_missing() is None
+    return UdpEngineBackend(*args, **kwargs) if engine else UdpBackend(*args, **kwargs)
+
+
 class UdpBackend(Backend):
     default_policy = PYTHON_POLICY
     name = "udp"
+    loop = "python"   # which loop runs the stream (udp_engine_backend.py's is "engine")
     precisions = ("32", "16")
     env_prefix = ENV_PREFIX
 

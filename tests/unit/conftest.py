@@ -8,11 +8,20 @@ from switchml_xdp import wire
 from switchml_xdp.client.abort import AbortSignal
 from switchml_xdp.client.backend import LocalEnd
 from switchml_xdp.client.control import JobInfo
-from switchml_xdp.client.udp_backend import UdpBackend
+from switchml_xdp.client.engine_backend import engine_missing
+from switchml_xdp.client.retransmit import PYTHON_POLICY
+from switchml_xdp.client.udp_backend import udp_backend
 
 
-@pytest.fixture
-def fake():
+@pytest.fixture(params=["engine", "python"])
+def fake(request):
+    """make(answer, ...) -> (FakeSwitch, udp backend on it), on each of the udp
+    backend's loops: the C engine (udp_engine_backend.py) and the Python loop.
+    The fake switch is a Python thread whose answers take milliseconds, so
+    both loops get the Python loop's timeouts unless a test gives its own."""
+    loop = request.param
+    if loop == "engine" and engine_missing():
+        pytest.skip(f"the udp backend's engine: {engine_missing()}")
     made = []
 
     def make(answer, seq_base=0, k=8, slots=4, stall_timeout=5.0, auth=wire.AUTH_HEADER,
@@ -23,8 +32,9 @@ def fake():
                        group_ip=GROUP, group_mac="01:00:5e:4d:00:09", port=free_port(),
                        heartbeat_s=1.0, key=0x0123456789ABCDEF, seq_base=seq_base,
                        result_key=RESULT_KEY, auth=auth)
-        be = UdpBackend(info, LocalEnd("127.0.0.1", "lo", "00:00:00:00:00:00"), AbortSignal(),
-                        policy=policy, stall_timeout=stall_timeout, verbose=False)
+        be = udp_backend(info, LocalEnd("127.0.0.1", "lo", "00:00:00:00:00:00"), AbortSignal(),
+                         policy=policy or PYTHON_POLICY, stall_timeout=stall_timeout,
+                         verbose=False, engine=loop == "engine")
         made.append((sw, be))
         return sw, be
 

@@ -1,0 +1,57 @@
+"""The `udp` backend on the C engine: the stream of worker/stream.c (the afxdp
+backend's, engine_backend.py) over the backend's kernel UDP socket
+(worker/udp_port.h) instead of an AF_XDP socket, so no root and no XDP.
+
+Where the engine is built this is what backend "udp" runs (udp_backend.py,
+`udp_backend()`): datagrams go out in batches (sendmmsg, one syscall a kick)
+and come in in batches (recvmmsg), with the engine's timers, window, loss by
+evidence and waiting; the Python loop (UdpBackend) stays for hosts without the
+engine and as the reference its rules are written in. Both speak the same
+protocol, so ranks on either share a job.
+
+The socket is udp_backend.py's: bound to the job's port (port.py), a member of
+the job's group, its receive buffer as large.
+"""
+from __future__ import annotations
+
+from .engine_backend import COALESCE, EngineBackend, engine_missing, tunable
+from .port import reserve_port
+
+# SWML_UDP_SPIN / SWML_UDP_COALESCE / SWML_UDP_RTO_* override the engine's
+# waiting and timeouts for experiments, as SWML_AFXDP_* do for afxdp.
+ENV_PREFIX = "SWML_UDP_"
+RCVBUF = 8 << 20
+# Empty polls before a sleep: each is a recvmmsg syscall here (a look at a
+# ring in memory on AF_XDP), so the engine sleeps at once when nothing came.
+UDP_SPIN = 0
+
+
+class UdpEngineBackend(EngineBackend):
+    name = "udp"
+    env_prefix = ENV_PREFIX
+    loop = "engine"   # which loop runs the stream (udp_backend.py's is "python")
+
+    def __init__(self, *args, spin: int | None = None, **kwargs):
+        """Backend's arguments (backend.py), and `spin`: the engine's empty
+        polls before it sleeps (None: UDP_SPIN, or SWML_UDP_SPIN)."""
+        missing = engine_missing()
+        if missing:
+            raise RuntimeError(f"the udp backend's engine is unavailable: {missing}")
+        super().__init__(*args, **kwargs)
+        info = self.info
+        self.where = f"udp on {self.local.ip}:{info.port}"
+        self.sock = reserve_port(info.port, info.group_ip, self.local.ip, rcvbuf=RCVBUF)
+        try:
+            self.sock.setblocking(False)
+            self._open("", -1, udp_fd=self.sock.fileno(),
+                       spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", UDP_SPIN),
+                       coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE))
+        except BaseException:
+            self.close()
+            raise
+        self.abort_signal.on_abort(self._on_abort)  # at once if the job is already aborted
+
+    def _release(self) -> None:
+        """The socket, after the engine that used it closed."""
+        if self.sock.fileno() >= 0:
+            self.sock.close()
