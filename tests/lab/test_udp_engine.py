@@ -27,19 +27,19 @@ RANK = """
 import json, sys
 import numpy as np
 from switchml_xdp import Worker
-switch, job, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+switch, job, rank, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 with Worker(switch, job, rank, 2, backend="udp", verbose=False, stall_timeout=30) as w:
-    x = np.arange(%d, dtype=np.int32) * (rank + 1)
+    x = np.arange(n, dtype=np.int32) * (rank + 1)
     w.allreduce(x)
     print(json.dumps({"sum": x.tolist(), "loop": w._backend.loop, "stats": w.stats()}))
-""" % N
+"""
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def _rank(lab, host, job: str, rank: int, as_nobody: bool, python_loop: bool):
     env = {"SWML_UDP_ENGINE": "0" if python_loop else "1", "PATH": "/usr/bin:/bin"}
-    argv = [sys.executable, "-c", RANK, lab.switch.ip, job, str(rank)]
+    argv = [sys.executable, "-c", RANK, lab.switch.ip, job, str(rank), str(N)]
     return lab.popen(host, (NOBODY if as_nobody else []) + argv, stdout=subprocess.PIPE,
                      stderr=subprocess.PIPE, text=True, env=env)
 
