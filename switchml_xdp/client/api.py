@@ -295,8 +295,11 @@ class Worker:
 
     def stats(self) -> dict:
         """Counters of this worker: tensors, elements, packets, retransmissions
-        (over several boxes: their sums, and each box's under "boxes")."""
-        out = {"backend": self.backend_name, "job": self.info.name, "job_id": self.info.job_id,
+        (over several boxes: their sums, and each box's under "boxes"); its
+        backend, and the loop that streams ("engine": the C engine, "python":
+        the udp backend's Python loop where the engine is not built)."""
+        out = {"backend": self.backend_name, "loop": self._backend.loop,
+               "job": self.info.name, "job_id": self.info.job_id,
                "rank": self.info.rank, "world": self.info.world, "k": self.info.k,
                "slots": self.info.slots, **self._stats, **self._backend.stats()}
         if len(self._boxes) > 1:

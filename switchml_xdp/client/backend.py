@@ -47,6 +47,8 @@ class Backend(ABC):
     """A datapath that streams tensors through the job's slots on the switch."""
 
     name: ClassVar[str]
+    # What streams: "engine" (the C engine, worker/) or "python" (a loop in Python).
+    loop: ClassVar[str]
     # Precisions of a float32 sum it streams (calls.PRECISIONS): "16" is the
     # 16-bit block format, where the backend packs int16 payloads.
     precisions: ClassVar[tuple[str, ...]] = ("32",)

@@ -56,6 +56,7 @@ class EngineBackend(Backend):
 
     default_policy = ENGINE_POLICY
     precisions = ("32", "16")
+    loop = "engine"                # which loop runs the stream (Worker.stats' "loop")
     where = "the engine's socket"  # names the datapath in error messages
 
     def __init__(self, *args, **kwargs):

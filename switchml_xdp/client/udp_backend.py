@@ -74,7 +74,7 @@ def udp_backend(*args, engine: bool | None = None, **kwargs) -> Backend:
 class UdpBackend(Backend):
     default_policy = PYTHON_POLICY
     name = "udp"
-    loop = "python"   # which loop runs the stream (udp_engine_backend.py's is "engine")
+    loop = "python"   # which loop runs the stream (Worker.stats' "loop"; the engine's: "engine")
     precisions = ("32", "16")
     env_prefix = ENV_PREFIX
 

@@ -29,7 +29,6 @@ UDP_SPIN = 0
 class UdpEngineBackend(EngineBackend):
     name = "udp"
     env_prefix = ENV_PREFIX
-    loop = "engine"   # which loop runs the stream (udp_backend.py's is "python")
 
     def __init__(self, *args, spin: int | None = None, **kwargs):
         """Backend's arguments (backend.py), and `spin`: the engine's empty

@@ -79,7 +79,7 @@ def loss_job(request, lab8, switch):
         workers = run_ranks(lab8, hosts, join, timeout=120)
     report("loss job set-up", backend=backend, seconds=f"{time.monotonic() - t0:.2f}")
     if backend.startswith("udp"):   # the loop asked for is the one that runs
-        assert {w._backend.loop for w in workers} == {"python" if "python" in backend else "engine"}
+        assert {w.stats()["loop"] for w in workers} == {"python" if "python" in backend else "engine"}
     try:
         yield backend, hosts, workers
     finally:
