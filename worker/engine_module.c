@@ -6,10 +6,11 @@
  *          src_mac=, dst_mac=, src_ip=, dst_ip=, src_port=, dst_port=,
  *          key=, seq_base=, queue=0, frames=4096, rto_initial=, rto_min=,
  *          rto_max=, stall_timeout=, spin=, rto_adaptive=True,
- *          window=WindowPolicy tuple, coalesce=, udp_fd=-1)
+ *          window=WindowPolicy tuple, coalesce=, udp_fd=-1, udp_gso=True)
  *     (udp_fd >= 0: over that bound kernel UDP socket instead, the udp
  *     backend's, with ifname "" and xskmap_fd -1: udp_port.h; the caller
- *     keeps the socket open while the engine is, and closes it)
+ *     keeps the socket open while the engine is, and closes it; udp_gso:
+ *     runs of datagrams as UDP GSO messages where the kernel takes them)
  *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy; their,
  *     stall_timeout's, spin's and coalesce's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
@@ -667,7 +668,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		"k",           "slots",      "src_mac", "dst_mac",       "src_ip", "dst_ip",
 		"src_port",    "dst_port",   "key",     "seq_base",      "queue",  "frames",
 		"rto_initial", "rto_min",    "rto_max", "stall_timeout", "spin",   "rto_adaptive",
-		"window",      "result_key", "auth",    "coalesce",      "udp_fd", NULL};
+		"window",      "result_key", "auth",    "coalesce",      "udp_fd", "udp_gso",
+		NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -681,7 +683,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int rto_adaptive = 1;
 	PyObject *window_obj = NULL, *result_key = NULL;
 	unsigned int auth = SWML_AUTH_HEADER;
-	int udp_fd = -1;
+	int udp_fd = -1, udp_gso = 1;
 	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
 	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
 	struct swml_stream_cfg cfg = {0};
@@ -693,11 +695,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	if (!PyArg_ParseTupleAndKeywords(
-		    args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIi", kwlist, &ifname, &xskmap_fd,
+		    args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIip", kwlist, &ifname, &xskmap_fd,
 		    &abort_obj, &job, &rank, &world, &k, &slots, &src_mac, &dst_mac, &src_ip,
 		    &dst_ip, &src_port, &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
 		    &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
-		    &window_obj, &result_key, &auth, &coalesce, &udp_fd))
+		    &window_obj, &result_key, &auth, &coalesce, &udp_fd, &udp_gso))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
@@ -776,10 +778,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 
 	self->port.kind = udp_fd >= 0 ? SWML_PORT_UDP : SWML_PORT_XSK;
 	Py_BEGIN_ALLOW_THREADS
-	if (udp_fd >= 0)
+	if (udp_fd >= 0) {
 		ret = swml_udp_open(&self->port.udp, udp_fd, cfg.addrs.dst_ip, cfg.addrs.dst_port,
 				    err, sizeof err);
-	else
+		self->port.udp.gso = udp_gso;
+	} else
 		ret = swml_xsk_open(&self->port.xsk, ifname, queue, frames, xskmap_fd, err,
 				    sizeof err);
 	Py_END_ALLOW_THREADS
@@ -942,7 +945,9 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "tx_kick_errors", swml_port_kick_errors(&self->port)))
 		goto fail;
 	if (self->port.kind == SWML_PORT_UDP) { /* datagrams longer than any frame */
-		if (put_u64(d, "udp_rx_truncated", self->port.udp.rx_truncated))
+		if (put_u64(d, "udp_rx_truncated", self->port.udp.rx_truncated) ||
+		    put_u64(d, "udp_gso_sends", self->port.udp.gso_sends) ||
+		    put_u64(d, "udp_gso", (uint64_t)self->port.udp.gso))
 			goto fail;
 	} else if (put_u64(d, "zero_copy", (uint64_t)self->port.xsk.zero_copy) ||
 		   put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/udp.h>
 #include <sys/mman.h>
 
 #include "packet.h"
@@ -16,6 +17,8 @@ _Static_assert((SWML_UDP_TX_FRAMES & (SWML_UDP_TX_FRAMES - 1)) == 0, "a power of
 
 /* IP_TOS as one int of ancillary data: what IP_RECVTOS delivers (a byte) fits. */
 #define CTRL_LEN CMSG_SPACE(sizeof(int))
+/* A message's UDP_SEGMENT: the size of its datagrams, a uint16_t. */
+#define GSO_CTRL_LEN CMSG_SPACE(sizeof(uint16_t))
 
 static void *area(size_t len)
 {
@@ -32,6 +35,7 @@ int swml_udp_open(struct swml_udp *u, int fd, const uint8_t dst_ip[4], uint16_t 
 	memset(u, 0, sizeof *u);
 	u->fd = fd;
 	u->tos = -1;
+	u->gso = 1;
 	u->dst.sin_family = AF_INET;
 	memcpy(&u->dst.sin_addr, dst_ip, 4);
 	u->dst.sin_port = htons(dst_port);
@@ -45,12 +49,15 @@ int swml_udp_open(struct swml_udp *u, int fd, const uint8_t dst_ip[4], uint16_t 
 	u->tx_len = calloc(SWML_UDP_TX_FRAMES, sizeof *u->tx_len);
 	u->tx_msgs = calloc(SWML_UDP_TX_FRAMES, sizeof *u->tx_msgs);
 	u->tx_iov = calloc(SWML_UDP_TX_FRAMES, sizeof *u->tx_iov);
+	u->tx_msg_frames = calloc(SWML_UDP_TX_FRAMES, sizeof *u->tx_msg_frames);
+	u->tx_ctrl = calloc(SWML_UDP_TX_FRAMES, GSO_CTRL_LEN);
 	u->rx_msgs = calloc(SWML_UDP_RX_BATCH, sizeof *u->rx_msgs);
 	u->rx_iov = calloc(SWML_UDP_RX_BATCH, sizeof *u->rx_iov);
 	u->rx_from = calloc(SWML_UDP_RX_BATCH, sizeof *u->rx_from);
 	u->rx_ctrl = calloc(SWML_UDP_RX_BATCH, CTRL_LEN);
-	if (!u->tx_area || !u->rx_area || !u->tx_len || !u->tx_msgs || !u->tx_iov || !u->rx_msgs ||
-	    !u->rx_iov || !u->rx_from || !u->rx_ctrl) {
+	if (!u->tx_area || !u->rx_area || !u->tx_len || !u->tx_msgs || !u->tx_iov ||
+	    !u->tx_msg_frames || !u->tx_ctrl || !u->rx_msgs || !u->rx_iov || !u->rx_from ||
+	    !u->rx_ctrl) {
 		swml_udp_close(u);
 		snprintf(err, errlen, "cannot allocate the udp port's frames");
 		return -ENOMEM;
@@ -67,6 +74,8 @@ void swml_udp_close(struct swml_udp *u)
 	free(u->tx_len);
 	free(u->tx_msgs);
 	free(u->tx_iov);
+	free(u->tx_msg_frames);
+	free(u->tx_ctrl);
 	free(u->rx_msgs);
 	free(u->rx_iov);
 	free(u->rx_from);
@@ -97,12 +106,40 @@ static int frame_tos(const uint8_t *f)
 	return f[SWML_ETH_LEN + 1];
 }
 
+/* One message of frames [from, from + n) of the run (tx_iov filled): a
+ * datagram, or under GSO several of one size, the last maybe shorter. */
+static void message(struct swml_udp *u, uint32_t msg, uint32_t from, uint32_t n, uint32_t dgram_len)
+{
+	struct msghdr *h = &u->tx_msgs[msg].msg_hdr;
+
+	*h = (struct msghdr){.msg_name = &u->dst,
+			     .msg_namelen = sizeof u->dst,
+			     .msg_iov = &u->tx_iov[from],
+			     .msg_iovlen = n};
+	u->tx_msg_frames[msg] = n;
+	if (n > 1) {
+		uint8_t *ctrl = u->tx_ctrl + (size_t)msg * GSO_CTRL_LEN;
+		struct cmsghdr *c;
+		const uint16_t size = (uint16_t)dgram_len;
+
+		memset(ctrl, 0, GSO_CTRL_LEN);
+		h->msg_control = ctrl;
+		h->msg_controllen = GSO_CTRL_LEN;
+		c = CMSG_FIRSTHDR(h);
+		c->cmsg_level = SOL_UDP;
+		c->cmsg_type = UDP_SEGMENT;
+		c->cmsg_len = CMSG_LEN(sizeof size);
+		memcpy(CMSG_DATA(c), &size, sizeof size);
+	}
+}
+
 /* sendmmsg of up to n frames from the oldest, all with the same TOS (the
- * socket's, set first if it changed); how many went, or -errno. */
+ * socket's, set first if it changed), as messages of one datagram or, under
+ * GSO, of a run of datagrams of one size; how many frames went, or -errno. */
 static int send_run(struct swml_udp *u, uint32_t n)
 {
 	const int tos = frame_tos(tx_frame(u, u->tx_head));
-	uint32_t m = 0;
+	uint32_t m = 0, msgs = 0, from = 0, dgram = 0, frames = 0;
 	int sent;
 
 	if (tos != u->tos) {
@@ -113,24 +150,40 @@ static int send_run(struct swml_udp *u, uint32_t n)
 	for (; m < n; m++) {
 		const uint32_t i = (u->tx_head + m) & (SWML_UDP_TX_FRAMES - 1);
 		uint8_t *f = tx_frame(u, i);
+		const uint32_t len = u->tx_len[i] - SWML_L2L4_LEN;
 
 		if (frame_tos(f) != tos)
 			break;
-		u->tx_iov[m] = (struct iovec){f + SWML_L2L4_LEN, u->tx_len[i] - SWML_L2L4_LEN};
-		u->tx_msgs[m].msg_hdr = (struct msghdr){.msg_name = &u->dst,
-							.msg_namelen = sizeof u->dst,
-							.msg_iov = &u->tx_iov[m],
-							.msg_iovlen = 1};
+		/* a new message unless this datagram extends the current one:
+		 * GSO on, the same size (a shorter one ends it), room left */
+		if (m > from &&
+		    (!u->gso || len > dgram || m - from >= SWML_UDP_GSO_MAX ||
+		     (m - from + 1) * dgram > SWML_UDP_GSO_BYTES ||
+		     u->tx_len[(i - 1) & (SWML_UDP_TX_FRAMES - 1)] - SWML_L2L4_LEN != dgram)) {
+			message(u, msgs++, from, m - from, dgram);
+			from = m;
+		}
+		if (m == from)
+			dgram = len;
+		u->tx_iov[m] = (struct iovec){f + SWML_L2L4_LEN, len};
 	}
+	if (m > from)
+		message(u, msgs++, from, m - from, dgram);
 	u->kicks++;
-	sent = sendmmsg(u->fd, u->tx_msgs, m, MSG_DONTWAIT);
-	return sent < 0 ? -errno : sent;
+	sent = sendmmsg(u->fd, u->tx_msgs, msgs, MSG_DONTWAIT);
+	if (sent < 0)
+		return -errno;
+	for (int j = 0; j < sent; j++) {
+		frames += u->tx_msg_frames[j];
+		u->gso_sends += u->tx_msg_frames[j] > 1;
+	}
+	return (int)frames;
 }
 
 int swml_udp_kick(struct swml_udp *u)
 {
 	while (u->tx_count) {
-		/* up to the ring's end: a run is contiguous in tx_msgs */
+		/* up to the ring's end: a run is contiguous in tx_iov */
 		const uint32_t to_end = SWML_UDP_TX_FRAMES - u->tx_head;
 		const int sent = send_run(u, u->tx_count < to_end ? u->tx_count : to_end);
 
@@ -142,6 +195,14 @@ int swml_udp_kick(struct swml_udp *u)
 			case ENOBUFS: /* the device queue is */
 				u->kick_errors++;
 				return 0;
+			case EINVAL: /* no UDP GSO here (or not on this route): */
+			case EIO:    /* one message a datagram from now on */
+			case EOPNOTSUPP:
+				if (u->gso) {
+					u->gso = 0;
+					continue;
+				}
+				/* fall through */
 			default:
 				u->kick_errors++;
 				return sent;

@@ -10,7 +10,11 @@
  * Transmit: the stream writes whole frames (Ethernet | IPv4 | UDP | swml |
  * payload, packet.h) into frames reserved here; a kick sends everything
  * reserved with sendmmsg, the datagram being the frame after its 42-byte
- * Ethernet/IPv4/UDP prefix, to the switch's address and port. The prefix's
+ * Ethernet/IPv4/UDP prefix, to the switch's address and port. Runs of
+ * datagrams of one size go as one message with UDP GSO (UDP_SEGMENT, Linux
+ * 4.18): the stack takes one skb for up to SWML_UDP_GSO_MAX of them and cuts
+ * it into datagrams late (the NIC, or software past the qdisc), as TCP's
+ * segments go; where the kernel refuses it, one message a datagram. The prefix's
  * IPv4 TOS is honoured: the socket's IP_TOS follows it (the box's DSCP mark,
  * docs/transport.md), set only when it changes.
  *
@@ -31,6 +35,8 @@
 #define SWML_UDP_TX_FRAMES 1024u  /* sendmmsg's most (UIO_MAXIOV) */
 #define SWML_UDP_RX_BATCH 64u     /* datagrams one recvmmsg takes */
 #define SWML_UDP_TX_OFFSET 6u     /* the payload on a 64-byte boundary (xsk_port.h) */
+#define SWML_UDP_GSO_MAX 64u      /* datagrams a GSO message (the kernel's UDP_MAX_SEGMENTS) */
+#define SWML_UDP_GSO_BYTES 65000u /* and its bytes: one IPv4 datagram's worth */
 
 struct swml_udp {
 	int fd; /* the caller's socket: not closed here */
@@ -41,12 +47,16 @@ struct swml_udp {
 	int tos;                    /* the socket's IP_TOS as last set (-1: not yet) */
 	struct mmsghdr *tx_msgs;
 	struct iovec *tx_iov;
-	uint8_t *rx_area; /* SWML_UDP_RX_BATCH frames */
+	uint32_t *tx_msg_frames; /* frames each message of the last sendmmsg holds */
+	uint8_t *tx_ctrl;        /* per message: its UDP_SEGMENT */
+	int gso;                 /* 1: send runs with UDP_SEGMENT (0 once the kernel refused) */
+	uint8_t *rx_area;        /* SWML_UDP_RX_BATCH frames */
 	struct mmsghdr *rx_msgs;
 	struct iovec *rx_iov;
 	struct sockaddr_in *rx_from;
 	uint8_t *rx_ctrl;
 	uint64_t kicks, kick_errors, rx_truncated;
+	uint64_t gso_sends; /* messages of several datagrams sent with UDP_SEGMENT */
 };
 
 /* Use the bound UDP socket fd for datagrams to dst_ip:dst_port (network

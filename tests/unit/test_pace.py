@@ -55,8 +55,10 @@ def test_every_data_says_the_call_s_bytes_left(fake):
     assert first == {p: wire.pace_encode((40 - p) * 32) for p in range(40)}
     # packet 5's resend (on evidence, once a later packet's result is in, or
     # on its timer): what never went before it, and itself
-    flags = [bool(int(h["flags"]) & wire.FLAG_RETRANS) for h in sw.headers]
-    at = flags.index(True)
+    # (another packet may go again first: the tail probe, where the fake
+    # switch's thread is late under load)
+    at = next(i for i, h in enumerate(sw.headers)
+              if int(h["flags"]) & wire.FLAG_RETRANS and int(h["seq"]) == 5)
     went = len({int(h["seq"]) for h in sw.headers[:at]})
     assert 6 <= went <= 9                      # 5 waited for a later packet: 6 at least went
     assert int(sw.headers[at]["seq"]) == 5
@@ -99,7 +101,8 @@ def test_only_authentic_results_set_the_rate_and_the_dscp(fake):
     x = np.ones(K * 100, dtype=np.int32)
     be.allreduce(x, Call(0, "fake", x.size, "int32", "sum", "32"))
     stats = be.stats()
-    assert stats["forged"] == len(sw.headers) >= 100      # one for each DATA, resends too
+    # one for each DATA, resends too (the answer to the last may come after the call)
+    assert len(sw.headers) - 1 <= stats["forged"] <= len(sw.headers) and stats["forged"] >= 100
     assert stats["rate_kbps"] == 0 and stats["rate_waits"] == 0
     assert stats["dscp"] == 0 and all(tos == 0 for _, _, tos in sw.arrivals)
 

@@ -71,7 +71,10 @@ def test_forged_results_are_refused_and_counted_and_the_call_is_exact(fake):
     be.allreduce(x, Call(0, "fake", x.size, "int32", "sum", "32"))
     assert np.array_equal(x, np.arange(100))
     stats = be.stats()
-    assert stats["forged"] == 2 * len(sw.headers) and stats["results"] == len(sw.headers)
+    # two forged answers to every DATA, resends too (the fake switch's thread,
+    # late under load, may draw one), and one result a packet
+    first = [h for h in sw.headers if not int(h["flags"]) & wire.FLAG_RETRANS]
+    assert stats["forged"] == 2 * len(sw.headers) and stats["results"] == len(first)
 
 
 def tampered_then_real(auth):
