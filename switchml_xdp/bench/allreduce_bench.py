@@ -88,7 +88,8 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
     after = worker.stats()
     med = statistics.median(times)
     row = {
-        "rank": info.rank, "world": info.world, "backend": after["backend"], "dtype": dtype,
+        "rank": info.rank, "world": info.world, "backend": after["backend"],
+        "loop": after.get("loop"), "dtype": dtype,
         "op": op, "precision": precision,
         "bytes": n * 4, "elements": n, "k": info.k, "slots": info.slots, "iterations": iterations,
         "tat_min_s": min(times), "tat_median_s": med, "tat_max_s": max(times),
