@@ -62,6 +62,18 @@ int swml_udp_open(struct swml_udp *u, int fd, const uint8_t dst_ip[4], uint16_t 
 		snprintf(err, errlen, "cannot allocate the udp port's frames");
 		return -ENOMEM;
 	}
+	/* the receive messages point at their frames once; swml_udp_rx resets
+	 * only what the kernel writes back */
+	for (uint32_t i = 0; i < SWML_UDP_RX_BATCH; i++) {
+		uint8_t *f = u->rx_area + (size_t)i * SWML_UDP_FRAME_SIZE;
+
+		u->rx_iov[i] =
+			(struct iovec){f + SWML_L2L4_LEN, SWML_UDP_FRAME_SIZE - SWML_L2L4_LEN};
+		u->rx_msgs[i].msg_hdr = (struct msghdr){.msg_name = &u->rx_from[i],
+							.msg_iov = &u->rx_iov[i],
+							.msg_iovlen = 1,
+							.msg_control = u->rx_ctrl + i * CTRL_LEN};
+	}
 	return 0;
 }
 
@@ -232,17 +244,9 @@ uint32_t swml_udp_rx(struct swml_udp *u, const uint8_t **frames, uint32_t *lens,
 
 	if (max > SWML_UDP_RX_BATCH)
 		max = SWML_UDP_RX_BATCH;
-	for (uint32_t i = 0; i < max; i++) {
-		uint8_t *f = u->rx_area + (size_t)i * SWML_UDP_FRAME_SIZE;
-
-		u->rx_iov[i] =
-			(struct iovec){f + SWML_L2L4_LEN, SWML_UDP_FRAME_SIZE - SWML_L2L4_LEN};
-		u->rx_msgs[i].msg_hdr = (struct msghdr){.msg_name = &u->rx_from[i],
-							.msg_namelen = sizeof u->rx_from[i],
-							.msg_iov = &u->rx_iov[i],
-							.msg_iovlen = 1,
-							.msg_control = u->rx_ctrl + i * CTRL_LEN,
-							.msg_controllen = CTRL_LEN};
+	for (uint32_t i = 0; i < max; i++) { /* what the last call wrote back */
+		u->rx_msgs[i].msg_hdr.msg_namelen = sizeof u->rx_from[i];
+		u->rx_msgs[i].msg_hdr.msg_controllen = CTRL_LEN;
 	}
 	n = recvmmsg(u->fd, u->rx_msgs, max, MSG_DONTWAIT, NULL);
 	if (n <= 0)
