@@ -31,6 +31,17 @@
 #define SWML_RTO_BACKOFF 2
 #define SWML_RTO_QUIET_DIV 8
 
+/* The probe whose timer runs out again (its resend was lost too) goes as
+ * copies, back to back: 2^(n-1) at its n-th expiry, at most
+ * SWML_RTO_COPIES_MAX. A run of losses (a burst, while the probe is all the
+ * stream sends) then ends in a few timeouts, not one doubled timeout a lost
+ * frame; QUIC's probe timeout sends two datagrams for the same reason (RFC
+ * 9002, 6.2.4). Only the probe: copies of every packet deferred behind it
+ * would make a late rank's stall cost copies of the window. A copy that
+ * finds its round complete is a duplicate at the box (docs/transport.md,
+ * "Bursts: copies of a lost probe"). */
+#define SWML_RTO_COPIES_MAX 4
+
 /* Loss by evidence (RACK, RFC 8985): a packet in flight is lost once a
  * packet sent more than the smoothed round trip / SWML_RACK_REORDER_DIV
  * after it has its RESULT. No packet of a later round overtakes one of an

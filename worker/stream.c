@@ -138,11 +138,12 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 	st->sent_at = calloc(S, sizeof *st->sent_at);
 	st->xmit_at = calloc(S, sizeof *st->xmit_at);
 	st->evidence_n = calloc(S, 1);
+	st->expiries = calloc(S, 1);
 	st->resent = calloc(S, 1);
 	st->timer_state = calloc(S, 1);
 	st->probe = -1;
 	if (!st->inflight || !st->deadline || !st->rto || !st->queued || !st->sent_at ||
-	    !st->xmit_at || !st->evidence_n || !st->resent || !st->timer_state) {
+	    !st->xmit_at || !st->evidence_n || !st->expiries || !st->resent || !st->timer_state) {
 		swml_stream_free(st);
 		return -ENOMEM;
 	}
@@ -165,10 +166,12 @@ void swml_stream_free(struct swml_stream *st)
 	free(st->sent_at);
 	free(st->xmit_at);
 	free(st->evidence_n);
+	free(st->expiries);
 	free(st->resent);
 	free(st->timer_state);
 	st->sent_at = st->xmit_at = NULL;
 	st->evidence_n = NULL;
+	st->expiries = NULL;
 	st->resent = NULL;
 	st->timer_state = NULL;
 	st->inflight = NULL;
@@ -317,6 +320,7 @@ static void send_new(struct swml_stream *st, struct plan *pl, uint64_t p)
 	st->rto[s] = st->rto_ns;
 	st->resent[s] = 0;
 	st->evidence_n[s] = 0;
+	st->expiries[s] = 0;
 	st->timer_state[s] = TIMER_NORMAL;
 	transmit(st, pl, p, 0);
 }
@@ -645,6 +649,31 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 	return n;
 }
 
+/* How many copies the n-th expiry of a packet's timer sends
+ * (engine_policy.h, SWML_RTO_COPIES_MAX): 1, 2, 4, ... */
+static uint32_t expiry_copies(uint32_t n)
+{
+	const uint32_t c = n > 8 ? 256 : 1u << (n ? n - 1 : 0);
+
+	return c < SWML_RTO_COPIES_MAX ? c : SWML_RTO_COPIES_MAX;
+}
+
+/* Slot s's timer ran out: its packet goes again; the probe as copies if its
+ * timer ran out before (its resend was lost too). Only the probe: while it
+ * is out the others wait (deferred), and a late rank's stall would have
+ * every packet in flight resent as copies. */
+static void resend_expired(struct swml_stream *st, struct plan *pl, uint32_t s)
+{
+	uint32_t copies;
+
+	if (st->expiries[s] < UINT8_MAX)
+		st->expiries[s]++;
+	copies = (int64_t)s == st->probe ? expiry_copies(st->expiries[s]) : 1;
+	for (uint32_t c = 0; c < copies; c++)
+		transmit(st, pl, (uint64_t)st->inflight[s], 1);
+	st->stats.timeout_copies += copies - 1;
+}
+
 /* Expired timers, by the rules of switchml_xdp/client/retransmit.py. While
  * RESULTs flow, every packet whose timer ran out goes again. When they have
  * stopped, the oldest goes as the probe (or the probe again), and so do those
@@ -692,7 +721,7 @@ static void check_timers(struct swml_stream *st, struct plan *pl)
 			 * deepen the queue) never stop. */
 			if (st->cfg.rto_adaptive && st->rto[s] > st->rto_ns)
 				st->rto_ns = st->rto[s];
-			transmit(st, pl, (uint64_t)st->inflight[s], 1);
+			resend_expired(st, pl, s);
 			lost = 1;
 		}
 		next = min_u64(next, st->deadline[s]);

@@ -113,6 +113,7 @@ struct swml_stream_stats {
 	uint64_t rate_waits;        /* of the pace_waits, those the box's rate cap set */
 	uint64_t rack_resends;      /* resent on evidence: a later packet's round came back */
 	uint64_t tail_probes;       /* resent as the tail probe: no RESULT for 2 srtt */
+	uint64_t timeout_copies;    /* extra copies of resends whose timer ran out again */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -130,6 +131,7 @@ struct swml_stream {
 	uint64_t *sent_at;    /* first transmission, for an RTT sample */
 	uint64_t *xmit_at;    /* latest transmission, for loss by evidence (RACK) */
 	uint8_t *evidence_n;  /* resends on evidence so far */
+	uint8_t *expiries;    /* its timer's expiries so far (copies, check_timers) */
 	uint8_t *resent;      /* retransmitted: no RTT sample (Karn) */
 	uint8_t *timer_state; /* TIMER_*: deferred behind the probe or not */
 	int64_t probe;        /* the slot of the probe (retransmit.py), -1 if none */

@@ -32,7 +32,7 @@ from .window import WindowPolicy, window_policy
 # The counters every backend's stats() has (a backend may add its own).
 STAT_KEYS = ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies",
              "ignored", "forged", "spurious_timeouts", "rack_resends",
-             "tail_probes")
+             "tail_probes", "timeout_copies")
 
 
 @dataclass(frozen=True)

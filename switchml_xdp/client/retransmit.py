@@ -60,6 +60,18 @@ counted duplicates at the switch): a few resends more, for recovery in one
 round trip instead of a timeout. Timers remain for what no later RESULT can
 reveal: the last packets of a call, and a stall.
 
+Copies of a lost probe: the probe whose timer runs out again (its resend
+was lost too) goes as 2^(n-1) copies back to back at its n-th expiry, at
+most RTO_COPIES_MAX (QUIC's probe timeout sends two datagrams for the same
+reason, RFC 9002 6.2.4). Losses come in runs on real links, and while a
+stream waits for its probe's answer the probe is all it sends: one copy a
+doubled timeout took seconds of timers to get through a burst (calls of
+6-17 s in the lab's bursts of 4 frames at 5%), copies a few timeouts. Only
+the probe: the packets deferred behind it go once a timeout, so a late
+rank's stall costs a few copies of one packet, not of the window. A copy
+that finds its round complete is a duplicate at the box; with random loss
+p a probe's n-th expiry comes with p^(n-1), so copies cost next to nothing.
+
 The tail probe (RACK-TLP's): when no RESULT has come in and no packet gone
 out for the first time for two smoothed round trips (at most the RTO) while
 packets are in flight and no new one waits for its paced send time (a
@@ -93,6 +105,7 @@ RTO_BACKOFF = _ENGINE["SWML_RTO_BACKOFF"]      # an expired timer's timeout time
 RTO_QUIET_DIV = _ENGINE["SWML_RTO_QUIET_DIV"]  # RESULTs stopped: none for the RTO / this
 RACK_REORDER_DIV = _ENGINE["SWML_RACK_REORDER_DIV"]  # evidence's margin: base RTT / this
 RACK_MAX_BACKOFF = _ENGINE["SWML_RACK_MAX_BACKOFF"]  # resends on evidence: 2^n RTTs apart
+RTO_COPIES_MAX = _ENGINE["SWML_RTO_COPIES_MAX"]      # a timer's n-th expiry: 2^(n-1) copies, at most
 # A call fails when no result came in for this long (every backend's default).
 STALL_TIMEOUT_S = float(_ENGINE["SWML_STALL_TIMEOUT_S"])
 
@@ -181,11 +194,14 @@ class RetransmitTimers:
         self._last_sent = clock()           # the last first send
         self.evidence_resends = 0           # packets resent on evidence
         self.tail_probes = 0                # packets resent as the tail probe
+        self._expiries: dict[int, int] = {}  # packet -> its timer's expiries so far
+        self.timeout_copies = 0             # extra copies of resends whose timer ran out again
 
     def start(self) -> None:
         """A new stream: forget the timers of the last one (a failed tensor
         leaves some), keep what the estimator learnt."""
         self._timers.clear()
+        self._expiries.clear()
         self._last_answer = self.clock()
         self._probe = None
         self._deferred.clear()
@@ -210,6 +226,7 @@ class RetransmitTimers:
         self._last_answer = now
         self._tail_armed = True
         timer = self._timers.pop(p, None)
+        self._expiries.pop(p, None)
         self._deferred.discard(p)
         if timer is not None and (timer[2] is not None or now - timer[4] >= self.min_rtt) \
                 and timer[4] > self._rack_xmit:
@@ -256,7 +273,9 @@ class RetransmitTimers:
         return lost
 
     def expired(self) -> Iterator[int]:
-        """The packets to resend now, each re-armed with a doubled timeout.
+        """The packets to resend now, each re-armed with a doubled timeout,
+        each as often as it goes (copies after a lost resend: module
+        docstring).
         While results flow, every packet whose timer ran out. When they have
         stopped (none since the oldest of those packets went out, or for an
         eighth of the RTO), that packet as the probe (or the probe again) and
@@ -279,7 +298,11 @@ class RetransmitTimers:
                 rto = self.estimator.backoff(rto)
                 sent = self.clock()
                 self._timers[p] = (sent + rto, rto, None, sent0, sent, n)
-                yield p
+                expiries = self._expiries[p] = self._expiries.get(p, 0) + 1
+                copies = min(2 ** min(expiries - 1, 8), RTO_COPIES_MAX) if p == self._probe else 1
+                self.timeout_copies += copies - 1
+                for _ in range(copies):
+                    yield p
             else:
                 self._timers[p] = (now + rto, rto, first, sent0, xmit, n)
                 self._deferred.add(p)

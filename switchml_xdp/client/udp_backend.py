@@ -135,6 +135,7 @@ class UdpBackend(Backend):
         return {**self._counters, "spurious_timeouts": self.timers.spurious,
                 "rack_resends": self.timers.evidence_resends,
                 "tail_probes": self.timers.tail_probes,
+                "timeout_copies": self.timers.timeout_copies,
                 "rto_us": int(self.timers.estimator.rto * 1e6),
                 "cwnd": int(self.window.cwnd), "rate_kbps": self.box.rate_kbps,
                 "dscp": self.box.dscp}
