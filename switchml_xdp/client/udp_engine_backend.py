@@ -5,8 +5,9 @@ backend's, engine_backend.py) over the backend's kernel UDP socket
 Where the engine is built this is what backend "udp" runs (udp_backend.py,
 `udp_backend()`): datagrams go out in batches (sendmmsg, one syscall a kick)
 and come in in batches (recvmmsg), with the engine's timers, window, loss by
-evidence and waiting; the Python loop (UdpBackend) stays for hosts without the
-engine and as the reference its rules are written in. Both speak the same
+evidence and waiting (but for its timed sleeps: UDP_COALESCE); the Python
+loop (UdpBackend) stays for hosts without the engine and as the reference its
+rules are written in. Both speak the same
 protocol, so ranks on either share a job.
 
 The socket is udp_backend.py's: bound to the job's port (port.py), a member of
@@ -14,7 +15,7 @@ the job's group, its receive buffer as large.
 """
 from __future__ import annotations
 
-from .engine_backend import COALESCE, EngineBackend, engine_missing, tunable
+from .engine_backend import EngineBackend, engine_missing, tunable
 from .port import reserve_port
 
 # SWML_UDP_SPIN / SWML_UDP_COALESCE / SWML_UDP_RTO_* override the engine's
@@ -25,6 +26,13 @@ RCVBUF = 8 << 20
 # Empty polls before a sleep: each is a recvmmsg syscall here (a look at a
 # ring in memory on AF_XDP), so the engine sleeps at once when nothing came.
 UDP_SPIN = 0
+# No timed sleeps for RESULTs to gather (worker/stream.c, "waiting"), where
+# afxdp takes them: a wake on the socket already finds about 7 RESULTs at
+# 200 Mbit/s, and the timed sleeps cost the udp ranks more wakes a packet
+# (0.17-0.20 against 0.14-0.17) and more CPU: 13.9 against 16.7 s/GiB over
+# 9 and 6 runs, N=2 behind 32-packet queues (docs/transport.md, "The udp
+# backend on the engine").
+UDP_COALESCE = 0
 
 
 class UdpEngineBackend(EngineBackend):
@@ -46,7 +54,7 @@ class UdpEngineBackend(EngineBackend):
             self._open("", -1, udp_fd=self.sock.fileno(),
                        udp_gso=bool(tunable(ENV_PREFIX, "GSO", 1)),
                        spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", UDP_SPIN),
-                       coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE))
+                       coalesce=tunable(ENV_PREFIX, "COALESCE", UDP_COALESCE))
         except BaseException:
             self.close()
             raise

@@ -48,3 +48,23 @@ def test_without_gso_a_datagram_is_a_message(fake, monkeypatch):
     st = be.stats()
     assert st["udp_gso"] == 0 and st["udp_gso_sends"] == 0
     assert st["tx_kicks"] < st["packets_sent"]     # still batched: sendmmsg
+
+
+@pytest.mark.parametrize("fake", ["engine"], indirect=True)
+@pytest.mark.parametrize("coalesce", [None, "8"])
+def test_the_udp_engine_waits_on_its_socket_not_on_a_timer(fake, coalesce, monkeypatch):
+    """No timed sleeps by default (udp_engine_backend.py, UDP_COALESCE: they
+    cost the udp ranks CPU where they save the afxdp ones some); with
+    SWML_UDP_COALESCE=8 the same stream takes them, so the rule is reachable
+    here and the default is what turns it off."""
+    if coalesce is None:
+        monkeypatch.delenv("SWML_UDP_COALESCE", raising=False)
+    else:
+        monkeypatch.setenv("SWML_UDP_COALESCE", coalesce)
+    sw, be = fake(echo, k=64, slots=64)
+    n = 400 * 64
+    x = np.arange(n, dtype=np.int32)
+    be.allreduce(streamed(x), Call(0, "fake", n, "int32", "sum", "32"))
+    assert np.array_equal(x, np.arange(n, dtype=np.int32))
+    st = be.stats()
+    assert (st["coalesced"] > 0) == (coalesce is not None), st
