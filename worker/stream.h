@@ -113,7 +113,7 @@ struct swml_stream_stats {
 	uint64_t rate_waits;        /* of the pace_waits, those the box's rate cap set */
 	uint64_t rack_resends;      /* resent on evidence: a later packet's round came back */
 	uint64_t tail_probes;       /* resent as the tail probe: no RESULT for 2 srtt */
-	uint64_t timeout_copies;    /* extra copies of resends whose timer ran out again */
+	uint64_t timeout_copies;    /* extra copies of probes whose timer ran out again */
 };
 
 #define SWML_MAX_PENDING_REPORT 8

@@ -105,7 +105,7 @@ RTO_BACKOFF = _ENGINE["SWML_RTO_BACKOFF"]      # an expired timer's timeout time
 RTO_QUIET_DIV = _ENGINE["SWML_RTO_QUIET_DIV"]  # RESULTs stopped: none for the RTO / this
 RACK_REORDER_DIV = _ENGINE["SWML_RACK_REORDER_DIV"]  # evidence's margin: base RTT / this
 RACK_MAX_BACKOFF = _ENGINE["SWML_RACK_MAX_BACKOFF"]  # resends on evidence: 2^n RTTs apart
-RTO_COPIES_MAX = _ENGINE["SWML_RTO_COPIES_MAX"]      # a timer's n-th expiry: 2^(n-1) copies, at most
+RTO_COPIES_MAX = _ENGINE["SWML_RTO_COPIES_MAX"]      # a probe's n-th expiry: 2^(n-1) copies, at most
 # A call fails when no result came in for this long (every backend's default).
 STALL_TIMEOUT_S = float(_ENGINE["SWML_STALL_TIMEOUT_S"])
 
@@ -195,7 +195,7 @@ class RetransmitTimers:
         self.evidence_resends = 0           # packets resent on evidence
         self.tail_probes = 0                # packets resent as the tail probe
         self._expiries: dict[int, int] = {}  # packet -> its timer's expiries so far
-        self.timeout_copies = 0             # extra copies of resends whose timer ran out again
+        self.timeout_copies = 0             # extra copies of probes whose timer ran out again
 
     def start(self) -> None:
         """A new stream: forget the timers of the last one (a failed tensor

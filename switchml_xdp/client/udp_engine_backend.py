@@ -7,8 +7,8 @@ Where the engine is built this is what backend "udp" runs (udp_backend.py,
 and come in in batches (recvmmsg), with the engine's timers, window, loss by
 evidence and waiting (but for its timed sleeps: UDP_COALESCE); the Python
 loop (UdpBackend) stays for hosts without the engine and as the reference its
-rules are written in. Both speak the same
-protocol, so ranks on either share a job.
+rules are written in. Both speak the same protocol, so ranks on either share
+a job.
 
 The socket is udp_backend.py's: bound to the job's port (port.py), a member of
 the job's group, its receive buffer as large.
