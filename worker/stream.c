@@ -664,14 +664,15 @@ static uint32_t expiry_copies(uint32_t n)
  * every packet in flight resent as copies. */
 static void resend_expired(struct swml_stream *st, struct plan *pl, uint32_t s)
 {
-	uint32_t copies;
+	uint32_t copies, c;
 
 	if (st->expiries[s] < UINT8_MAX)
 		st->expiries[s]++;
 	copies = (int64_t)s == st->probe ? expiry_copies(st->expiries[s]) : 1;
-	for (uint32_t c = 0; c < copies; c++)
+	/* a copy that finds no tx frame waits queued, once: the rest are not sent */
+	for (c = 0; c < copies && !st->queued[s]; c++)
 		transmit(st, pl, (uint64_t)st->inflight[s], 1);
-	st->stats.timeout_copies += copies - 1;
+	st->stats.timeout_copies += c ? c - 1 : 0;
 }
 
 /* Expired timers, by the rules of switchml_xdp/client/retransmit.py. While
