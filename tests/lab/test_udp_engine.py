@@ -58,8 +58,13 @@ def test_a_rank_without_root_streams_on_the_engine_beside_a_python_loop_rank(lab
     assert [o["loop"] for o in outs] == ["python", "engine"]
     engine = outs[1]["stats"]
     assert engine["results"] == engine["packets_sent"] - engine["retransmissions"] == 41
-    # A kick is one sendmmsg: the window's packets go in batches, not one a syscall.
-    assert 0 < engine["tx_kicks"] < engine["packets_sent"] / 2, engine
+    # A kick is one sendmmsg: the first window goes as one batch, not one a
+    # syscall. After it each RESULT lets out about one packet, as the Python
+    # loop rank answers its packets one by one and the udp engine takes no
+    # timed sleeps to gather RESULTs (udp_engine_backend.py, UDP_COALESCE):
+    # 20-21 kicks for these 41 packets (tests/unit/test_udp_port.py has the
+    # batches of a stream against a fast switch).
+    assert 0 < engine["tx_kicks"] < engine["packets_sent"] - 8, engine
     assert engine["forged"] == engine["udp_rx_truncated"] == 0
 
 
