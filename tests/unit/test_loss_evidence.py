@@ -99,19 +99,31 @@ def test_a_result_sooner_than_the_base_round_trip_after_a_resend_is_no_evidence(
 
 def test_the_udp_backend_recovers_a_lost_packet_without_waiting_for_its_timer(fake):
     """Timers of 2 s: only the evidence of the later results can recover
-    packet 5 in well under a second."""
+    packet 5 in well under a second.
+
+    Under load (CI's 2 cores, a bench beside) the fake switch's thread can be
+    late enough to inflate the smoothed round trip until evidence's margin
+    (a quarter of it) covers every later packet; packet 5 is then the last in
+    flight and the tail probe, also not a timer, recovers it (seen once in
+    CI). Every run must recover without a timer; up to three fresh runs, one
+    of them must recover on evidence, so a backend that never asks for
+    evidence still fails."""
     slow = RetransmitPolicy(initial_s=2.0, min_s=2.0, max_s=4.0)
-    sw, be = fake(hold_first_copy_of(5), k=8, slots=16, policy=slow)
-    x = np.arange(8 * 40, dtype=np.int32)
-    t0 = time.monotonic()
-    be.allreduce(x, Call(0, "fake", x.size, "int32", "sum", "32"))
-    assert time.monotonic() - t0 < 1.0
-    np.testing.assert_array_equal(x, np.arange(8 * 40, dtype=np.int32))
-    stats = be.stats()
-    # on evidence (the tail probe too, where the fake switch's thread was late
-    # under load), none on a timer
-    assert stats["rack_resends"] >= 1
-    assert stats["retransmissions"] == stats["rack_resends"] + stats["tail_probes"]
+    runs = []
+    for _ in range(3):
+        sw, be = fake(hold_first_copy_of(5), k=8, slots=16, policy=slow)
+        x = np.arange(8 * 40, dtype=np.int32)
+        t0 = time.monotonic()
+        be.allreduce(x, Call(0, "fake", x.size, "int32", "sum", "32"))
+        assert time.monotonic() - t0 < 1.0
+        np.testing.assert_array_equal(x, np.arange(8 * 40, dtype=np.int32))
+        stats = be.stats()
+        assert stats["retransmissions"] >= 1
+        assert stats["retransmissions"] == stats["rack_resends"] + stats["tail_probes"]  # no timer
+        runs.append((stats["rack_resends"], stats["tail_probes"]))
+        if stats["rack_resends"] >= 1:
+            break
+    assert runs[-1][0] >= 1, f"(evidence, tail probe) resends a run: {runs}"
 
 
 def test_a_lost_tail_is_probed_after_two_round_trips_not_a_timeout():
