@@ -30,6 +30,7 @@ from switchml_xdp.lab.lifecycle import state_path
 from switchml_xdp.lab.netns import ns_path, nsenter_argv
 from switchml_xdp.lab.racks import open_lab
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS
+from switchml_xdp.lab.wiring import HOST_QUEUE_PACKETS
 
 from .common import CONTEXT, version_option
 from .lab_options import (
@@ -111,8 +112,10 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
 @box_options
 @loss_options
 @click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
-              metavar="PACKETS", help="Every shaped queue's depth in packets, like a switch "
-              "port's buffer (needs --rate or --box-rate) [default: TBF's 20 ms]")
+              metavar="PACKETS", help="Every shaped switch port's queue depth in packets, its "
+              "buffer (needs --rate or --box-rate; the hosts' own interfaces keep "
+              f"{HOST_QUEUE_PACKETS}) "
+              "[default: TBF's 20 ms]")
 @click.option("--dscp-bands", default=None, metavar="LIST", callback=dscp_bands_of,
               help="Every box's shaped port serves the workers' frames by DSCP, LIST highest "
                    "priority first (e.g. 46,34,26,0; any other DSCP goes with the last), as a "

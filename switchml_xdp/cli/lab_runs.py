@@ -15,6 +15,7 @@ from switchml_xdp.lab.addressing import MAX_BOXES
 from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.racks import MAX_RACKS
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
+from switchml_xdp.lab.wiring import HOST_QUEUE_PACKETS
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import DscpClasses, allreduce_options
@@ -207,8 +208,8 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
               metavar="SECONDS", help="before each measurement wait up to SECONDS for the machine to "
                                       "be quiet (no other lab, little CPU use); 0: never wait")
 @click.option("--queue", type=click.IntRange(1, MAX_QUEUE_PACKETS), default=None,
-              metavar="PACKETS", help="Every shaped queue's depth in packets (a switch port's "
-              "buffer) [default: TBF's 20 ms]")
+              metavar="PACKETS", help="Every shaped switch port's queue depth in packets (its "
+              f"buffer; the hosts' own interfaces keep {HOST_QUEUE_PACKETS}) [default: TBF's 20 ms]")
 @click.option("--fanout", type=click.Choice(FANOUTS), default=DEFAULT_FANOUT, show_default=True,
               help="the XDP switch's `--fanout` (the lab keeps multicast: this measures the cost)")
 @click.option("--boxes", default="1", show_default=True, callback=list_of(int, "boxes"),

@@ -70,7 +70,7 @@ class Lab:
         IGMP and, once the querier on its uplink asked, floods no group nobody joined, like a
         strict switch (lab/igmp.py); the querier asks every query_interval_s (default the tests'
         5 s; real networks' is 125 s, igmp.REAL_QUERY_INTERVAL_S). queue_packets: every shaped
-        queue's depth in packets, a switch port's buffer (needs rate_mbit; lab/shaping.py).
+        bridge port's queue depth, a switch port's buffer (needs a rate; lab/shaping.py).
         multicast=False: the bridge carries no IPv4 multicast from the switch, as a cloud VPC (for
         `swml-switch up --fanout unicast`; not with loss, whose injector takes the switch's port).
         boxes: how many switch hosts (lab.switches; lab.switch is the first), box_rate_mbit the

@@ -25,6 +25,9 @@ Shaping (lab/shaping.py), every rate both ways:
                    bridge sends) and, tree, HTB by source on the parent's
                    bridge port, a class an uplink (what the rack box's XDP
                    program sends up skips the uplink's qdisc)
+    queues         queue_packets on the bridge's side (the switches' ports);
+                   the workers' and uplinks' own interfaces keep a host's
+                   queue (lab/shaping.py, shape_links)
 
 Loss (lab/loss.py) goes on the workers' links and the uplinks, the links a
 real rack has; the rack box's and the parent's own attachments to their
@@ -51,8 +54,8 @@ from .addressing import (
 )
 from .errors import LabError
 from .namespace_lab import Lab
-from .shaping import check_queue, check_rate, shape, shape_per_source
-from .wiring import SWITCH_QDISC_PACKETS
+from .shaping import check_queue, check_rate, host_queue, shape, shape_per_source
+from .wiring import HOST_QUEUE_PACKETS
 
 LAYOUTS = ("tree", "flat")
 MAX_RACKS = MAX_BOXES - 1   # the rack boxes are the lab's boxes after the parent
@@ -103,7 +106,8 @@ class RacksLab(Lab):
                  dup: float | str | None = None, queue_packets: int | None = None, burst=None):
         """racks, per_rack: rack_sizes(); layout: "tree" or "flat" (the module's
         docstring); loss, dup, burst: on every worker link and uplink, both ways;
-        queue_packets: every shaped queue's depth."""
+        queue_packets: every shaped queue's depth on the bridge's side (the
+        switches' ports; a host's own interface keeps a host's queue, lab/shaping.py)."""
         sizes = rack_sizes(racks, per_rack)
         if layout not in LAYOUTS:
             raise LabError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
@@ -251,7 +255,7 @@ class RacksLab(Lab):
         rate, up_rate = self.rate_mbit, self.uplink_rate_mbit
         if rate is not None:
             for w in self.workers:
-                shape(self._ipr(w.ns), net.link_index(w.iface, w.ns), rate, q)
+                shape(self._ipr(w.ns), net.link_index(w.iface, w.ns), rate, host_queue(q))
                 shape(br, net.link_index(w.peer, self.bridge_ns), rate, q)
             for port, rack in zip(self.rack_ports, self.racks):
                 shape_per_source(br, net.link_index(port.peer, self.bridge_ns), rate,
@@ -261,7 +265,7 @@ class RacksLab(Lab):
         for up in self.uplinks:
             shape(br, net.link_index(up.peer, self.bridge_ns), up_rate, q)
             shape(self._ipr(up.ns), net.link_index(up.iface, up.ns), up_rate,
-                  q or SWITCH_QDISC_PACKETS)
+                  HOST_QUEUE_PACKETS)
         if self.layout == "tree":
             shape_per_source(br, net.link_index(self.switch.peer, self.bridge_ns), up_rate,
                              [u.ip for u in self.uplinks], q)

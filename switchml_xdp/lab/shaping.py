@@ -17,7 +17,7 @@ from .. import net, wire
 from ..client.control import CONTROL_DSCP
 from .addressing import Host
 from .errors import LabError
-from .wiring import SWITCH_QDISC_PACKETS
+from .wiring import HOST_QUEUE_PACKETS
 
 MAX_RATE_MBIT = 34_000       # TBF's rate is a u32 in bytes/s (pyroute2 has no rate64)
 HTB_HANDLE = 0x10000         # 1:
@@ -62,6 +62,13 @@ def check_queue(queue_packets: int | None) -> None:
         raise LabError(f"queue must be 1..{MAX_QUEUE_PACKETS} packets, not {queue_packets!r}")
 
 
+def host_queue(queue_packets: int | None) -> int | None:
+    """The depth of a shaped host's own egress queue where the switch's ports
+    hold queue_packets: a host's (HOST_QUEUE_PACKETS) once a depth is asked
+    for, else the shaper's own 20 ms, as the ports have (shape_links)."""
+    return None if queue_packets is None else HOST_QUEUE_PACKETS
+
+
 def check_bands(bands: Sequence[int] | None, shaped: bool = True) -> tuple[int, ...] | None:
     """DSCP values for the box ports' priority bands, highest priority first
     (the last band also takes every other DSCP), or LabError in one line.
@@ -95,8 +102,9 @@ def _source_key(ip: str) -> str:
 
 
 def _queue(ipr: IPRoute, index: int, parent: int, n: int, queue_packets: int | None) -> None:
-    """A switch port's buffer depth: a pfifo of queue_packets packets under
-    `parent` replaces the shaper's own byte/latency limited queue (tail drop)."""
+    """A queue's depth (a switch port's buffer, a host's egress queue): a
+    pfifo of queue_packets packets under `parent` replaces the shaper's own
+    byte/latency limited queue (tail drop)."""
     if queue_packets is not None:
         ipr.tc("add", "pfifo", index, QUEUE_HANDLE_BASE + (n << 16), parent=parent,
                limit=queue_packets)
@@ -237,15 +245,21 @@ def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequ
     switch's ports are as fast as the workers' and the workers' links are the
     bottleneck. The loss injector's clsact hooks on the bridge ports run before
     these qdiscs and are independent of them. queue_packets, if given, is
-    every shaped queue's depth in packets (a switch port's buffer), else TBF's
-    20 ms; a box's own interface keeps the queue an unshaped one has
-    (lab/wiring.py) unless queue_packets says otherwise. dscp_bands: every
+    the depth in packets of every shaped queue on the bridge's side (a switch
+    port's buffer), else TBF's 20 ms. A host's own interface is not a switch
+    port: with queue_packets, a worker's keeps a host's queue
+    (HOST_QUEUE_PACKETS, lab/wiring.py), where a real host's qdisc and NIC
+    ring hold a TSO burst; a 32-packet queue there dropped a third of Gloo's
+    TCP segments, cut by TBF, before they reached the switch
+    (docs/transport.md, "The port buffer"). A box's own interface always
+    has a host's queue. dscp_bands: every
     worker's class on a box's port serves its frames in those priority bands
     (shape_per_source), so the marked job's DATA goes first."""
     br = ipr_in(bridge_ns)
     if rate_mbit is not None:
         for w in workers:
-            shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit, queue_packets)
+            shape(ipr_in(w.ns), net.link_index(w.iface, w.ns), rate_mbit,
+                  host_queue(queue_packets))
             shape(br, net.link_index(w.peer, bridge_ns), rate_mbit, queue_packets)
     for box, box_rate in zip(switches, box_rates(box_rate_mbit, len(switches))):
         port = net.link_index(box.peer, bridge_ns)
@@ -256,4 +270,4 @@ def shape_links(ipr_in: Callable[[str], IPRoute], bridge_ns: str, switches: Sequ
             shape(br, port, box_rate, queue_packets)
         if box_rate is not None:
             shape(ipr_in(box.ns), net.link_index(box.iface, box.ns), box_rate,
-                  queue_packets or SWITCH_QDISC_PACKETS)
+                  HOST_QUEUE_PACKETS)

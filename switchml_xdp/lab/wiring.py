@@ -22,10 +22,12 @@ NO_MULTICAST_PROG = "swml_pass_no_multicast"   # in PASS_SOURCE too
 # The switch's own interface gets a qdisc, as a real NIC has (veth's default
 # is none): what the stack sends there (the unicast fan-out's copies, above
 # all) then waits when the peer's 256-frame ring is full, where without one
-# veth drops it. XDP_TX'd frames never pass a qdisc. The depth: Linux's
-# default txqueuelen.
+# veth drops it. XDP_TX'd frames never pass a qdisc.
 SWITCH_QDISC_HANDLE = 0x10000    # 1:
-SWITCH_QDISC_PACKETS = 1000
+# A host's own egress queue (a worker's, a box's): Linux's default txqueuelen.
+# Every host interface the lab shapes keeps it, whatever a switch port's
+# buffer (--queue) is (lab/shaping.py).
+HOST_QUEUE_PACKETS = 1000
 
 
 def quiet_namespace(ns: str, ipr: IPRoute) -> None:
@@ -70,7 +72,7 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
     their sockets): the pair never shows up in the namespace this process
     runs in. With box_qdisc (a box whose link is not shaped: a shaped one
     gets its shaper's queue, lab/shaping.py), the host's end gets a qdisc
-    (SWITCH_QDISC_PACKETS). address=False: the host's end gets no IP (a
+    (HOST_QUEUE_PACKETS). address=False: the host's end gets no IP (a
     port of the box's bridge, lab/box_ports.py)."""
     fd = netns.netns_fd(host.ns)
     try:
@@ -90,7 +92,7 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
         ipr.addr("add", index=i, address=host.ip, prefixlen=SUBNET_PREFIXLEN)
     ipr.link("set", index=i, state="up")
     if box_qdisc:
-        ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=SWITCH_QDISC_PACKETS)
+        ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=HOST_QUEUE_PACKETS)
 
 
 def attach_pass_program(prog: bpf.Program, bridge_ns: str, hosts: list[Host],

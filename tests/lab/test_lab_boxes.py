@@ -22,6 +22,7 @@ from lab_jobs import run_job
 from switchml_xdp.lab import Lab, cleanup_leftovers, lifecycle, netns
 from switchml_xdp.lab.addressing import new_prefix
 from switchml_xdp.lab.cluster import SwitchProcess, daemon_key
+from switchml_xdp.lab.wiring import HOST_QUEUE_PACKETS
 from switchml_xdp.switch import state_files
 
 BOX_RATE = 50
@@ -106,7 +107,7 @@ def test_three_shaped_boxes_each_serve_and_leave_nothing(prefix):
 def test_worker_and_box_rates_together(prefix):
     """Into a box: each worker's class under one parent at the box's rate,
     guaranteed its share and capped at the lower of the two rates; out of a
-    box: TBF with the queue asked for."""
+    box: TBF over a host's queue (the queue asked for is the bridge's ports')."""
     with Lab(workers=2, prefix=prefix, boxes=2, rate_mbit=100, box_rate_mbit=BOX_RATE,
              queue_packets=32) as lab:
         for b in lab.switches:
@@ -116,7 +117,8 @@ def test_worker_and_box_rates_together(prefix):
             for i in range(len(lab.workers)):
                 assert share.format(i) in classes, classes
             out = lab.run(b, ["tc", "qdisc", "show", "dev", b.iface]).stdout
-            assert f"rate {BOX_RATE}Mbit" in out and "limit 32p" in out, out
+            assert f"rate {BOX_RATE}Mbit" in out and f"limit {HOST_QUEUE_PACKETS}p" in out, out
+            assert "limit 32p" in _tc(lab.bridge_ns, "qdisc", "show", "dev", b.peer)
         w = lab.workers[0]
         assert "rate 100Mbit" in _tc(lab.bridge_ns, "qdisc", "show", "dev", w.peer)
     _assert_gone(prefix, lab.switches)
