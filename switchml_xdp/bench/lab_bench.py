@@ -2,34 +2,28 @@
 on an emulated cluster whose links, not its CPUs, are the bottleneck.
 
 One run builds a lab for every worker count (2, 4, 8), rate-limits every
-worker link (switchml_xdp/lab/shaping.py: the same rate up and down for every
-kind of traffic), and times allreduce of the same float32 tensors with:
+worker link both ways (switchml_xdp/lab/shaping.py), and times allreduce of
+the same float32 tensors with:
 
     swml-afxdp   the XDP switch, workers on the afxdp backend (C engine)
     swml-udp     the XDP switch, workers on the udp backend (kernel sockets)
-    userspace    the same protocol served by a plain process in the switch
-                 namespace (switchml_xdp/switch/userspace.py), workers on the
-                 best swml backend available: what XDP buys
-    gloo         ring allreduce of torch.distributed (backend gloo), TCP over the
-                 same shaped links
+    userspace    the protocol served by a process in the switch's namespace
+                 (switch/userspace.py), the best swml backend: what XDP buys
+    gloo         torch.distributed's gloo ring allreduce, TCP, same links
 
 over a sweep of loss (per worker link and direction; swml's UDP through the
-lab's loss injector, Gloo's TCP through switchml_xdp/bench/tcp_loss.py) and of
-k (elements a packet; Gloo does not depend on it). Every rank is a process of
-its own in its worker's namespace; ranks build their tensors from (seed, rank,
-iteration) (allreduce_bench.make_input), so every system reduces the same data.
-Each timed iteration starts after a barrier; its tensor aggregation time (TAT)
-is the slowest rank's; results are medians over iterations. Rank 0 reads
-the machine's CPU times around every timed allreduce, so the CPU use printed
-beside each result is the whole machine's while allreduces ran.
+lab's loss injector, Gloo's TCP through switchml_xdp/bench/tcp_loss.py; both
+attached only where a rate is above 0) and of k (elements a packet). Every
+rank is a process in its worker's namespace; ranks build their tensors from
+(seed, rank, iteration) (allreduce_bench.make_input), so every system reduces
+the same data. Each timed iteration starts after a barrier; its tensor
+aggregation time (TAT) is the slowest rank's; results are medians. Rank 0
+reads the machine's CPU times around every timed allreduce.
 
-Results: bench/results/lab_bench.json, lab_bench.md (report.py), and PNG
-plots (lab_plots.py).
-
-This module is the orchestrator: the labs, the switches, the sweep and the
-result rows. Its parts: constants.py (systems, defaults, link bounds),
-cpu.py (CPU accounting), rank.py (the program each rank runs) and
-rank_group.py (driving the ranks), report.py and lab_plots.py (output).
+This module is the orchestrator (labs, switches, the sweep, the rows); its
+parts: constants.py (systems, defaults, bounds), cpu.py (CPU accounting),
+rank.py and rank_group.py (the ranks), report.py and lab_plots.py (output:
+bench/results/lab_bench.json, lab_bench.md, PNG plots).
 """
 from __future__ import annotations
 
@@ -100,6 +94,11 @@ class BenchConfig:
     ports: int = 1                 # >1: one box of that many ports (Lab(ports=P)), bound as P boxes
     burst: float | None = None     # mean burst length: swml's loss in bursts (lab/burst.py)
     mtu: int | None = None         # every lab link's MTU (None: 1500; lab/link_mtu.py)
+
+    @property
+    def lossy(self) -> bool:
+        """Any loss above 0: only then are the loss hooks attached (at 0% they cost a frame)."""
+        return any(loss > 0 for loss in self.losses)
 
 
 class Bench:
@@ -230,7 +229,8 @@ class Bench:
             self.boxes = m
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
                      boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports, mtu=cfg.mtu) as lab:
-                lab.set_loss(0.0)          # attach the loss injector once
+                if cfg.lossy:
+                    lab.set_loss(0.0)      # attach the loss injector once
                 for k in cfg.ks:   # the raw path's ceiling first, then the swml systems
                     raw_lab.around(self, lab, k)
                 # Gloo's ring uses no box: one run a worker count, the peer of every box count.
@@ -266,10 +266,8 @@ class Bench:
         was lost can fall behind before it holds up the stream (packet p waits
         for p - slots: slot reuse, and the exponent a float32 block needs), so
         they should cover its recovery: the 2 ms RTO floor, doubled once, and a
-        round trip. With 3 ms of slots (32 at 50 Mbit/s) every loss that
-        needed a second resend stalled all ranks: 8 workers took 1.22x their
-        loss-free time at 1% loss, against 1.08x with 64 slots and 1.06x with
-        128 (docs/transport.md). More costs a little: a float32 call sends
+        round trip (docs/transport.md, "The job's slots: room for a lost
+        round", has the measurements). More costs a little: a float32 call sends
         `slots` exponent-only packets first (0.8% of an 8 MiB call at 64)."""
         if self.cfg.job_slots:
             return self.cfg.job_slots
@@ -292,7 +290,8 @@ class Bench:
         n = len(lab.workers)
 
         def set_loss(loss: float) -> None:   # in bursts with --burst (none at loss 0)
-            lab.set_loss(loss, burst=cfg.burst)
+            if cfg.lossy:
+                lab.set_loss(loss, burst=cfg.burst)
         wanted = [s for s in ("swml-afxdp", "swml-udp", "swml-afxdp16") if s in cfg.systems]
         if wanted:
             with contextlib.ExitStack() as stack:
@@ -309,7 +308,7 @@ class Bench:
                     job = f"{backend}{precision}n{n}k{k}"
                     self._phase(lab, system, k, self._swml_args(lab, backend, job, k, precision),
                                 set_loss, self._counter_deltas(lab), box)
-                    lab.set_loss(0.0)
+                    set_loss(0.0)
                 for sw in sws:
                     assert sw.proc.poll() is None, "a switch died:\n" + "\n".join(sw.output[-20:])
         if "userspace" in cfg.systems:
@@ -359,8 +358,9 @@ class Bench:
                 argv += ["--cpu"] + (["--check"] if cfg.check else [])
             return argv
 
-        with TcpLoss(lab) as tl:
-            self._phase(lab, system, None, argv_of, tl.set, tl.deltas)
+        with TcpLoss(lab) if cfg.lossy else contextlib.nullcontext() as tl:  # BenchConfig.lossy
+            self._phase(lab, system, None, argv_of, tl.set if tl else lambda loss: None,
+                        tl.deltas if tl else None)
 
     # -- output --------------------------------------------------------------------
     def _meta(self, started: float, quiet: dict) -> dict:
@@ -372,8 +372,8 @@ class Bench:
             "rate_mbit": cfg.rate_mbit, "queue_packets": cfg.queue_packets, "fanout": cfg.fanout,
             "collective": cfg.collective, "size_bytes": cfg.size, "iterations": cfg.iterations,
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
-            "ks": list(cfg.ks), "systems": list(cfg.systems), "job_slots": cfg.job_slots,
-            "rank_env": dict(cfg.env), "mtu": cfg.mtu,
+            "loss_hooks": cfg.lossy, "ks": list(cfg.ks), "systems": list(cfg.systems),
+            "job_slots": cfg.job_slots, "rank_env": dict(cfg.env), "mtu": cfg.mtu,
             "wait_quiet_s": cfg.wait_quiet,
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),

@@ -231,6 +231,9 @@ def test_bench_smoke(tmp_path):
     if a["status"] == "ok":   # the raw path's ceiling beside it (raw_lab.py)
         assert a["raw_pps"] > 0 and a["raw_pps_fraction"] > 0 and "% of raw pps" in md, a
     assert doc["results"] == saved["results"]
+    # Loss-free only: no loss injector and no TCP dropper on the path (BenchConfig.lossy).
+    assert saved["meta"]["loss_hooks"] is False
+    assert all("tcp_frames" not in r for r in saved["results"]), saved["results"]
     # The bound is the wire's, and the definition printed with it says so.
     hdrs = wire.HEADERS_LEN
     assert by["swml-udp"]["bound_mbps"] == pytest.approx(100 * 256 / (hdrs + 256), rel=1e-3)
@@ -241,3 +244,21 @@ def test_bench_smoke(tmp_path):
     assert by["gloo"]["cpu_s_per_gib"]["box"] is None
     assert by["swml-udp"]["cpu_per_gib_vs_gloo"] > 0 and "| CPU swml/gloo |" in md
     assert any(line.startswith("    ranks' CPU s/GiB over Gloo's: ") for line in lines), lines
+
+
+def test_bench_with_loss_attaches_the_loss_hooks(tmp_path):
+    """A sweep with a loss above 0: swml's UDP through the loss injector and
+    Gloo's TCP through its dropper, both counted; the 0% row runs beside."""
+    missing = _torch_missing()
+    systems = ["swml-udp"] + ([] if missing else ["gloo"])
+    cfg = lab_bench.BenchConfig(workers=(2,), rate_mbit=100, size=64 << 10, iterations=2,
+                                warmup=0, losses=(0.0, 0.05), ks=(64,), systems=systems,
+                                out_dir=str(tmp_path), plots=False, command="pytest lossy")
+    doc = lab_bench.run_bench(cfg, out=lambda line: None)
+    assert doc["meta"]["loss_hooks"] is True
+    rows = {(r["system"], r["loss"]): r for r in doc["results"]}
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-6 for r in rows.values()), rows
+    assert rows["swml-udp", 0.05]["counters"]["retransmissions"] > 0
+    if missing:
+        pytest.skip(f"Gloo part skipped: {missing}")
+    assert rows["gloo", 0.05]["tcp_dropped"] > 0 and rows["gloo", 0.0]["tcp_dropped"] == 0
