@@ -42,12 +42,21 @@ AUTH_MODES = {"header": AUTH_HEADER, "full": AUTH_FULL}  # noqa: F821 - set from
 AUTH_AT = HDR_DTYPE.fields["key"][1]
 
 
+def _tag_function():
+    """The engine's result_tag (the same C the switch runs, xdp/swml_auth.h),
+    or where the engine is not built, its transcription in auth_py.py."""
+    try:
+        from . import _engine  # the C engine: imported when a RESULT is first checked
+        return _engine.result_tag
+    except ImportError:
+        from .auth_py import result_tag
+        return result_tag
+
+
 def result_tag(result_key: bytes, hdr, auth: int, payload_len: int) -> bytes:
     """The authenticator (8 bytes, as a RESULT carries it) for the swml header
-    at the start of `hdr`, and under AUTH_FULL the payload_len bytes after it:
-    xdp/swml_auth.h, through the worker engine (the same C the switch runs)."""
-    from . import _engine  # the C engine: imported when a RESULT is first checked
-    return _engine.result_tag(result_key, hdr, auth, payload_len).to_bytes(8, "little")
+    at the start of `hdr`, and under AUTH_FULL the payload_len bytes after it."""
+    return _tag_function()(result_key, hdr, auth, payload_len).to_bytes(8, "little")
 
 
 def sign_result(buf: bytearray, result_key: bytes, auth: int, payload_len: int) -> None:
@@ -64,8 +73,7 @@ def result_authentic(buf, nbytes: int, result_key: bytes, auth: int, payload_len
 def result_checker(result_key: bytes, auth: int):
     """result_authentic for one job, made once: checker(buf, nbytes,
     payload_len) -> bool (the udp backend calls it for every RESULT)."""
-    from . import _engine  # the C engine: the same code as the switch's
-    tag_of, full = _engine.result_tag, auth == AUTH_FULL  # noqa: F821 - set from the layout above
+    tag_of, full = _tag_function(), auth == AUTH_FULL  # noqa: F821 - set from the layout above
 
     def authentic(buf, nbytes: int, payload_len: int) -> bool:
         if nbytes < HDR_LEN + (payload_len if full else 0):  # noqa: F821 - set from the layout above
