@@ -116,6 +116,22 @@ def link_has_carrier(iface: str, netns: str | None = None) -> bool:
     return link.get_attr("IFLA_CARRIER") == 1 and link.get_attr("IFLA_OPERSTATE") in ("UP", "UNKNOWN")
 
 
+# pyroute2's names for IFLA_XDP_ATTACHED's values (XDP_ATTACHED_*), back to them
+_XDP_ATTACHED = {"xdp": 1, "xdpgeneric": 2, "xdpoffload": 3, "xdpmulti": 4}
+
+
+def link_xdp(iface: str, netns: str | None = None) -> tuple[int, int]:
+    """(XDP_ATTACHED_* mode, program id) of what is attached to `iface`, as
+    rtnetlink reports it (IFLA_XDP); (0, 0) for nothing. For hosts without
+    libbpf (bpf/xdp.py, attachment)."""
+    with _link(iface, netns) as (ipr, index):
+        xdp = ipr.get_links(index)[0].get_attr("IFLA_XDP")
+    if xdp is None:
+        return 0, 0
+    return (_XDP_ATTACHED.get(xdp.get_attr("IFLA_XDP_ATTACHED"), 0),
+            xdp.get_attr("IFLA_XDP_PROG_ID") or 0)
+
+
 def link_ipv4(iface: str, netns: str | None = None) -> str:
     """The (first) IPv4 address of `iface`; NetError if it has none."""
     with _link(iface, netns) as (ipr, index):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .. import net
 from . import libbpf
-from .errors import XdpError
+from .errors import BpfError, XdpError
 
 MODE_FLAGS = {"native": libbpf.XDP_FLAGS_DRV_MODE, "generic": libbpf.XDP_FLAGS_SKB_MODE}
 
@@ -126,11 +126,20 @@ def attach_link(iface: str, prog_fd: int, mode: str | None = None, *,
 
 
 def attachment(iface: str, *, netns: str | None = None) -> Attachment:
-    """What is attached to `iface` now."""
+    """What is attached to `iface` now. Where libbpf is missing (a host
+    that only runs the user-space switch), rtnetlink tells the same."""
+    try:
+        lib = libbpf.lib()
+    except BpfError:
+        try:
+            mode, prog_id = net.link_xdp(iface, netns)
+        except net.NetError as e:
+            raise XdpError(str(e)) from None
+        return Attachment(libbpf.ATTACHED_MODES.get(mode), prog_id)
     q = libbpf.opts(libbpf.XdpQueryOpts)
     with _inside(netns):
         index = _ifindex(iface)
-        err = libbpf.lib().bpf_xdp_query(index, 0, ct.byref(q))
+        err = lib.bpf_xdp_query(index, 0, ct.byref(q))
     if err < 0:
         raise XdpError(f"cannot query XDP on {iface}: {os.strerror(-err)}")
     return Attachment(libbpf.ATTACHED_MODES.get(q.attach_mode), q.prog_id)

@@ -137,6 +137,29 @@ def test_attach_query_detach_in_a_named_namespace(netns_pair, pass_prog):
 
 
 @needs_lab
+def test_rtnetlink_reports_what_libbpf_does(netns_pair, pass_prog, monkeypatch):
+    """net.link_xdp (IFLA_XDP) against libbpf's query, native and generic; and
+    attachment() falls back to it where libbpf is missing (a GPU machine that
+    runs the user-space switch)."""
+    ns, a, b = netns_pair
+    assert net.link_xdp(a, ns) == (0, 0)
+    bpf.attach(a, pass_prog.fd, "native", netns=ns)
+    bpf.attach(b, pass_prog.fd, "generic", netns=ns)
+    native, generic = bpf.attachment(a, netns=ns), bpf.attachment(b, netns=ns)
+    assert net.link_xdp(a, ns) == (1, native.prog_id) and net.link_xdp(b, ns) == (2, generic.prog_id)
+
+    def no_libbpf():
+        raise bpf.BpfError("libbpf is not installed (test)")
+    monkeypatch.setattr(bpf.libbpf, "lib", no_libbpf)
+    assert bpf.attachment(a, netns=ns) == native and bpf.attachment(b, netns=ns) == generic
+    with pytest.raises(bpf.XdpError, match="no interface"):
+        bpf.attachment(a)
+    monkeypatch.undo()
+    assert bpf.detach(a, netns=ns) and bpf.detach(b, netns=ns)
+    assert net.link_xdp(a, ns) == (0, 0)
+
+
+@needs_lab
 def test_generic_on_request(netns_pair, pass_prog):
     ns, _, b = netns_pair
     assert bpf.attach(b, pass_prog.fd, "generic", netns=ns) == "generic"
