@@ -7,8 +7,10 @@
 #
 #   OUT=/some/dir scripts/gpu_check.sh
 #
-# Where pyroute2 is missing (the lab helpers import it), put its wheel in
-# .whl/ (pip download --no-deps pyroute2==0.7.2 -d .whl) and it is installed
+# Where pyroute2 and the daemon's dependencies are missing (no registry
+# there), put their wheels in .whl/ (pip download --no-deps --only-binary=:all:
+# --python-version 3.12 -d .whl pyroute2==0.7.2 click tqdm psutil rich
+# markdown-it-py mdurl pygments prometheus-client) and they are installed
 # under /tmp/site first. Logs and figures go to $OUT.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,14 @@ fi
 rc=0
 python3 -m pytest -q -rs -p no:cacheprovider --durations=10 \
     tests/unit/test_device_quant.py tests/unit/test_staging.py 2>&1 | tee "$OUT/pytest.log" || rc=1
+
+# The pipeline through a switch: CUDA ranks in a two-host lab, served by the
+# daemon's user-space data plane (no bcc here for the XDP one). Needs root.
+if [ "$(id -u)" = 0 ]; then
+    device=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+    timeout 300 python3 scripts/gpu_switch_check.py "$device" 2>&1 | tee "$OUT/switch_check.log" \
+        || rc=1
+fi
 
 # One run a rate (device time is scarce): its JSON, kept and shown.
 for gbps in 25 100 400; do
