@@ -6,7 +6,9 @@ over the header bytes before `key` and, under AUTH_FULL, the payload); the
 switch, the user-space data plane and the engine compile that one copy. This
 is a transcription for the fallback only: wire.result_tag takes the engine's
 where it loads, and tests/unit/test_auth_py.py checks the two agree bit for
-bit on random headers, payloads and keys. About 20 us a RESULT.
+bit on random headers, payloads and keys. About 14 us a RESULT under the
+default `--auth header`, 0.3 ms under `--auth full` with 1 KiB of payload
+(measured here: timeit, one core): a fallback, not a datapath.
 """
 from __future__ import annotations
 
