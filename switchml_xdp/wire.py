@@ -7,6 +7,7 @@ the swml header, and helpers to build and parse whole datagrams.
 """
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import struct
@@ -42,9 +43,11 @@ AUTH_MODES = {"header": AUTH_HEADER, "full": AUTH_FULL}  # noqa: F821 - set from
 AUTH_AT = HDR_DTYPE.fields["key"][1]
 
 
+@functools.cache
 def _tag_function():
     """The engine's result_tag (the same C the switch runs, xdp/swml_auth.h),
-    or where the engine is not built, its transcription in auth_py.py."""
+    or where the engine is not built, its transcription in auth_py.py.
+    Chosen once: a failed import searches the path again every time."""
     try:
         from . import _engine  # the C engine: imported when a RESULT is first checked
         return _engine.result_tag
