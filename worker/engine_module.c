@@ -405,16 +405,16 @@ static PyObject *py_unordered(PyObject *self, PyObject *args)
 static PyObject *py_packets(PyObject *self, PyObject *args)
 {
 	unsigned long long n;
-	unsigned int k, slots;
+	unsigned int k, slots, lanes = 1;
 	int is_float;
 	unsigned char op;
 
-	if (!PyArg_ParseTuple(args, "KIIpb", &n, &k, &slots, &is_float, &op))
+	if (!PyArg_ParseTuple(args, "KIIpb|I", &n, &k, &slots, &is_float, &op, &lanes))
 		return NULL;
-	if (k < 1 || slots < 1)
-		return PyErr_Format(PyExc_ValueError, "k and slots must be positive");
+	if (k < 1 || slots < 1 || lanes < 1)
+		return PyErr_Format(PyExc_ValueError, "k, slots and lanes must be positive");
 	return PyLong_FromUnsignedLongLong(
-		swml_stream_packets(n, k, slots, is_float ? SWML_FLOAT32 : SWML_INT32, op));
+		swml_stream_packets(n, k, slots, lanes, is_float ? SWML_FLOAT32 : SWML_INT32, op));
 }
 
 /* shard_owner(p, n, k, lag, shard, world): swml_shard_owner, for tests
@@ -669,7 +669,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		"src_port",    "dst_port",   "key",     "seq_base",      "queue",  "frames",
 		"rto_initial", "rto_min",    "rto_max", "stall_timeout", "spin",   "rto_adaptive",
 		"window",      "result_key", "auth",    "coalesce",      "udp_fd", "udp_gso",
-		NULL};
+		"lanes",       "lane",       NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -684,6 +684,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	PyObject *window_obj = NULL, *result_key = NULL;
 	unsigned int auth = SWML_AUTH_HEADER;
 	int udp_fd = -1, udp_gso = 1;
+	unsigned int lanes = 1, lane = 0;
 	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
 	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
 	struct swml_stream_cfg cfg = {0};
@@ -695,11 +696,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	if (!PyArg_ParseTupleAndKeywords(
-		    args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIip", kwlist, &ifname, &xskmap_fd,
+		    args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIipII", kwlist, &ifname, &xskmap_fd,
 		    &abort_obj, &job, &rank, &world, &k, &slots, &src_mac, &dst_mac, &src_ip,
 		    &dst_ip, &src_port, &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
 		    &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
-		    &window_obj, &result_key, &auth, &coalesce, &udp_fd, &udp_gso))
+		    &window_obj, &result_key, &auth, &coalesce, &udp_fd, &udp_gso, &lanes, &lane))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
@@ -731,7 +732,9 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	if (job < 1 || job > 65535 || rank >= world || world < 1 || world > SWML_MAX_WORLD ||
 	    k < 1 || k > SWML_MAX_K || slots < 1 || slots > 65535 || src_port > 65535 ||
 	    dst_port > 65535 || !(rto_min > 0) || !(rto_initial >= rto_min) ||
-	    !(rto_max >= rto_initial) || !(stall_timeout > 0) || auth > SWML_AUTH_FULL) {
+	    !(rto_max >= rto_initial) || !(stall_timeout > 0) || auth > SWML_AUTH_FULL ||
+	    lanes < 1 || lanes > SWML_MAX_LANES || (lanes & (lanes - 1)) || slots % lanes ||
+	    lane >= lanes) {
 		PyErr_SetString(PyExc_ValueError, "Engine: parameter out of range");
 		return -1;
 	}
@@ -740,6 +743,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	cfg.world = world;
 	cfg.k = k;
 	cfg.slots = slots;
+	cfg.lanes = lanes;
+	cfg.lane = lane;
 	cfg.key = key;
 	cfg.seq_base = seq_base;
 	cfg.addrs.src_port = (uint16_t)src_port;

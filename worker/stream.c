@@ -50,6 +50,7 @@ struct plan {
 	uint32_t seq0;       /* the wire seq of packet 0 */
 	uint8_t *state;      /* [N] P_* */
 	uint64_t next_new;   /* the first packet never sent: new packets go in order */
+	uint32_t Q;          /* the job's lanes: this stream sends every Q-th packet */
 	uint64_t pace_until; /* a ready packet waits for its paced send time until then */
 	uint64_t waiting;    /* the packet last counted as waiting (UINT64_MAX: none) */
 	int8_t *lexp;        /* [blocks] float32: local exponent of block b */
@@ -128,6 +129,8 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 
 	memset(st, 0, sizeof *st);
 	st->cfg = *cfg;
+	if (!st->cfg.lanes) /* a cfg that does not say: one lane */
+		st->cfg.lanes = 1;
 	st->port = port;
 	for (uint8_t fmt = 0; fmt < SWML_FMT_NUM; fmt++)
 		swml_build_template(st->tmpl[fmt], &cfg->addrs, cfg->k, fmt);
@@ -184,7 +187,7 @@ void swml_stream_free(struct swml_stream *st)
  * (docs/transport.md, "The box's rate"). */
 static uint64_t bytes_left(const struct plan *pl, uint64_t p, int retrans)
 {
-	const uint64_t left = retrans ? pl->N - pl->next_new + 1 : pl->N - p;
+	const uint64_t left = retrans ? pl->N - min_u64(pl->next_new, pl->N) + 1 : pl->N - p;
 
 	return left * (pl->frame_len - SWML_HEADERS_LEN);
 }
@@ -599,7 +602,8 @@ static void pump(struct swml_stream *st, struct plan *pl)
 			pl->waiting = pl->next_new;
 			return;
 		}
-		send_new(st, pl, pl->next_new++);
+		send_new(st, pl, pl->next_new);
+		pl->next_new += pl->Q;
 	}
 }
 
@@ -612,7 +616,9 @@ static void box_pace(struct swml_stream *st, const struct plan *pl, const struct
 	if (r->pace != st->pace_code) {
 		st->pace_code = r->pace;
 		st->rate_kbps = swml_pace_decode(r->pace);
-		swml_window_set_rate(&st->win, st->rate_kbps * 1e3, 8.0 * pl->frame_len);
+		/* the rank's rate, shared by its lanes */
+		swml_window_set_rate(&st->win, st->rate_kbps * 1e3 / st->cfg.lanes,
+				     8.0 * pl->frame_len);
 	}
 	if (dscp != st->dscp) {
 		st->dscp = dscp;
@@ -817,13 +823,18 @@ static void flush_tx(struct swml_stream *st, int *io_error)
 		*io_error = 1;
 }
 
-uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_dtype dtype,
-			     uint8_t op)
+uint64_t swml_stream_lag(uint64_t blocks, uint32_t slots, uint32_t lanes)
+{
+	return min_u64(slots, (blocks + lanes - 1) / lanes * lanes);
+}
+
+uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, uint32_t lanes,
+			     enum swml_dtype dtype, uint8_t op)
 {
 	uint64_t blocks = (n + k - 1) / k;
 
 	if (dtype == SWML_FLOAT32 && op == SWML_OP_SUM)
-		return blocks + min_u64(slots, blocks);
+		return blocks + swml_stream_lag(blocks, slots, lanes);
 	return blocks;
 }
 
@@ -840,7 +851,7 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 		    const struct swml_call *call)
 {
 	struct plan pl = {0};
-	const uint32_t S = st->cfg.slots, k = st->cfg.k;
+	const uint32_t S = st->cfg.slots, k = st->cfg.k, Q = st->cfg.lanes;
 	uint32_t idle = 0;
 	int status = SWML_OK, io_error = 0, disagree = 0;
 	/* Paced sends sleep for tens of microseconds: the default 50 us timer
@@ -881,11 +892,11 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 		pl.offset = 1u << (30 - pl.L);
 	pl.blocks = (n + k - 1) / k;
 	pl.shard = call->shard;
-	pl.N = swml_stream_packets(n, k, S, dtype, call->op);
+	pl.N = swml_stream_packets(n, k, S, Q, dtype, call->op);
 	if (pl.N > SWML_SEQ_RESYNC_STRIDE)
 		return SWML_E2BIG; /* refused before anything is sent: the stream stays */
 	if (quantized(&pl)) {
-		pl.lag = pl.block_lag = min_u64(S, pl.blocks);
+		pl.lag = pl.block_lag = swml_stream_lag(pl.blocks, S, Q);
 		pl.lexp = malloc(pl.blocks);
 		pl.lnf = malloc(pl.blocks);
 		pl.gexp = malloc(pl.blocks);
@@ -899,7 +910,10 @@ int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtyp
 		status = SWML_ENOMEM;
 		goto out;
 	}
-	pl.remaining = pl.N;
+	/* This lane's packets: p with base + p = lane mod Q, from the first. */
+	pl.Q = Q;
+	pl.next_new = (st->cfg.lane + Q - pl.base % Q) % Q;
+	pl.remaining = pl.N > pl.next_new ? (pl.N - pl.next_new + Q - 1) / Q : 0;
 	pl.now = pl.last_progress = now_ns();
 	pl.next_check = UINT64_MAX;
 	pl.waiting = UINT64_MAX;

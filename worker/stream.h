@@ -8,7 +8,8 @@
  *   (i div S) mod 2, seq (seq_base + i) mod 2^32; packet p may go once (p < S
  *   or result(p-S) is in) and (p < lag or result(p-lag) is in); lag = S for
  *   int32 and float32 MIN/MAX (the order-preserving map, quant.h), W = min(S,
- *   blocks) for a float32 SUM, which has blocks + W packets: packet p carries
+ *   blocks rounded up to the job's lanes, cfg) for a float32 SUM, which has
+ *   blocks + W packets: packet p carries
  *   block p's local exponent (-128 past the last block) and block p-W quantized
  *   with the exponent the switch returned with packet p-W (zeros for p < W):
  *   k int32 (quant.h, SWML_FMT_INT32) or, at fmt SWML_FMT_INT16, k int16 (the
@@ -73,6 +74,14 @@ struct swml_call {
 struct swml_stream_cfg {
 	uint16_t job, rank;
 	uint32_t world, k, slots;
+	/* The job's lanes (a power of two dividing slots; 1: none) and this
+	 * stream's: it sends packets i = lane mod lanes of the job's stream, so
+	 * slots s = lane mod lanes, from its own port (docs/performance.md,
+	 * "Several queues per worker"). Each lane is a stream of its own, with
+	 * its own timers, window and share of the box's rate; a float32 SUM's
+	 * lag is a multiple of lanes, so nothing a packet waits for is in
+	 * another lane. */
+	uint32_t lanes, lane;
 	uint64_t key; /* the job's data key: every DATA packet carries it */
 	/* RESULTs count only with the authenticator this key gives (packet.h,
 	 * swml_result_authentic): SipHash's k0, k1 and SWML_AUTH_*. */
@@ -161,9 +170,14 @@ void swml_stream_free(struct swml_stream *st);
 int swml_stream_run(struct swml_stream *st, void *data, size_t n, enum swml_dtype dtype,
 		    const struct swml_call *call);
 
-/* The packet count of such a call (as plans.packets_needed). */
-uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, enum swml_dtype dtype,
-			     uint8_t op);
+/* The packet count of such a call over a job with `lanes` lanes, every
+ * lane's together (as plans.packets_needed). */
+uint64_t swml_stream_packets(uint64_t n, uint32_t k, uint32_t slots, uint32_t lanes,
+			     enum swml_dtype dtype, uint8_t op);
+
+/* A quantized float32 SUM of `blocks` blocks: packet p carries block p - lag,
+ * lag = min(slots, blocks rounded up to a multiple of lanes) (plans.py). */
+uint64_t swml_stream_lag(uint64_t blocks, uint32_t slots, uint32_t lanes);
 
 /* The owner byte of packet p of a call of n elements, k a packet, with
  * shard elements per rank over world ranks: 1 + the rank whose shard holds

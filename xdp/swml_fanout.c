@@ -80,7 +80,7 @@ struct swml_copies {
  * port: where its shadow replies go) and send a clone out of the box's port
  * its DATA comes in on (learnt with the MAC), counted in `ps`.
  * *prev_ip is what the IP checksum covers now. */
-static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 rank,
+static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 rank, __u16 lane,
 					 __be32 *prev_ip, struct swml_port_stats *ps,
 					 struct swml_copies *n)
 {
@@ -99,6 +99,8 @@ static __always_inline void swml_copy_to(struct __sk_buff *skb, u32 job_id, u32 
 	bpf_skb_store_bytes(skb, 0, to.mac, ETH_ALEN, 0);
 	bpf_l3_csum_replace(skb, SWML_IP_CSUM_OFF, *prev_ip, to.ip, sizeof(to.ip));
 	bpf_skb_store_bytes(skb, SWML_IP_DADDR_OFF, &to.ip, sizeof(to.ip), 0);
+	/* the port of the round's lane (swml_maps.h, lane_mask) */
+	to.port = bpf_htons(bpf_ntohs(to.port) + lane);
 	bpf_skb_store_bytes(skb, SWML_UDP_DEST_OFF, &to.port, sizeof(to.port), 0);
 	*prev_ip = to.ip;
 	/* 0 or a negative errno: its sign bit, shifted down, is the failure
@@ -141,6 +143,17 @@ static __always_inline int swml_header_only(struct __sk_buff *skb, const struct 
 	return bpf_skb_store_bytes(skb, SWML_SWML_OFF, &h, sizeof(h), 0) ? -1 : 0;
 }
 
+/* The lane of the RESULT's slot (swml_maps.h, lane_mask): its copies go to
+ * each member's port + lane. 0 if the header cannot be read. */
+static __always_inline __u16 swml_result_lane(struct __sk_buff *skb, const struct swml_job *job)
+{
+	__be16 slot = 0;
+
+	bpf_skb_load_bytes(skb, SWML_SWML_OFF + __builtin_offsetof(struct swml_hdr, slot), &slot,
+			   sizeof(slot));
+	return bpf_ntohs(slot) & job->lane_mask;
+}
+
 /* Copy the frame as it is to members first .. first + SWML_FANOUT_CHUNK - 1
  * of the job, then hand the rest to swml_fanout_more. The copies count as
  * header-only ones when the frame is (swml_header_only). */
@@ -157,6 +170,7 @@ static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct
 	 * children are ranked by their lowest). */
 	u32 world = job->rank_end;
 	__u64 ranks = job->rank_mask;
+	__u16 lane = swml_result_lane(skb, job);
 
 	if (!ps || first >= world || first >= SWML_MAX_WORLD ||
 	    bpf_skb_load_bytes(skb, SWML_IP_DADDR_OFF, &prev_ip, sizeof(prev_ip)) ||
@@ -168,7 +182,7 @@ static __always_inline int swml_fanout_chunk(struct __sk_buff *skb, const struct
 		if (first + i >= world)
 			break;
 		if ((ranks >> ((first + i) & (SWML_MAX_WORLD - 1))) & 1)
-			swml_copy_to(skb, job_id, first + i, &prev_ip, ps, &n);
+			swml_copy_to(skb, job_id, first + i, lane, &prev_ip, ps, &n);
 	}
 	swml_count_n(SWML_CNT_UNICAST_COPIES, n.sent);
 	swml_count_n(SWML_CNT_UNICAST_HEADER_ONLY, flags & SWML_FLAG_HEADER_ONLY ? n.sent : 0);
@@ -209,7 +223,8 @@ int swml_fanout(struct __sk_buff *skb)
 
 		if (!ps)
 			return TC_ACT_SHOT; /* cannot happen: an array's row 0 */
-		swml_copy_to(skb, job_id, owner - 1, &prev_ip, ps, &whole);
+		swml_copy_to(skb, job_id, owner - 1, swml_result_lane(skb, job), &prev_ip, ps,
+			     &whole);
 		swml_count_n(SWML_CNT_UNICAST_COPIES, whole.sent);
 		swml_count_n(SWML_CNT_UNICAST_NO_MAC, whole.no_mac);
 		swml_count_n(SWML_CNT_UNICAST_CLONE_FAILED, whole.failed);

@@ -38,8 +38,12 @@ struct swml_job {
 	__u32 slot_count;   /* slots in the job's range */
 	__be64 key;         /* the data key every DATA packet of the job carries */
 	__be32 group_ip;    /* multicast group of RESULTs */
-	__be16 result_port; /* UDP port the workers listen on */
+	__be16 result_port; /* UDP port the workers listen on (lane 0's) */
 	__u8 group_mac[6];
+	/* The job's lanes less one (a power of two less one: 0 for one lane):
+	 * a rank sends slot s's DATA from its port + (s & lane_mask), and the
+	 * RESULT goes to result_port + (s & lane_mask) (swml_wire.h). */
+	__u16 lane_mask;
 	/* The RESULT authenticator's key (swml_wire.h, swml_auth.h): SipHash's
 	 * k0, k1, the result key's bytes 0-7 and 8-15 read little-endian. */
 	__u64 result_key[2];

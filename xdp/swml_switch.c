@@ -125,13 +125,14 @@ static __always_inline __u16 swml_ipv4_csum(struct iphdr *ip)
 }
 
 /* Turn the packet in place into a RESULT: addresses swapped for a unicast shadow
- * reply, or aimed at the job's multicast group; the job's pace and mark
- * (its job_pace row, where there is one) stamped. The payload is already written. */
+ * reply, or aimed at the job's multicast group, at the port of the slot's
+ * lane (swml_maps.h, lane_mask); the job's pace and mark (its job_pace row,
+ * where there is one) stamped. The payload is already written. */
 static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *ip,
 					     struct udphdr *udp, struct swml_hdr *h,
 					     const struct swml_job *job,
 					     const struct swml_job_pace *pace, int unicast,
-					     const struct swml_slot_result *res)
+					     const struct swml_slot_result *res, __u16 lane)
 {
 
 	__u8 mac[ETH_ALEN];
@@ -145,7 +146,7 @@ static __always_inline void swml_make_result(struct ethhdr *eth, struct iphdr *i
 	} else {
 		__builtin_memcpy(eth->h_dest, job->group_mac, ETH_ALEN);
 		ip->daddr = job->group_ip;
-		udp->dest = job->result_port;
+		udp->dest = bpf_htons(bpf_ntohs(job->result_port) + lane);
 	}
 	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
 	ip->saddr = switch_ip;
@@ -450,7 +451,11 @@ int swml_switch(struct xdp_md *ctx)
 		return swml_drop(SWML_CNT_BAD_RANK);
 	u32 member_idx = job_id * SWML_MAX_WORLD + rank;
 	struct swml_member *m = members.lookup(&member_idx);
-	if (!m || m->ip != ip->saddr || m->port != udp->source)
+	u32 rel_slot = bpf_ntohs(SWML_HDR(h, slot));
+	/* From the rank's address, and the port of the slot's lane (swml_maps.h):
+	 * its port itself where the job has one lane. */
+	__u16 lane = rel_slot & job->lane_mask;
+	if (!m || m->ip != ip->saddr || udp->source != bpf_htons(bpf_ntohs(m->port) + lane))
 		return swml_drop(SWML_CNT_BAD_SOURCE);
 #ifdef SWML_REDIRECTS
 	/* From the rank's own address: a member sits behind this port. Set
@@ -461,7 +466,6 @@ int swml_switch(struct xdp_md *ctx)
 	if (!((job->port_mask >> port_index) & 1))
 		__sync_fetch_and_or(&job->port_mask, 1ULL << port_index);
 #endif
-	u32 rel_slot = bpf_ntohs(SWML_HDR(h, slot));
 	if (rel_slot >= job->slot_count)
 		return swml_drop(SWML_CNT_BAD_SLOT);
 	if (!swml_op_fmt_ok(h->op, h->fmt))
@@ -557,7 +561,7 @@ int swml_switch(struct xdp_md *ctx)
 	}
 	res.flags &= ~SWML_SLOT_FINAL;
 #endif
-	swml_make_result(eth, ip, udp, h, job, pace, outcome == SWML_CNT_SHADOW_REPLY, &res);
+	swml_make_result(eth, ip, udp, h, job, pace, outcome == SWML_CNT_SHADOW_REPLY, &res, lane);
 	/* The format read again from the packet, not fmt16: with fmt16 kept
 	 * live to here, Debian 12's kernel (6.1) refused the program, its
 	 * verifier walking the int32 step's copy with an int16 frame's bound

@@ -74,6 +74,13 @@
 #define SWML_MAX_WORLD 64
 /* Job ids are 1..SWML_MAX_JOBS-1; 0 is never a valid job. */
 #define SWML_MAX_JOBS 256
+/* Lanes (docs/performance.md, "Several queues per worker"): a job's stream
+ * may be split into Q lanes, Q a power of two up to this that divides the
+ * job's slots; packet i of the job's stream is lane i mod Q's, so slot s is
+ * lane s mod Q's. A rank sends lane q's DATA from its port + q and gets its
+ * RESULTs there: the one field a NIC's queue steering and the kernel's socket
+ * lookup both see. */
+#define SWML_MAX_LANES 16
 
 /* Elements per packet (k). The default fits a 1500-byte MTU, as does k up to
  * SWML_MTU1500_K (1500 - 20 IPv4 - 8 UDP - 32 swml = 1440 bytes = 360 int32).

@@ -42,6 +42,9 @@ def main() -> None:
 @click.option("--iface", default=None, help="interface towards the switch [default: from the route]")
 @click.option("--port", default=wire.DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="this worker's UDP port (the same on every rank)")
+@click.option("--lanes", default=1, show_default=True, type=click.IntRange(1, wire.MAX_LANES),
+              help="split the stream into LANES lanes, a power of two, the same on every rank: "
+                   "a socket and a thread each, on ports PORT..PORT+LANES-1 (backend udp)")
 @click.option("--control-port", default=wire.DEFAULT_CONTROL_PORT, show_default=True,
               type=click.IntRange(1, 65535), help="the switch's TCP control port")
 @click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 600),
@@ -58,8 +61,8 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, precision,
-          backend, iface, port, control_port, join_timeout, token, verify, baseline, as_json,
-          quiet):
+          backend, iface, port, lanes, control_port, join_timeout, token, verify, baseline,
+          as_json, quiet):
     """Time allreduce of one tensor through the switch, as rank RANK of WORLD.
 
     Start it on every rank; each waits at the switch until all WORLD ranks have
@@ -88,7 +91,7 @@ def bench(boxes, job, rank, world, size, sweep, iterations, warmup, dtype, op, p
         with waiting:   # the join returns when every rank has joined
             w = Worker(boxes, job, rank, world, iface=iface, backend=backend, port=port,
                        control_port=control_port, join_timeout=join_timeout, verbose=not quiet,
-                       token=token)
+                       token=token, lanes=lanes)
         with w:
             progress = not quiet and sys.stderr.isatty()
             if sweep:

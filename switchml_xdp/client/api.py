@@ -29,6 +29,7 @@ from .box_watch import BOX_TIMEOUT_S, BoxSignal
 from .boxes import Box, BoxSplit, check_same_k, named, parse_switches
 from .calls import Call, CallMismatch, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
+from .engine_backend import check_lanes, lanes_from_env
 from .plans import streamed
 from .retransmit import STALL_TIMEOUT_S
 from .window import WindowPolicy, window_policy
@@ -63,7 +64,8 @@ class Worker:
                  backend: str = "auto", port: int = wire.DEFAULT_PORT,
                  control_port: int = wire.DEFAULT_CONTROL_PORT, join_timeout: float = 60.0,
                  stall_timeout: float = STALL_TIMEOUT_S, verbose: bool = True, token: str | None = None,
-                 window: WindowPolicy | None = None, box_timeout: float = BOX_TIMEOUT_S):
+                 window: WindowPolicy | None = None, box_timeout: float = BOX_TIMEOUT_S,
+                 lanes: int | None = None):
         """token: the job's secret, the same on every rank; without it, nothing
         that changes the job is accepted by the switch (docs/security.md).
         None: an open job, which anyone who reaches the switch can disturb.
@@ -76,24 +78,32 @@ class Worker:
         box_timeout: a box that stops answering (no result, and no answer
         on its control connection) fails the call within this many seconds
         as BoxLost, naming it (client/box_watch.py); a box that answers is
-        waited for up to stall_timeout (a slow peer rank)."""
+        waited for up to stall_timeout (a slow peer rank).
+        lanes: split the job's stream into this many lanes, a power of two
+        up to wire.MAX_LANES, the same on every rank: each a socket and a
+        thread of its own on ports port..port+lanes-1 (docs/performance.md,
+        "Several queues per worker"); backend udp on the C engine only.
+        None: $SWML_LANES where set (torchrun's ranks), else 1."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be a positive integer, not {world!r}")
         if not isinstance(rank, int) or not 0 <= rank < world:
             raise ValueError(f"rank must be in 0..{world - 1}, not {rank!r}")
+        lanes = lanes_from_env() if lanes is None else lanes
+        check_lanes(lanes, backend)
+        self.lanes = lanes
         self.switches = parse_switches(switch)
         self.local = local_end(self.switches[0], control_port, iface)
         self.iface, self.local_ip = self.local.iface, self.local.ip
-        self.backend_name = self._choose_backend(backend, verbose)
+        self.backend_name = "udp" if lanes > 1 else self._choose_backend(backend, verbose)
         self._requested_backend, self._verbose = backend, verbose
         self._window = window_policy(window)
         listed = ",".join(self.switches) if len(self.switches) > 1 else None
         self._boxes: list[Box] = []
         try:
             for i, address in enumerate(self.switches):
-                self._boxes.append(self._join_box(i, address, job, world, rank, port + i,
+                self._boxes.append(self._join_box(i, address, job, world, rank, port + i * lanes,
                                                   control_port, iface, join_timeout, token,
                                                   listed, stall_timeout))
             check_same_k(self._boxes)
@@ -133,7 +143,7 @@ class Worker:
         control = ControlClient(address, control_port)
         try:
             info = control.join(job, world, rank, local.ip, port, local.mac, join_timeout,
-                                token=token, boxes=listed)
+                                token=token, boxes=listed, lanes=self.lanes)
             mtu.check_iface(info.k, local.iface)   # the switch's k, over this worker's link
             signal = BoxSignal(control.abort)
             return Box(address, control, info, self._make_backend(i, info, local, signal,

@@ -56,6 +56,9 @@ class Backend(ABC):
     # <env_prefix>RTO_INITIAL=... in the environment overrides the policy: knobs
     # for experiments (RetransmitPolicy.with_env).
     env_prefix: ClassVar[str]
+    # Whether it streams a job's lanes, a socket and thread each (docs/performance.md,
+    # "Several queues per worker"); one that does not refuses a job with lanes.
+    streams_lanes: ClassVar[bool] = False
 
     def __init__(self, info: JobInfo, local: LocalEnd, abort: AbortSignal,
                  policy: RetransmitPolicy | None = None, stall_timeout: float = STALL_TIMEOUT_S, *,
@@ -64,6 +67,9 @@ class Backend(ABC):
         with a one-line reason if it cannot be set up (nothing is left behind).
         A backend's constructor takes these arguments (and may add keywords
         of its own), and calls this first: it keeps what every backend uses."""
+        if info.lanes > 1 and not self.streams_lanes:
+            raise RuntimeError(f"the {self.name} backend ({self.loop} loop) streams one lane, and "
+                               f"job {info.name!r} has {info.lanes}: use backend udp on the engine")
         self.info, self.local, self.abort_signal = info, local, abort
         self.stall_timeout, self.verbose = stall_timeout, verbose
         self.policy = (policy or self.default_policy).with_env(self.env_prefix)

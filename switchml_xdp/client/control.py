@@ -85,6 +85,9 @@ class JobInfo:
     # The box is a rack box under this parent box (docs/scale-out.md, "A tree
     # of boxes"): 16-bit rounds cannot go up the tree.
     parent: str | None = None
+    # The job's lanes (docs/performance.md, "Several queues per worker"):
+    # this worker sends and receives lane q on port + q.
+    lanes: int = 1
 
 
 def _capacity(value) -> int | None:
@@ -225,8 +228,9 @@ class ControlClient:
     # --- the protocol ------------------------------------------------------------
     def join(self, job: str, world: int, rank: int, ip: str, port: int, mac: str = "",
              timeout: float = 60.0, k: int | None = None, token: str | None = None,
-             boxes: str | None = None, weight: float | None = None) -> JobInfo:
+             boxes: str | None = None, weight: float | None = None, lanes: int = 1) -> JobInfo:
         """token: the job's secret (every rank the same); None: an open job.
+        lanes: the job's lanes, every rank the same (1: one stream).
         boxes: a job over several boxes, every box it joins (client/boxes.py).
         weight: what the job asks for under a box's `--share weighted`
         (capped there); None: $SWML_JOB_WEIGHT where set (docs/operations.md)."""
@@ -240,6 +244,8 @@ class ControlClient:
             msg["k"] = k
         if boxes is not None:
             msg["boxes"] = boxes
+        if lanes != 1:   # unsaid, a switch that predates lanes takes the join too
+            msg["lanes"] = lanes
         self._send(msg)
         self.sock.settimeout(timeout + 10.0)  # the switch answers at the barrier or its timeout
         try:
@@ -260,7 +266,8 @@ class ControlClient:
                        grp["port"], reply["heartbeat_s"], int(reply["key"], 16), reply["seq_base"],
                        sw.get("fanout", "multicast"), *_result_auth(reply),
                        _capacity(sw.get("capacity_bps")),
-                       sw["parent"] if isinstance(sw.get("parent"), str) else None)
+                       sw["parent"] if isinstance(sw.get("parent"), str) else None,
+                       reply.get("lanes", 1))
         self._resume_msg = {"op": "resume", "job": info.name, "job_id": info.job_id, "rank": info.rank,
                             **self._token}
         self._reader = threading.Thread(target=self._reader_loop, name="swml-control", daemon=True)

@@ -85,13 +85,13 @@ class Float32Plan:
 
     wire_dtype = np.int32  # a payload element: SWML_FMT_OFFSET32
 
-    def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
+    def __init__(self, flat: np.ndarray, k: int, slots: int, world: int, lanes: int = 1):
         from .. import quant
 
         self.quant = quant
         self.flat, self.k, self.world = flat, k, world
         self.blocks = -(-flat.size // k)
-        self.lag = min(slots, self.blocks)
+        self.lag = lag_of(self.blocks, slots, lanes)
         self.npackets = self.blocks + self.lag
         self.local_exp, self.nonfinite = quant.block_exponents(flat, k)
         self.global_exp = np.full(self.blocks, -128, dtype=np.int8)
@@ -153,11 +153,11 @@ class Float16Plan(Float32Plan):
 
     wire_dtype = np.int16  # SWML_FMT_INT16
 
-    def __init__(self, flat: np.ndarray, k: int, slots: int, world: int):
+    def __init__(self, flat: np.ndarray, k: int, slots: int, world: int, lanes: int = 1):
         from .. import quant16
 
         self.quant16 = quant16
-        super().__init__(flat, k, slots, world)
+        super().__init__(flat, k, slots, world, lanes)
 
     def quantize(self, x: np.ndarray, exp: np.ndarray) -> np.ndarray:
         return self.quant16.quantize16(x, self.k, exp)
@@ -200,23 +200,33 @@ def streamed(array: np.ndarray) -> np.ndarray:
 
 
 def make_plan(flat: np.ndarray, k: int, slots: int, world: int, op: int = wire.OP_SUM,
-              fmt: int = wire.FMT_INT32):
+              fmt: int = wire.FMT_INT32, lanes: int = 1):
     """The plan for reducing `flat` with `op` (SWML_OP_*) in payload format
-    `fmt` (SWML_FMT_INT16 only for a float32 sum: calls.check_precision)."""
+    `fmt` (SWML_FMT_INT16 only for a float32 sum: calls.check_precision),
+    over a job with `lanes` lanes."""
     if fmt == wire.FMT_INT16:
-        return Float16Plan(flat, k, slots, world)
+        return Float16Plan(flat, k, slots, world, lanes)
     if flat.dtype == np.int32:
         return Int32Plan(flat, k, slots)
     if flat.dtype == np.float32:
         if op == wire.OP_SUM:
-            return Float32Plan(flat, k, slots, world)
+            return Float32Plan(flat, k, slots, world, lanes)
         return OrderedFloat32Plan(flat, k, slots, op)
     raise TypeError(f"allreduce supports float32 and int32 arrays, not {flat.dtype}")
 
 
-def packets_needed(n: int, dtype: np.dtype, k: int, slots: int, op: int = wire.OP_SUM) -> int:
-    """How many packets make_plan's plan for n elements sends (without building it)."""
+def lag_of(blocks: int, slots: int, lanes: int = 1) -> int:
+    """A float32 sum's lag: packet p carries block p - lag. The blocks are
+    rounded up to the job's lanes so that packet p and packet p - lag are in
+    one lane (worker/stream.h: swml_stream_lag)."""
+    return min(slots, -(-blocks // lanes) * lanes)
+
+
+def packets_needed(n: int, dtype: np.dtype, k: int, slots: int, op: int = wire.OP_SUM,
+                   lanes: int = 1) -> int:
+    """How many packets make_plan's plan for n elements sends (without
+    building it), every lane's of a job with `lanes` lanes together."""
     blocks = -(-n // k)
     if np.dtype(dtype) == np.float32 and op == wire.OP_SUM:
-        return blocks + min(slots, blocks)
+        return blocks + lag_of(blocks, slots, lanes)
     return blocks

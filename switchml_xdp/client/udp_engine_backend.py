@@ -11,7 +11,9 @@ rules are written in. Both speak the same protocol, so ranks on either share
 a job.
 
 The socket is udp_backend.py's: bound to the job's port (port.py), a member of
-the job's group, its receive buffer as large.
+the job's group, its receive buffer as large. In a job with lanes, one such
+socket and engine a lane, lane q's on the job's port + q (docs/performance.md,
+"Several queues per worker").
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ UDP_COALESCE = 0
 class UdpEngineBackend(EngineBackend):
     name = "udp"
     env_prefix = ENV_PREFIX
+    streams_lanes = True
 
     def __init__(self, *args, spin: int | None = None, **kwargs):
         """Backend's arguments (backend.py), and `spin`: the engine's empty
@@ -47,20 +50,29 @@ class UdpEngineBackend(EngineBackend):
             raise RuntimeError(f"the udp backend's engine is unavailable: {missing}")
         super().__init__(*args, **kwargs)
         info = self.info
-        self.where = f"udp on {self.local.ip}:{info.port}"
-        self.sock = reserve_port(info.port, info.group_ip, self.local.ip, rcvbuf=RCVBUF)
+        last = info.port + info.lanes - 1
+        self.where = f"udp on {self.local.ip}:{info.port}" + (f"-{last}" if info.lanes > 1 else "")
+        self.socks = []
         try:
-            self.sock.setblocking(False)
-            self._open("", -1, udp_fd=self.sock.fileno(),
-                       udp_gso=bool(tunable(ENV_PREFIX, "GSO", 1)),
-                       spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", UDP_SPIN),
-                       coalesce=tunable(ENV_PREFIX, "COALESCE", UDP_COALESCE))
+            for lane in range(info.lanes):
+                sock = reserve_port(info.port + lane, info.group_ip, self.local.ip, rcvbuf=RCVBUF)
+                self.socks.append(sock)
+                sock.setblocking(False)
+                self._open("", -1, udp_fd=sock.fileno(), lane=lane,
+                           udp_gso=bool(tunable(ENV_PREFIX, "GSO", 1)),
+                           spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", UDP_SPIN),
+                           coalesce=tunable(ENV_PREFIX, "COALESCE", UDP_COALESCE))
         except BaseException:
             self.close()
             raise
         self.abort_signal.on_abort(self._on_abort)  # at once if the job is already aborted
 
     def _release(self) -> None:
-        """The socket, after the engine that used it closed."""
-        if self.sock.fileno() >= 0:
-            self.sock.close()
+        """The sockets, after the engines that used them closed."""
+        for sock in self.socks:
+            sock.close()
+
+    @property
+    def sock(self):
+        """Lane 0's socket."""
+        return self.socks[0]

@@ -85,6 +85,9 @@ class Job:
     weight: float = 1.0
     dscp: int | None = None
     senders: int = 0
+    # Its lanes, as its first rank asked (every rank the same): rank r sends
+    # slot s from port + s mod lanes and gets its RESULT there (swml_maps.h).
+    lanes: int = 1
 
     @property
     def protected(self) -> bool:
@@ -113,7 +116,7 @@ class Job:
     def describe(self) -> dict:
         gip, gmac = self.group
         out = {"name": self.name, "id": self.id, "world": self.world, "state": self.state,
-               "protected": self.protected, "port": self.port,
+               "protected": self.protected, "port": self.port, "lanes": self.lanes,
                "slot_base": self.slot_base, "slots": self.slot_count,
                "weight": self.weight, "dscp": self.dscp,
                "group": {"ip": gip, "mac": gmac},

@@ -73,11 +73,14 @@ class JobTable:
             raise ControlError(f"this switch aggregates k={self.k} elements a packet, "
                                f"the worker asked for k={k}")
 
+        lanes = msg.get("lanes", 1)
+        self.check_lanes(lanes, port, rack)
+
         job = self.jobs.get(name)
         if job is None:
             job = Job(name, None, world, port, None, 0,
                       token_hash=token_digest(token) if token is not None else None,
-                      boxes=msg.get("boxes"))
+                      boxes=msg.get("boxes"), lanes=lanes)
         else:
             # The token first: a stranger learns nothing more of the job.
             job.check_token(token)
@@ -86,6 +89,9 @@ class JobTable:
                                    f"wait for it to end or use another name")
             if job.world != world:
                 raise ControlError(f"job {name!r} has world {job.world}, this worker says {world}")
+            if job.lanes != lanes:
+                raise ControlError(f"job {name!r} has {job.lanes} lane(s), this worker asks for "
+                                   f"{lanes}: every rank of a job streams in the same lanes")
             if job.boxes != msg.get("boxes"):
                 raise ControlError(f"job {name!r}: its ranks list different boxes: "
                                    f"{job.boxes or 'this one only'} and, from rank {rank}, "
@@ -125,6 +131,17 @@ class JobTable:
             raise
         return job
 
+    def check_lanes(self, lanes: int, port: int, rack: bool) -> None:
+        """A join's lanes (docs/performance.md, "Several queues per worker"):
+        a power of two, ports port..port+lanes-1, not in a tree of boxes."""
+        if lanes & (lanes - 1):
+            raise ControlError(f"'lanes' must be a power of two, got {lanes}")
+        if port + lanes - 1 > 65535:
+            raise ControlError(f"{lanes} lanes from port {port} need ports up to "
+                               f"{port + lanes - 1}: past 65535")
+        if lanes > 1 and (rack or self.below_parent):
+            raise ControlError("lanes in a tree of boxes are not built: join with one lane")
+
     def start_below(self, job: Job, plan: ParentPlan) -> None:
         """A rack box's job starts as its parent box said (JobStartFailed
         if it cannot): the parent's window exactly, its seq_base, this box's
@@ -147,12 +164,16 @@ class JobTable:
         want = plan.slots if plan else self.job_slots
         if self.shares is not None and not plan:
             want = max(1, min(want, self.slot_quota(job.weight)))
+        # Each lane has slots s = q mod lanes: the count is a multiple of lanes.
+        want = max(job.lanes, want - want % job.lanes)
         try:
             if not free_ids:
                 raise ControlError(f"too many concurrent jobs (limit {wire.MAX_JOBS - 1})")
             try:
                 # Below a parent, its window exactly: slot i here is slot i there.
-                base, count = self.pool.allocate(want, least=want if plan else min(8, want))
+                base, count = self.pool.allocate(
+                    want, least=want if plan else max(job.lanes, min(8, want)),
+                    multiple=job.lanes)
             except SlotPoolExhausted as e:
                 raise ControlError(str(e) + (" (the parent box's window)" if plan else "")) from None
         except ControlError as e:
@@ -173,7 +194,7 @@ class JobTable:
             self.maps.write_job(job.id, JobEntry(
                 len(members), base, count, gip, gmac, job.port, job.key, job.result_key,
                 AUTH_MODES[self.auth], rank_mask=rank_mask(w.rank for w in members) if tree else None,
-                uplink=plan.uplink if plan else None))
+                uplink=plan.uplink if plan else None, lanes=job.lanes))
         except BaseException:
             self.maps.clear_job(job.id, job.world)
             self.pool.release(base)
@@ -190,6 +211,7 @@ class JobTable:
         gip, gmac = job.group
         return {"ok": True, "job": job.name, "job_id": job.id, "world": job.world, "rank": rank,
                 "k": self.k, "slots": job.slot_count, "slot_base": job.slot_base,
+                "lanes": job.lanes,
                 "key": f"{job.key:016x}", "seq_base": job.seq_base,
                 "result_key": job.result_key.hex(), "auth": self.auth,
                 "group": {"ip": gip, "mac": gmac, "port": job.port},
@@ -265,7 +287,8 @@ class JobTable:
         with `resume`; their lease clocks start now."""
         job = Job(desc["name"], desc["id"], desc["world"], desc["port"], desc["slot_base"],
                   desc["slots"], token_hash=token_hash, state="running",
-                  weight=desc.get("weight", 1.0), dscp=desc.get("dscp"))
+                  weight=desc.get("weight", 1.0), dscp=desc.get("dscp"),
+                  lanes=desc.get("lanes", 1))
         for r, m in desc["members"].items():
             job.members[int(r)] = Member(int(r), m["ip"], m["port"], m["mac"], left=m["left"],
                                          rack="rack" in m)

@@ -74,6 +74,9 @@ class JobEntry:
     # complete a round), a parent each child by the lowest rank behind it.
     rank_mask: int | None = None
     uplink: UplinkEntry | None = None   # a rack box's job with a parent
+    # Its lanes (a power of two): slot s's DATA comes from a rank's port + s mod
+    # lanes, and its RESULT goes to result_port + s mod lanes (swml_maps.h).
+    lanes: int = 1
 
     @property
     def ranks(self) -> int:
@@ -189,7 +192,8 @@ class SwitchMaps(DataplaneMaps):
         v = self.Job(active=1, world=e.world, slot_base=e.slot_base, slot_count=e.slot_count,
                      key=wire.key_to_be64(e.key), group_ip=wire.ip_to_be32(e.group_ip),
                      result_port=wire.port_to_be16(e.result_port), auth=e.auth,
-                     rank_mask=e.ranks, rank_end=e.ranks.bit_length())
+                     rank_mask=e.ranks, rank_end=e.ranks.bit_length(),
+                     lane_mask=e.lanes - 1)
         v.result_key[0], v.result_key[1] = e.sip_key
         ct.memmove(v.group_mac, wire.mac_to_bytes(e.group_mac), 6)
         if e.uplink is not None:

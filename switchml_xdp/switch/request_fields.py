@@ -173,6 +173,9 @@ SCHEMAS: dict[str, dict[str, Field]] = {
         "ip": Field(Ipv4()),
         "mac": Field(Mac(), ""),
         "k": Field(Nullable(Integer(1, wire.MAX_K)), None),
+        # Lanes, a power of two (docs/performance.md, "Several queues per
+        # worker"): the rank sends and receives on port..port+lanes-1.
+        "lanes": Field(Integer(1, wire.MAX_LANES), 1),
         # A job over several boxes: every box its rank joins, as the rank
         # lists them (the same on every rank, or the join is refused).
         "boxes": Field(Nullable(Text(MAX_BOXES_LEN)), None),

@@ -31,7 +31,10 @@ class SlotPool:
     def free(self) -> int:
         return self.total - sum(self._used.values())
 
-    def allocate(self, want: int, least: int = 1) -> tuple[int, int]:
+    def allocate(self, want: int, least: int = 1, multiple: int = 1) -> tuple[int, int]:
+        """An extent of `want` slots, or the largest free one if none is that
+        large and it has at least `least`; its count a multiple of `multiple`
+        (want and least are)."""
         extents = self.free_extents()
         fitting = [e for e in extents if e[1] >= want]
         if fitting:
@@ -39,6 +42,7 @@ class SlotPool:
             count = want
         else:
             base, count = max(extents, key=lambda e: e[1], default=(0, 0))
+            count -= count % multiple
             if count < least:
                 raise SlotPoolExhausted(
                     f"slot pool exhausted: {self.free} of {self.total} slots free, "

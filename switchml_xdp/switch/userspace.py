@@ -140,6 +140,7 @@ class MemoryMaps(DataplaneMaps):
         row["key"] = wire.key_to_be64(e.key)
         row["group_ip"] = wire.ip_to_be32(e.group_ip)
         row["result_port"] = wire.port_to_be16(e.result_port)
+        row["lane_mask"] = e.lanes - 1
         row["result_key"], row["auth"] = e.sip_key, e.auth
         self.job_stats[job_id] = np.zeros((), JOB_STATS_DTYPE)
         self.job_left[job_id] = 0

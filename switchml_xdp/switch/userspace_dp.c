@@ -53,10 +53,10 @@ struct us_job {
 	uint32_t slot_count;
 	uint64_t key;         /* network order, as the header carries it */
 	uint32_t group_ip;    /* network order */
-	uint16_t result_port; /* network order */
-	uint16_t pad;
-	__u64 result_key[2]; /* the RESULT authenticator's key (swml_maps.h) */
-	uint32_t auth;       /* SWML_AUTH_* */
+	uint16_t result_port; /* network order: lane 0's */
+	uint16_t lane_mask;   /* the job's lanes less one (swml_maps.h) */
+	__u64 result_key[2];  /* the RESULT authenticator's key (swml_maps.h) */
+	uint32_t auth;        /* SWML_AUTH_* */
 	uint32_t pad2;
 };
 
@@ -175,11 +175,13 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		return 0;
 	}
 	struct us_member *m = &st->members[job_id * SWML_MAX_WORLD + rank];
-	if (m->ip != from->sin_addr.s_addr || m->port != from->sin_port) {
+	uint32_t rel = ntohs(h->slot);
+	/* from the rank's port + the slot's lane, as the switch program checks */
+	uint16_t lane = rel & job->lane_mask;
+	if (m->ip != from->sin_addr.s_addr || from->sin_port != htons(ntohs(m->port) + lane)) {
 		cnt[SWML_CNT_BAD_SOURCE]++;
 		return 0;
 	}
-	uint32_t rel = ntohs(h->slot);
 	if (rel >= job->slot_count || job->slot_base + rel >= st->nslots) {
 		cnt[SWML_CNT_BAD_SLOT]++;
 		return 0;
@@ -232,7 +234,7 @@ static int handle(struct us_state *st, uint8_t *buf, int len, const struct socka
 		return 2;
 	}
 	to->sin_addr.s_addr = job->group_ip;
-	to->sin_port = job->result_port;
+	to->sin_port = htons(ntohs(job->result_port) + lane);
 	return 1;
 }
 

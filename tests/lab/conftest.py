@@ -21,6 +21,17 @@ def fresh_lab(request):
         yield lab
 
 
+@pytest.fixture(scope="module")
+def two_box_lab():
+    """A lab of two workers and two boxes, for a module."""
+    if NO_LAB:
+        pytest.skip(NO_LAB)
+    from switchml_xdp.lab import Lab
+
+    with Lab(workers=2, boxes=2) as lab:
+        yield lab
+
+
 @pytest.fixture(scope="session")
 def lab8():
     """A lab with 8 workers, for the whole session."""

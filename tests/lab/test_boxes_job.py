@@ -14,10 +14,10 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(f"lab tests: {NO_LAB}", allow_module_level=True)
 
+from lab_jobs import xdp_and_userspace_boxes
 from switchml_xdp import quant
 from switchml_xdp.client.boxes import split
-from switchml_xdp.lab import Lab
-from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
+from switchml_xdp.lab.cluster import run_ranks
 
 K = 256
 CAPACITIES = ("100M", "200M")          # box 0 (XDP), box 1 (user space)
@@ -25,17 +25,15 @@ BACKENDS = ("afxdp", "udp")
 
 
 @pytest.fixture(scope="module")
-def lab():
-    with Lab(workers=2, boxes=2) as lab:
-        yield lab
+def lab(two_box_lab):
+    return two_box_lab
 
 
 @pytest.fixture(scope="module")
 def boxes(lab):
-    with SwitchProcess(lab, ["--capacity", CAPACITIES[0]], box=0) as xdp, \
-            SwitchProcess(lab, ["--dataplane", "userspace", "--capacity", CAPACITIES[1]],
-                          box=1) as userspace:
-        yield xdp, userspace
+    with xdp_and_userspace_boxes(lab, ["--capacity", CAPACITIES[0]],
+                                 ["--capacity", CAPACITIES[1]]) as both:
+        yield both
 
 
 def on_every_rank(lab, body, backends=BACKENDS, timeout=120.0):

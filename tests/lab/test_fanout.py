@@ -191,3 +191,29 @@ def test_fanout_unicast_needs_the_xdp_data_plane(lab):
     assert out.stderr.strip().splitlines()[-1] == (
         "Error: --fanout unicast needs the xdp data plane; the userspace data plane sends "
         "RESULTs by multicast only")
+
+
+def test_unicast_fanout_sends_each_lane_s_copies_to_its_port(lab):
+    """A job with lanes (docs/performance.md, "Several queues per worker"):
+    the tc fan-out copies a slot's RESULT to each member's port + the slot's
+    lane, so each lane's socket takes its RESULTs as the switch's copies."""
+    from switchml_xdp import Worker, quant
+    from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
+
+    data = inputs(37)
+    expected = quant.simulate_allreduce(data, 256)
+
+    def body(rank, host):
+        with Worker(lab.switch.ip, "uni-lanes", rank, len(BACKENDS), backend="udp", verbose=False,
+                    stall_timeout=20, lanes=2) as w:
+            x = data[rank].copy()
+            w.allreduce(x)
+            return x, w.stats(), [e.stats() for e in w._backend._engines]
+
+    with SwitchProcess(lab, ["--fanout", "unicast"]):
+        per_rank = run_ranks(lab, lab.workers, body, timeout=120)
+    for x, _, lanes in per_rank:
+        assert np.array_equal(x.view(np.uint32), expected.view(np.uint32))
+        for lane in lanes:
+            first_copies = lane["results"] - lane["shadow_replies"]
+            assert lane["results"] > 0 and first_copies >= FIRST_COPY_SHARE * lane["results"], lanes

@@ -74,6 +74,7 @@ class FakeSwitch:
         self.port = self.sock.getsockname()[1]
         self.answer = answer
         self.headers: list = []
+        self.sources: list = []   # (ip, port) each DATA came from, as `headers`
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -86,6 +87,7 @@ class FakeSwitch:
                 continue
             h = wire.unpack_header(data)
             self.headers.append(h)
+            self.sources.append(addr)
             for forged, payload in self.answer(h, np.frombuffer(data, "<i4", offset=wire.HDR_LEN)):
                 (self.forger if forged else self.sock).sendto(payload, addr)
 
@@ -107,3 +109,31 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def fake_udp_backend(answer, engine: bool, seq_base=0, k=8, slots=4, stall_timeout=5.0,
+                     auth=wire.AUTH_HEADER, policy=None, switch=FakeSwitch, lanes=1, port=None):
+    """(a `switch` answering with `answer`, a udp backend streaming to it): on
+    the C engine or the Python loop, as rank 0 of a world-1 job "fake" with
+    the Python loop's timeouts unless `policy` says; `lanes` of its own ports
+    from `port` (default: a free one)."""
+    from switchml_xdp.client.abort import AbortSignal
+    from switchml_xdp.client.backend import LocalEnd
+    from switchml_xdp.client.control import JobInfo
+    from switchml_xdp.client.retransmit import PYTHON_POLICY
+    from switchml_xdp.client.udp_backend import udp_backend
+
+    sw = switch(answer)
+    info = JobInfo(name="fake", job_id=3, world=1, rank=0, k=k, slots=slots,
+                   switch_ip="127.0.0.1", switch_mac="00:00:00:00:00:00", switch_port=sw.port,
+                   group_ip=GROUP, group_mac="01:00:5e:4d:00:09", port=port or free_port(),
+                   heartbeat_s=1.0, key=0x0123456789ABCDEF, seq_base=seq_base,
+                   result_key=RESULT_KEY, auth=auth, lanes=lanes)
+    try:
+        be = udp_backend(info, LocalEnd("127.0.0.1", "lo", "00:00:00:00:00:00"), AbortSignal(),
+                         policy=policy or PYTHON_POLICY, stall_timeout=stall_timeout,
+                         verbose=False, engine=engine)
+    except BaseException:
+        sw.close()
+        raise
+    return sw, be

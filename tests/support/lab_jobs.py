@@ -3,6 +3,7 @@ threads or processes in the worker namespaces, the worker CLI on two ranks,
 and an idle rank that holds a job open."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -85,3 +86,14 @@ def rank_results(lab, placements, deadline_s: float, env: dict | None = None) ->
     results = [rank_result(out) for out, _ in outs]
     assert all(results), "a rank printed no result"
     return results
+
+
+@contextlib.contextmanager
+def xdp_and_userspace_boxes(lab, xdp_args=(), userspace_args=()):
+    """The daemon on both boxes of a two-box lab: box 0 with the XDP data
+    plane, box 1 with the user-space one; (xdp, userspace) SwitchProcesses."""
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    with SwitchProcess(lab, list(xdp_args), box=0) as xdp, \
+            SwitchProcess(lab, ["--dataplane", "userspace", *userspace_args], box=1) as userspace:
+        yield xdp, userspace

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -115,6 +115,7 @@ class Job:
     auth: int = wire.AUTH_HEADER                    # and over what
     ranks: tuple[int, ...] = ()   # the ranks that send to this box; () = 0..world-1
     uplink: UplinkEntry | None = None   # a rack box's job: its way to the parent
+    lanes: int = 1   # slot s's DATA from a member's port + s mod lanes, RESULTs to there
 
     @property
     def rank_list(self) -> tuple[int, ...]:
@@ -193,21 +194,23 @@ class SwitchTester(XdpTester):
     def add_job(self, job_id: int = 1, world: int = 2, slot_base: int = 0,
                 slot_count: int = 4, result_port: int = 40000, key: int | None = None,
                 auth: int = wire.AUTH_HEADER, ranks: tuple[int, ...] = (),
-                uplink: UplinkEntry | None = None) -> Job:
+                uplink: UplinkEntry | None = None, lanes: int = 1) -> Job:
         """A job with every rank registered at member(job, rank), written as
         the daemon writes it (SwitchMaps); `key` its data key (default: random),
         a random result key, RESULTs signed over what `auth` says. In a tree:
         `ranks` the ranks that send to this box (world: their count), and a
-        rack box's `uplink`, whose parent's RESULTs are routed to the job."""
+        rack box's `uplink`, whose parent's RESULTs are routed to the job;
+        its `lanes` (swml_maps.h, lane_mask)."""
         group_ip, group_mac = wire.group_of_job(job_id)
         key = secrets.randbits(64) if key is None else key
         if ranks:
             world = len(ranks)
         job = Job(job_id, world, slot_base, slot_count, Endpoint(group_mac, group_ip, result_port),
-                  key, secrets.token_bytes(wire.RESULT_KEY_LEN), auth, tuple(ranks), uplink)
+                  key, secrets.token_bytes(wire.RESULT_KEY_LEN), auth, tuple(ranks), uplink, lanes)
         mask = sum(1 << r for r in ranks) if ranks else None
         self.maps.write_job(job_id, JobEntry(world, slot_base, slot_count, group_ip, group_mac,
-                                             result_port, key, job.result_key, auth, mask, uplink))
+                                             result_port, key, job.result_key, auth, mask, uplink,
+                                             lanes))
         if uplink is not None:
             self.maps.write_parent_route(uplink.parent_ip, uplink.job_id, job_id)
         for rank in job.rank_list:
@@ -230,7 +233,7 @@ class SwitchTester(XdpTester):
              src: Endpoint | None = None, dst: Endpoint | None = None, owner: int = 0,
              pace: int = 0, **breakage) -> bytes:
         """A frame of (job, rank, slot, round) to the switch from the rank's
-        registered address: a DATA packet of `values` (default k ones), as a
+        registered address (its port + the slot's lane): a DATA packet of `values` (default k ones), as a
         worker streams it: round `rnd` of the slot (default `ver`, else 0) is
         packet rnd * slot_count + slot of the job (its seq), in version rnd % 2.
         `seq`/`ver` given: exactly those. The rest breaks one thing: `key`
@@ -252,7 +255,10 @@ class SwitchTester(XdpTester):
                                             fmt=fmt, owner=owner, pace=pace))
         if ver_type is not None:
             header[0] = ver_type
-        return udp_frame(src or self.member(job, rank), dst or self.switch,
+        if src is None:
+            m = self.member(job, rank)
+            src = replace(m, port=m.port + slot % job.lanes)
+        return udp_frame(src, dst or self.switch,
                          bytes(header) + vals.astype(elem).tobytes(), **breakage)
 
     def round(self, job: Job, slot: int, contributions, *, ver: int | None = None,
@@ -311,7 +317,8 @@ def job_snapshot(iface: str) -> dict[int, tuple[JobEntry, Members]]:
                 jobs[j] = (JobEntry(e.world, e.slot_base, e.slot_count, ip(e.group_ip),
                                     mac_text(bytes(e.group_mac)),
                                     port(e.result_port),
-                                    int.from_bytes(e.key.to_bytes(8, "little"), "big")),
+                                    int.from_bytes(e.key.to_bytes(8, "little"), "big"),
+                                    lanes=e.lane_mask + 1),
                            tuple((ip(m.ip), port(m.port)) for m in members))
     return jobs
 

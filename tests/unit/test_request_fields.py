@@ -14,7 +14,7 @@ from switchml_xdp.switch.request_fields import SCHEMAS, FieldError, validate
 
 GOOD = {
     "join": {"op": "join", "job": "j1", "token": "s3cret", "world": 4, "rank": 1, "port": 48864,
-             "ip": "10.0.0.11", "mac": "02:5d:00:00:01:00", "k": 256, "timeout": 5,
+             "ip": "10.0.0.11", "mac": "02:5d:00:00:01:00", "k": 256, "lanes": 4, "timeout": 5,
              "boxes": "10.0.0.1,10.0.0.2", "rack": True, "weight": 2.5},
     "resume": {"op": "resume", "job": "j1", "token": "s3cret", "job_id": 3, "rank": 1},
     "heartbeat": {"op": "heartbeat", "token": "s3cret"},
@@ -57,6 +57,8 @@ BAD = {
              (None, "true or false"), ([True], "true or false")],
     "k": [(256.0, "integer, got float"), ("256", "integer, got str"), (True, "integer, got bool"),
           (0, "in 1.."), (wire.MAX_K + 1, f"in 1..{wire.MAX_K}")],
+    "lanes": [(0, "in 1..16"), (wire.MAX_LANES + 1, "in 1..16"), (2.0, "integer, got float"),
+              (True, "integer, got bool"), (None, "integer")],
     "timeout": [(0, "(0, 600]"), ("5", "(0, 600]"), (True, "(0, 600]"), (601, "(0, 600]"),
                 (float("nan"), "(0, 600]"), (float("inf"), "(0, 600]"), (None, "(0, 600]")],
     "weight": [(0, "above zero"), (-1, "above zero"), ("3", "above zero"), (True, "above zero"),
@@ -109,10 +111,11 @@ def test_required_fields_are_required(op):
 
 
 def test_defaults_and_nulls():
-    bare = {k: v for k, v in GOOD["join"].items() if k not in ("token", "mac", "k", "timeout", "rack")}
+    bare = {k: v for k, v in GOOD["join"].items()
+            if k not in ("token", "mac", "k", "timeout", "rack", "lanes")}
     got = validate("join", bare)
     assert got["token"] is None and got["mac"] == "" and got["k"] is None and got["timeout"] == 60
-    assert got["rack"] is False
+    assert got["rack"] is False and got["lanes"] == 1
     assert validate("join", {**bare, "token": None, "k": None})["token"] is None
     assert validate("heartbeat", {"op": "heartbeat"}) == {"op": "heartbeat", "token": None}
 
