@@ -89,7 +89,7 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
     med = statistics.median(times)
     row = {
         "rank": info.rank, "world": info.world, "backend": after["backend"],
-        "loop": after.get("loop"), "dtype": dtype,
+        "loop": after.get("loop"), "lanes": info.lanes, "dtype": dtype,
         "op": op, "precision": precision,
         "bytes": n * 4, "elements": n, "k": info.k, "slots": info.slots, "iterations": iterations,
         "tat_min_s": min(times), "tat_median_s": med, "tat_max_s": max(times),
@@ -110,6 +110,7 @@ def run(worker, size_bytes: int, iterations: int, warmup: int, dtype: str = "flo
 
 #: What the columns of format_table mean: printed under the table and in `--help`.
 COLUMNS = (
+    ("backend", "the rank's backend; udp/Q: in Q lanes (--lanes)"),
     ("TAT", "tensor aggregation time: one allreduce, from this rank's call to its result "
             "(min/median/max over the timed iterations)"),
     ("Gbit/s", "goodput: tensor bits / median TAT (payload only, no headers)"),
@@ -141,7 +142,8 @@ def format_table(rows: list[dict]) -> str:
         tat = f"{r['tat_min_s'] * 1e3:.1f}/{r['tat_median_s'] * 1e3:.1f}/{r['tat_max_s'] * 1e3:.1f}"
         ver = "-" if r["verified"] is None else ("ok" if not r["verify_failures"] else
                                                   f"{r['verify_failures']} BAD")
-        lines.append(f"{r['rank']:>4} {r['backend']:>7} {r['dtype']:>7} {r['bytes'] / 2**20:>7.2f} "
+        backend = r["backend"] + (f"/{r['lanes']}" if r.get("lanes", 1) > 1 else "")
+        lines.append(f"{r['rank']:>4} {backend:>7} {r['dtype']:>7} {r['bytes'] / 2**20:>7.2f} "
                      f"{tat:>25} {r['goodput_gbps']:>7.3f} {r['ate_per_s']:>10.3g} "
                      f"{r['retransmissions']:>6} {ver:>8}")
     for r in sorted(rows, key=lambda r: r["rank"]):

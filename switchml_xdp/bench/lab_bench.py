@@ -94,6 +94,7 @@ class BenchConfig:
     ports: int = 1                 # >1: one box of that many ports (Lab(ports=P)), bound as P boxes
     burst: float | None = None     # mean burst length: swml's loss in bursts (lab/burst.py)
     mtu: int | None = None         # every lab link's MTU (None: 1500; lab/link_mtu.py)
+    link_queues: int = 1           # every lab link's queues (for --env SWML_LANES=Q; not afxdp)
 
     @property
     def lossy(self) -> bool:
@@ -208,8 +209,8 @@ class Bench:
         quiet = quietness()
         self.out(f"machine before the run: load {quiet['loadavg']}, {quiet['busy_pct_1s']}% busy; "
                  f"top: {', '.join(quiet['top'][:3])}")
-        reason = _afxdp_unavailable_reason()
-        if reason and {"swml-afxdp", "swml-afxdp16"} & set(cfg.systems):
+        reason = _afxdp_unavailable_reason() or raw_lab.single_queue_reason(cfg.link_queues)
+        if reason and {"swml-afxdp", "swml-afxdp16", "userspace"} & set(cfg.systems):
             self.unavailable["swml-afxdp"] = reason
         torch_reason = None
         if set(GLOO_SYSTEMS) & set(cfg.systems):
@@ -228,7 +229,8 @@ class Bench:
                      f"{cfg.warmup} warm-up + {cfg.iterations} iterations")
             self.boxes = m
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
-                     boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports, mtu=cfg.mtu) as lab:
+                     boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports, mtu=cfg.mtu,
+                     link_queues=cfg.link_queues) as lab:
                 if cfg.lossy:
                     lab.set_loss(0.0)      # attach the loss injector once
                 for k in cfg.ks:   # the raw path's ceiling first, then the swml systems
@@ -374,6 +376,7 @@ class Bench:
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "loss_hooks": cfg.lossy, "ks": list(cfg.ks), "systems": list(cfg.systems),
             "job_slots": cfg.job_slots, "rank_env": dict(cfg.env), "mtu": cfg.mtu,
+            "link_queues": cfg.link_queues,
             "wait_quiet_s": cfg.wait_quiet,
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),

@@ -97,12 +97,24 @@ def annotate(results: list[dict], raw: dict, workers: int, k: int, boxes: int = 
     return rows
 
 
+def single_queue_reason(link_queues: int) -> str | None:
+    """Why an AF_XDP socket (afxdp, the raw path) cannot serve a lab whose
+    links have several queues (None where they have one): it takes queue 0."""
+    if link_queues > 1:
+        return (f"an AF_XDP socket takes one queue, and the lab's links have {link_queues} "
+                f"(--link-queues)")
+    return None
+
+
 def around(bench, lab, k: int) -> None:
     """bench._swml_systems(lab, k) (lab_bench.py) with the raw path measured
     first, where it can be (one port on the box, the engine built), and its
     fraction given to the rows after."""
     cfg, n = bench.cfg, len(lab.workers)
     wanted = cfg.ports == 1 and any(s in cfg.systems for s in SWML_SYSTEMS)
+    if wanted and lab.link_queues > 1:
+        bench.out(f"  raw path: not measured: {single_queue_reason(lab.link_queues)}")
+        wanted = False
 
     def measured() -> dict | None:
         try:

@@ -251,9 +251,12 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
               help="With --jobs: under a policy the box marks jobs (swml-switch up --dscp LIST) and "
                    "the lab's box port serves LIST as priority bands")
 @mtu_option
+@click.option("--link-queues", type=click.IntRange(1, wire.MAX_LANES), default=1, show_default=True,
+              help="every lab link's queues, for swml-udp in lanes (--env SWML_LANES=Q); "
+                   "above 1 no afxdp (an AF_XDP socket takes one queue)")
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
-          jobs_spec, share, reweight, no_gloo, dscp_classes, burst, mtu):
+          jobs_spec, share, reweight, no_gloo, dscp_classes, burst, mtu, link_queues):
     """Allreduce through switchml-xdp (afxdp, udp), a user-space switch and Gloo,
     on shaped lab links, sweeping workers, loss and k; JSON, Markdown, PNG plots.
 
@@ -266,7 +269,8 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
     from switchml_xdp.bench import lab_bench
     from switchml_xdp.bench.allreduce_bench import parse_size
 
-    for value, hint in ((burst, "--burst"), (mtu, "--mtu")):
+    for value, hint in ((burst, "--burst"), (mtu, "--mtu"), (link_queues if link_queues > 1 else None,
+                                                          "--link-queues")):
         if value is not None and (jobs_spec is not None or racks is not None):
             raise click.BadParameter("not with --jobs or --racks", param_hint=hint)
     check_burst(burst, losses)
@@ -318,7 +322,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         out_dir=out_dir, job_slots=job_slots, check=not no_check,
         env=dict(e.split("=", 1) for e in env if "=" in e),
         wait_quiet=wait_quiet, fanout=fanout, collective=collective, boxes=boxes,
-        box_rate_mbit=box_rate, ports=ports, burst=burst, mtu=mtu,
+        box_rate_mbit=box_rate, ports=ports, burst=burst, mtu=mtu, link_queues=link_queues,
         command="swml-lab bench" + "".join(f" {shlex.quote(a)}" for a in sys.argv[2:]))
     with lab_errors():
         lab_bench.run_bench(cfg, out=click.echo)

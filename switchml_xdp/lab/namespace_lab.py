@@ -61,7 +61,8 @@ class Lab:
                  queue_packets: int | None = None, multicast: bool = True,
                  query_interval_s: float | None = None, boxes: int = 1,
                  box_rate_mbit: float | None = None, ports: int = 1,
-                 dscp_bands: Sequence[int] | None = None, burst=None, mtu: int | None = None):
+                 dscp_bands: Sequence[int] | None = None, burst=None, mtu: int | None = None,
+                 link_queues: int = 1):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of duplicating, data-port UDP
         frames on every worker link in both directions; giving either (or loss_port) attaches the
         loss injector at build time, set_loss() does it later otherwise. loss_port: the UDP port
@@ -78,7 +79,8 @@ class Lab:
         switch as a box with that many ports, each on its own segment (lab/box_ports.py);
         box_rate_mbit is then each port's. dscp_bands: DSCP values, highest priority first, that
         every box's port serves in that order (needs both rates; lab/shaping.py). mtu: every link's
-        MTU (default the kernel's 1500; at most one page's frame for XDP, lab/link_mtu.py)."""
+        MTU (default the kernel's 1500; at most one page's frame for XDP, lab/link_mtu.py).
+        link_queues: every link's queues (lab/wiring.py make_link; afxdp's socket takes queue 0)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
@@ -96,6 +98,7 @@ class Lab:
                            "switch's bridge port)")
         self.multicast = multicast
         self.rate_mbit, self.box_rate_mbit, self.mtu = rate_mbit, box_rate_mbit, link_mtu.check_mtu(mtu)
+        self.link_queues = wiring.check_link_queues(link_queues)
         self.keep = keep
         self.igmp = igmp
         if query_interval_s is not None and not igmp:
@@ -170,7 +173,7 @@ class Lab:
             "loss": self.loss, "dup": self.dup, "loss_port": self.loss_port,
             "burst": loss_mod.burst_state(self.burst),
             "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
-            "multicast": self.multicast, "mtu": self.mtu,
+            "multicast": self.multicast, "mtu": self.mtu, "link_queues": self.link_queues,
             "switch": dataclasses.asdict(self.switch),
             "switches": [dataclasses.asdict(b) for b in self.switches],
             "ports": 1 + len(self.box_ports),
@@ -196,7 +199,8 @@ class Lab:
                   query_interval_s=state.get("query_interval_s"),
                   boxes=len(state.get("switches") or [state["switch"]]),
                   box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1),
-                  dscp_bands=state.get("dscp_bands"), burst=state.get("burst"), mtu=state.get("mtu"))
+                  dscp_bands=state.get("dscp_bands"), burst=state.get("burst"), mtu=state.get("mtu"),
+                  link_queues=state.get("link_queues", 1))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -372,7 +376,8 @@ class Lab:
             self.workers.index(host), 1 + len(self.box_ports))
         wiring.make_link(self._ipr(self.bridge_ns), self._ipr(host.ns), self.bridge_ns,
                          addressing.segment_bridge(self.prefix, segment), host,
-                         box_qdisc=host in self.switches and self.box_rate_mbit is None)
+                         box_qdisc=host in self.switches and self.box_rate_mbit is None,
+                         queues=self.link_queues)
 
     def _attach_pass_program(self) -> None:
         try:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from .. import bpf, net
+from .. import bpf, net, wire
 from . import igmp, netns
 from .addressing import SUBNET_PREFIXLEN, Host, bridge_mac, peer_mac
+from .errors import LabError
 
 PASS_SOURCE = "lab/swml_pass.c"
 PASS_PROG = "swml_pass"
@@ -66,18 +67,29 @@ def make_bridge(ipr: IPRoute, ns: str, bridge: str, querier_ip: str | None,
                                 query_interval_s)
 
 
+def check_link_queues(queues: int) -> int:
+    """Queues a lab link may have (Lab(link_queues=Q)): 1..wire.MAX_LANES."""
+    if not isinstance(queues, int) or not 1 <= queues <= wire.MAX_LANES:
+        raise LabError(f"link queues must be an integer in 1..{wire.MAX_LANES}, got {queues!r}")
+    return queues
+
+
 def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host, *,
-              box_qdisc: bool, address: bool = True) -> None:
+              box_qdisc: bool, address: bool = True, queues: int = 1) -> None:
     """Veth from the bridge namespace straight into the host's (`br` and `ipr`
     their sockets): the pair never shows up in the namespace this process
     runs in. With box_qdisc (a box whose link is not shaped: a shaped one
     gets its shaper's queue, lab/shaping.py), the host's end gets a qdisc
     (HOST_QUEUE_PACKETS). address=False: the host's end gets no IP (a
-    port of the box's bridge, lab/box_ports.py)."""
+    port of the box's bridge, lab/box_ports.py). queues: each end's tx and
+    rx queues; above 1, a frame's queue is its flow's hash (or, for XDP_TX
+    and redirects, its CPU's), so a worker's lanes go through the veths in
+    parallel, one NAPI each, as a NIC's queues would take them."""
     fd = netns.netns_fd(host.ns)
     try:
-        br.link("add", ifname=host.peer, kind="veth",
-                peer={"ifname": host.iface, "net_ns_fd": fd})
+        br.link("add", ifname=host.peer, kind="veth", num_tx_queues=queues, num_rx_queues=queues,
+                peer={"ifname": host.iface, "net_ns_fd": fd, "num_tx_queues": queues,
+                      "num_rx_queues": queues})
     finally:
         os.close(fd)
     br.link("set", index=net.link_index(host.peer, bridge_ns), address=peer_mac(host),

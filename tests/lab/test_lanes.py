@@ -140,3 +140,41 @@ def test_a_rank_that_asks_for_other_lanes_is_refused_in_one_line(lab, boxes):
     assert second == (f"join refused: job {job!r} has 2 lane(s), this worker asks for 1: every "
                       f"rank of a job streams in the same lanes"), second
     assert "join refused" in first and "\n" not in second
+
+
+def test_swml_worker_bench_streams_in_lanes(lab, boxes):
+    from lab_jobs import bench_cli_2_ranks
+
+    rows = bench_cli_2_ranks(lab, job_name("lanes-cli"), 47100, "--lanes", "2")
+    assert [(r["lanes"], r["loop"], r["verify_failures"]) for r in rows] == [(2, "engine", 0)] * 2
+
+
+def test_a_lab_of_several_queues_a_link_carries_a_lone_worker_s_lanes():
+    """Lab(link_queues=2): both ends of every veth with two queues (what a
+    NIC gives each lane); a one-rank job in two lanes through it, exact."""
+    from switchml_xdp import Worker
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
+
+    with Lab(workers=1, link_queues=2) as lab, SwitchProcess(lab):
+        w0 = lab.workers[0]
+        link = lab.run(w0, ["ip", "-d", "link", "show", "dev", w0.iface]).stdout
+        assert "numtxqueues 2 numrxqueues 2" in link, link
+
+        def body(rank, host):
+            with Worker(lab.switch.ip, job_name("lanes-mq"), 0, 1, backend="udp", verbose=False,
+                        lanes=2) as w:
+                y = np.arange(N, dtype=np.int32)
+                w.allreduce(y)
+                return y, [e.stats()["results"] for e in w._backend._engines]
+
+        ((y, per_lane),) = run_ranks(lab, lab.workers, body, timeout=60)
+    assert np.array_equal(y, np.arange(N, dtype=np.int32))
+    assert all(n > 0 for n in per_lane)
+
+
+def test_link_queues_out_of_range_are_refused():
+    from switchml_xdp.lab import Lab, LabError
+
+    with pytest.raises(LabError, match="link queues must be an integer in 1..16, got 0"):
+        Lab(workers=1, link_queues=0)

@@ -195,7 +195,7 @@ class _TwoBoxWorker:
     """What allreduce_bench.run sees of a Worker over two boxes: box 1 sends twice box 0's."""
 
     def __init__(self):
-        self.info = SimpleNamespace(rank=0, world=1, k=K, slots=64)
+        self.info = SimpleNamespace(rank=0, world=1, k=K, slots=64, lanes=1)
         self.calls = 0
 
     def allreduce(self, array, op="sum", precision="32"):
