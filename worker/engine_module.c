@@ -935,6 +935,8 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "rack_resends", s->rack_resends) ||
 	    put_u64(d, "tail_probes", s->tail_probes) ||
 	    put_u64(d, "timeout_copies", s->timeout_copies) || put_u64(d, "results", s->results) ||
+	    put_u64(d, "reorder_seen", s->reorder_seen) ||
+	    put_u64(d, "reo_mult", self->stream.reo_mult) ||
 	    put_u64(d, "duplicates", s->duplicates) ||
 	    put_u64(d, "shadow_replies", s->shadow_replies) || put_u64(d, "ignored", s->ignored) ||
 	    put_u64(d, "header_only", s->header_only) || put_u64(d, "forged", s->forged) ||

@@ -51,6 +51,18 @@
  * lab (4 ranks on 2 cores, 1 Gbit/s), a quarter of the smoothed one 0.03%. */
 #define SWML_RACK_REORDER_DIV 4
 
+/* That margin adapts, as RACK's reordering window does (RFC 8985, 6.2). A
+ * second RESULT of a packet resent on evidence (TCP's DSACK) says the resend
+ * was for nothing: the original's RESULT was only late (RESULTs reordered
+ * by more than the margin: a path over several queues, docs/performance.md,
+ * "Several queues per worker"), or another rank's resend completed the
+ * round first (a loss, not reordering: about half of a rank's resends for
+ * another's lost packet come so). So the resends on evidence are judged in
+ * samples of this many: where at least 3/4 were answered twice the margin
+ * grows by a quarter of the smoothed round trip, up to the whole of it;
+ * where at most 1/4 were, it is a quarter again. */
+#define SWML_RACK_REO_SAMPLE 16
+
 /* The n-th resend of a packet on evidence waits 2^n round trips after the
  * last (stream.c, rack_detect: the round may wait for a late rank), n at
  * most this. */

@@ -26,6 +26,10 @@
 #define SLEEP_TX_WAIT_NS 50000ull /* while waiting for tx frames or ring room */
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
+/* With P_SENT or P_DONE: the packet went again on evidence (a duplicate
+ * RESULT of it then says its original was only late: reorder_seen). */
+#define P_EVIDENCE 0x10
+#define P_MASK 0x0f
 /* A timer's state (retransmit.py): deferred behind the probe, the packet
  * goes when its timer runs out again. */
 enum { TIMER_NORMAL = 0, TIMER_DEFERRED = 1 };
@@ -118,8 +122,8 @@ static inline uint8_t owner_of(const struct swml_stream *st, const struct plan *
 
 static inline int ready(const struct plan *pl, uint64_t p)
 {
-	return (p < pl->S || pl->state[p - pl->S] == P_DONE) &&
-	       (p < pl->lag || pl->state[p - pl->lag] == P_DONE);
+	return (p < pl->S || (pl->state[p - pl->S] & P_MASK) == P_DONE) &&
+	       (p < pl->lag || (pl->state[p - pl->lag] & P_MASK) == P_DONE);
 }
 
 int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
@@ -131,6 +135,7 @@ int swml_stream_init(struct swml_stream *st, const struct swml_stream_cfg *cfg,
 	st->cfg = *cfg;
 	if (!st->cfg.lanes) /* a cfg that does not say: one lane */
 		st->cfg.lanes = 1;
+	st->reo_mult = 1;
 	st->port = port;
 	for (uint8_t fmt = 0; fmt < SWML_FMT_NUM; fmt++)
 		swml_build_template(st->tmpl[fmt], &cfg->addrs, cfg->k, fmt);
@@ -389,6 +394,39 @@ static uint64_t base_rtt_ns(const struct swml_stream *st)
 	return (uint64_t)(st->win.base * 1e9);
 }
 
+/* RACK's margin: reo_mult quarters of the smoothed round trip, at most all
+ * of it (engine_policy.h, SWML_RACK_REO_PERSIST). */
+static uint64_t reo_window(const struct swml_stream *st)
+{
+	return min_u64(st->srtt_ns * st->reo_mult / SWML_RACK_REORDER_DIV, st->srtt_ns);
+}
+
+/* A packet resent on evidence has its (first) RESULT. Every
+ * SWML_RACK_REO_SAMPLE of them the margin is judged by how many were answered
+ * twice (reorder_seen): most, it grows; few, it is a quarter again. */
+static void reorder_judge(struct swml_stream *st)
+{
+	if (++st->reo_answered < SWML_RACK_REO_SAMPLE)
+		return;
+	if (4 * st->reo_twice >= 3 * SWML_RACK_REO_SAMPLE) {
+		if (st->reo_mult < SWML_RACK_REORDER_DIV)
+			st->reo_mult++;
+	} else if (4 * st->reo_twice <= SWML_RACK_REO_SAMPLE) {
+		st->reo_mult = 1;
+	}
+	st->reo_answered = st->reo_twice = 0;
+}
+
+/* A packet resent on evidence has a second RESULT: both its copies were
+ * answered, so the resend was for nothing (RACK's DSACK, RFC 8985 6.2):
+ * its original's RESULT was only late, or another rank's resend completed
+ * the round first (engine_policy.h, SWML_RACK_REO_SAMPLE). */
+static void reorder_seen(struct swml_stream *st)
+{
+	st->stats.reorder_seen++;
+	st->reo_twice++;
+}
+
 /* Slot s's packet has its RESULT: its latest transmission is evidence about
  * every packet sent before it (retransmit.py, "Loss by evidence"). A RESULT
  * that came back sooner than the base round trip after a resend answers the
@@ -421,7 +459,7 @@ static void rack_detect(struct swml_stream *st, struct plan *pl)
 	/* the round trip a resend waits out: the smoothed one, which holds the
 	 * other ranks' usual lateness, where it is longer */
 	const uint64_t rtt = pl->rack_rtt > st->srtt_ns ? pl->rack_rtt : st->srtt_ns;
-	const uint64_t reo = st->srtt_ns / SWML_RACK_REORDER_DIV;
+	const uint64_t reo = reo_window(st);
 	int lost = 0;
 
 	pl->rack_moved = 0;
@@ -438,6 +476,7 @@ static void rack_detect(struct swml_stream *st, struct plan *pl)
 		if (st->evidence_n[s] < UINT8_MAX)
 			st->evidence_n[s]++;
 		transmit(st, pl, (uint64_t)st->inflight[s], 1);
+		pl->state[st->inflight[s]] |= P_EVIDENCE;
 		st->stats.rack_resends++;
 		lost = 1;
 	}
@@ -494,8 +533,12 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 		st->stats.ignored++;
 		return 0;
 	}
-	if (pl->state[p] != P_SENT) {
+	if ((pl->state[p] & P_MASK) != P_SENT) {
 		st->stats.duplicates++;
+		if (pl->state[p] & P_EVIDENCE) { /* both copies answered: see reorder_seen */
+			pl->state[p] &= (uint8_t)~P_EVIDENCE;
+			reorder_seen(st);
+		}
 		return 0;
 	}
 	if (r->flags & SWML_FLAG_DISAGREE) /* the round's tag and op are another rank's */
@@ -528,7 +571,9 @@ static int on_result(struct swml_stream *st, struct plan *pl, const struct swml_
 			rtt_sample(st, pl->now - st->sent_at[s]);
 		swml_window_ack(&st->win, (pl->now - st->sent_at[s]) * 1e-9, pl->now * 1e-9);
 	}
-	pl->state[p] = P_DONE;
+	if (pl->state[p] & P_EVIDENCE)
+		reorder_judge(st);
+	pl->state[p] = P_DONE | (pl->state[p] & P_EVIDENCE);
 	st->inflight[s] = -1;
 	st->n_inflight--;
 	st->deadline[s] = UINT64_MAX;

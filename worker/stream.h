@@ -123,6 +123,7 @@ struct swml_stream_stats {
 	uint64_t rack_resends;      /* resent on evidence: a later packet's round came back */
 	uint64_t tail_probes;       /* resent as the tail probe: no RESULT for 2 srtt */
 	uint64_t timeout_copies;    /* extra copies of probes whose timer ran out again */
+	uint64_t reorder_seen;      /* resends on evidence whose original was only late */
 };
 
 #define SWML_MAX_PENDING_REPORT 8
@@ -147,6 +148,10 @@ struct swml_stream {
 	/* the RTT estimator and the congestion window, kept across tensors */
 	uint64_t srtt_ns, rttvar_ns, rto_ns;
 	struct swml_window win;
+	/* RACK's margin, reo_mult quarters of the smoothed round trip, and the
+	 * sample it is judged on (engine_policy.h, SWML_RACK_REO_SAMPLE): the
+	 * packets resent on evidence answered, and answered twice */
+	uint32_t reo_mult, reo_answered, reo_twice;
 	/* what the box's last authentic RESULT said (docs/transport.md, "The
 	 * box's rate"): its pace code, the rate in kbit/s (0: no cap), the DSCP
 	 * our DATA to it carries from then on */

@@ -33,7 +33,7 @@ SPIN = DEFINES["engine_policy.h"]["SWML_ENGINE_SPIN"]
 COALESCE = DEFINES["engine_policy.h"]["SWML_ENGINE_COALESCE"]
 # A lane's stats that are a state, not a count: lane 0's stand for the rank's.
 LANE_STATES = frozenset({"srtt_us", "rto_us", "rate_kbps", "dscp", "udp_gso", "zero_copy",
-                         "tensors"})
+                         "tensors", "reo_mult"})
 
 
 def engine_module():

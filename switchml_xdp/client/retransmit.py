@@ -60,6 +60,22 @@ counted duplicates at the switch): a few resends more, for recovery in one
 round trip instead of a timeout. Timers remain for what no later RESULT can
 reveal: the last packets of a call, and a stall.
 
+Reordering: the margin adapts, as RACK's reordering window does (RFC 8985,
+6.2). A path of several queues (a worker's lanes: docs/performance.md,
+"Several queues per worker") can bring RESULTs back out of order by more
+than a quarter of a round trip, and every such RESULT makes a spurious
+resend and a loss for the window. The sign is TCP's DSACK: a second RESULT
+of a packet resent on evidence. Both copies were answered, so nothing of
+the round was lost on this rank's side (its DATA was in, its RESULT came)
+and the resend was for nothing: the original's RESULT was only late, or
+another rank's resend completed the round first. The second is a loss, not
+reordering, and comes to about half of a rank's resends for another's lost
+packet (a 5% loss at 8 ranks widened the margin of every rank and took the
+time from 1.2x to 2x the loss-free one). So the resends on evidence are
+judged in samples of RACK_REO_SAMPLE: where at least 3/4 were answered
+twice, the margin grows by a quarter of the smoothed round trip, up to the
+whole of it (`reo_mult`); where at most 1/4 were, it is a quarter again.
+
 Copies of a lost probe: the probe whose timer runs out again (its resend
 was lost too) goes as 2^(n-1) copies back to back at its n-th expiry, at
 most RTO_COPIES_MAX (QUIC's probe timeout sends two datagrams for the same
@@ -105,6 +121,7 @@ RTO_BACKOFF = _ENGINE["SWML_RTO_BACKOFF"]      # an expired timer's timeout time
 RTO_QUIET_DIV = _ENGINE["SWML_RTO_QUIET_DIV"]  # RESULTs stopped: none for the RTO / this
 RACK_REORDER_DIV = _ENGINE["SWML_RACK_REORDER_DIV"]  # evidence's margin: base RTT / this
 RACK_MAX_BACKOFF = _ENGINE["SWML_RACK_MAX_BACKOFF"]  # resends on evidence: 2^n RTTs apart
+RACK_REO_SAMPLE = _ENGINE["SWML_RACK_REO_SAMPLE"]    # resends on evidence judged together
 RTO_COPIES_MAX = _ENGINE["SWML_RTO_COPIES_MAX"]      # a probe's n-th expiry: 2^(n-1) copies, at most
 # A call fails when no result came in for this long (every backend's default).
 STALL_TIMEOUT_S = float(_ENGINE["SWML_STALL_TIMEOUT_S"])
@@ -196,6 +213,13 @@ class RetransmitTimers:
         self.tail_probes = 0                # packets resent as the tail probe
         self._expiries: dict[int, int] = {}  # packet -> its timer's expiries so far
         self.timeout_copies = 0             # extra copies of probes whose timer ran out again
+        # RACK's margin: reo_mult quarters of the smoothed round trip, judged on
+        # samples of resends on evidence (module docstring, "Reordering"), kept
+        # across streams
+        self.reo_mult = 1
+        self.reorder_seen = 0               # resends on evidence answered twice
+        self._reo_answered = self._reo_twice = 0   # this sample's resends, and those answered twice
+        self._resent_answered: set[int] = set()   # answered after a resend on evidence
 
     def start(self) -> None:
         """A new stream: forget the timers of the last one (a failed tensor
@@ -209,6 +233,7 @@ class RetransmitTimers:
         self._rack_moved = False
         self._tail_armed = True
         self.pacing = False
+        self._resent_answered.clear()
 
     def sent(self, p: int) -> None:
         """Packet p went out for the first time."""
@@ -228,6 +253,9 @@ class RetransmitTimers:
         timer = self._timers.pop(p, None)
         self._expiries.pop(p, None)
         self._deferred.discard(p)
+        if timer is not None and timer[5]:
+            self._resent_answered.add(p)
+            self._reorder_judge()
         if timer is not None and (timer[2] is not None or now - timer[4] >= self.min_rtt) \
                 and timer[4] > self._rack_xmit:
             self._rack_xmit = timer[4]
@@ -252,6 +280,35 @@ class RetransmitTimers:
             self.min_rtt = rtt
         return rtt
 
+    def duplicate(self, p: int) -> None:
+        """A second RESULT of packet p, already answered. If p went again on
+        evidence, both copies were answered: the resend was for nothing
+        (module docstring, "Reordering"), and the margin grows, once a round
+        trip at most."""
+        if p not in self._resent_answered:
+            return
+        self._resent_answered.discard(p)
+        self.reorder_seen += 1
+        self._reo_twice += 1
+
+    def _reorder_judge(self) -> None:
+        """A packet resent on evidence has its (first) RESULT: every
+        RACK_REO_SAMPLE of them, the margin grows if at least 3/4 were
+        answered twice, and is a quarter again if at most 1/4 were."""
+        self._reo_answered += 1
+        if self._reo_answered < RACK_REO_SAMPLE:
+            return
+        if 4 * self._reo_twice >= 3 * RACK_REO_SAMPLE:
+            self.reo_mult = min(self.reo_mult + 1, RACK_REORDER_DIV)
+        elif 4 * self._reo_twice <= RACK_REO_SAMPLE:
+            self.reo_mult = 1
+        self._reo_answered = self._reo_twice = 0
+
+    def reorder_window(self) -> float:
+        """RACK's margin: reo_mult quarters of the smoothed round trip, at most all of it."""
+        srtt = self.estimator.srtt or 0.0
+        return min(srtt * self.reo_mult / RACK_REORDER_DIV, srtt)
+
     def lost_by_evidence(self) -> list[int]:
         """The packets to resend now because a packet sent after them has its
         result (module docstring, "Loss by evidence"), each re-armed with its
@@ -260,7 +317,7 @@ class RetransmitTimers:
             return []
         self._rack_moved = False
         now = self.clock()
-        reo = (self.estimator.srtt or 0.0) / RACK_REORDER_DIV
+        reo = self.reorder_window()
         before = self._rack_xmit - reo
         rtt = max(self._rack_rtt, self.estimator.srtt or 0.0)
         lost = sorted(p for p, timer in self._timers.items() if timer[4] < before

@@ -134,6 +134,7 @@ class UdpBackend(Backend):
     def stats(self) -> dict:
         return {**self._counters, "spurious_timeouts": self.timers.spurious,
                 "rack_resends": self.timers.evidence_resends,
+                "reorder_seen": self.timers.reorder_seen, "reo_mult": self.timers.reo_mult,
                 "tail_probes": self.timers.tail_probes,
                 "timeout_copies": self.timers.timeout_copies,
                 "rto_us": int(self.timers.estimator.rto * 1e6),
@@ -301,6 +302,7 @@ class UdpBackend(Backend):
                         continue
                     if verdict == DUPLICATE:
                         self._counters["duplicates"] += 1
+                        timers.duplicate(p)
                         continue
                     if verdict == DISAGREED:
                         raise call.mismatch()
