@@ -48,7 +48,8 @@ class _SwmlRank:
             return self.w.reduce_scatter(a, precision=self.precision)
         return self.w.allreduce(a, precision=self.precision)
 
-    GAUGES = ("srtt_us", "rto_us", "cwnd", "rate_kbps", "dscp")  # state (the box's pace too), not counts
+    # state (the box's pace too), not counts
+    GAUGES = ("srtt_us", "rto_us", "cwnd", "rate_kbps", "dscp", "reo_mult")
 
     def counters(self) -> dict:
         s = self.w.stats()
