@@ -26,8 +26,8 @@
 #define SLEEP_TX_WAIT_NS 50000ull /* while waiting for tx frames or ring room */
 
 enum { P_UNSENT = 0, P_SENT = 1, P_DONE = 2 };
-/* With P_SENT or P_DONE: the packet went again on evidence (a duplicate
- * RESULT of it then says its original was only late: reorder_seen). */
+/* With P_SENT or P_DONE: the packet went again on evidence (a second
+ * RESULT of it then says the resend was for nothing: reorder_seen). */
 #define P_EVIDENCE 0x10
 #define P_MASK 0x0f
 /* A timer's state (retransmit.py): deferred behind the probe, the packet
@@ -395,7 +395,7 @@ static uint64_t base_rtt_ns(const struct swml_stream *st)
 }
 
 /* RACK's margin: reo_mult quarters of the smoothed round trip, at most all
- * of it (engine_policy.h, SWML_RACK_REO_PERSIST). */
+ * of it (engine_policy.h, SWML_RACK_REO_SAMPLE). */
 static uint64_t reo_window(const struct swml_stream *st)
 {
 	return min_u64(st->srtt_ns * st->reo_mult / SWML_RACK_REORDER_DIV, st->srtt_ns);

@@ -279,7 +279,9 @@ class Worker:
                     e.lost_boxes = (box.address,)
                     if len(self._boxes) == 1:
                         raise
-                    raise named(box, call, e) from None
+                    out = named(box, call, e)
+                    out.lost_boxes = e.lost_boxes   # the named error is a new one
+                    raise out from None
             t0 = time.perf_counter()
             self._split.reduce(streamed(array), call)
             self._stats["tensors"] += 1

@@ -7,9 +7,9 @@ waiting and its counters are the same C code either way.
 Each allreduce is one call into C, which streams the whole tensor with the GIL
 released; in a job with lanes (docs/performance.md, "Several queues per
 worker"), one call a lane, each on its own engine, socket and thread, the
-calling thread running lane 0. The job's AbortSignal raises a flag the C loop reads and wakes the
-loop's sleep (Engine.wake); the loop's status code becomes JobAborted /
-TimeoutError / CallMismatch here. A subclass opens the engine in its
+calling thread running lane 0. The job's AbortSignal raises a flag the C
+loop reads and wakes the loop's sleep (Engine.wake); the loop's status code
+becomes JobAborted / TimeoutError / CallMismatch here. A subclass opens the engine in its
 constructor (`_open`) and releases its own datapath in `_release`.
 """
 from __future__ import annotations

@@ -17,7 +17,6 @@ from requires import NO_LAB
 if NO_LAB:
     pytest.skip(f"lab tests: {NO_LAB}", allow_module_level=True)
 
-from switchml_xdp.lab import Lab
 from switchml_xdp.lab.cluster import SwitchProcess, run_ranks
 
 K = 256
@@ -25,9 +24,8 @@ NOTICED_S = 2.0     # the default box_timeout: the bound on every rank
 
 
 @pytest.fixture(scope="module")
-def lab():
-    with Lab(workers=2, boxes=2) as lab:
-        yield lab
+def lab(two_box_lab):
+    return two_box_lab
 
 
 def link(lab, box: int, state: str) -> None:
@@ -117,6 +115,40 @@ def test_a_box_stopped_cleanly_fails_every_ranks_call_at_once_naming_it(lab):
     for rank, (error, seconds) in enumerate(out):
         assert isinstance(error, JobAborted) and str(error).startswith(f"box {box1}: "), repr(error)
         assert lost_boxes(error) == (box1,) and seconds < NOTICED_S, (rank, seconds)
+
+
+def test_a_call_after_a_box_stopped_names_it_among_the_lost_boxes(lab):
+    """The abort came between two calls: the next call fails at once, before
+    anything streams, as JobAborted naming the box, which the error lists
+    among its lost boxes (seen in CI as the race of the test above)."""
+    from switchml_xdp import Worker
+    from switchml_xdp.client.abort import JobAborted
+    from switchml_xdp.client.boxes import lost_boxes
+
+    box1 = lab.switches[1].ip
+    with SwitchProcess(lab, box=0), SwitchProcess(lab, box=1) as sw1:
+        stopped = threading.Barrier(2)
+
+        def body(rank, host):
+            with Worker([b.ip for b in lab.switches], "stopped-between", rank, 2, backend="udp",
+                        verbose=False) as w:
+                x = np.ones(50 * K, np.float32)
+                w.allreduce(x)
+                if rank == 0:
+                    sw1.stop()
+                stopped.wait(30)
+                deadline = time.monotonic() + 10
+                while w._boxes[1].control.abort.reason is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                try:
+                    w.allreduce(x)
+                except JobAborted as e:
+                    return str(e), lost_boxes(e)
+                return "no error", ()
+
+        out = run_ranks(lab, lab.workers[:2], body, timeout=60)
+    for message, lost in out:
+        assert message.startswith(f"box {box1}: ") and lost == (box1,), (message, lost)
 
 
 def test_an_interrupted_call_fails_on_every_datapath_and_the_next_is_right(lab):
