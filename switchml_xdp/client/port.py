@@ -56,12 +56,16 @@ def hold(sock: socket.socket) -> int:
     return port
 
 
-def release_held(port: int | None) -> None:
-    """Close a held socket that no Worker took (a Worker that failed first)."""
+def release_held(port: int | None, count: int = 1) -> None:
+    """Close the held sockets of ports port..port+count-1 that no Worker
+    took (a Worker that failed first)."""
+    if port is None:
+        return
     with _held_lock:
-        sock = _held.pop(port, None)
-    if sock is not None:
-        sock.close()
+        socks = [_held.pop(p, None) for p in range(port, port + count)]
+    for sock in socks:
+        if sock is not None:
+            sock.close()
 
 
 def _bound(port: int) -> socket.socket:

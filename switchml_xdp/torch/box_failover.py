@@ -83,7 +83,8 @@ class WorkerRecipe:
         job = f"{self.job}-g{generation}" if generation else self.job
         return Worker(boxes, job, self.host_index, self.n_hosts, iface=o.iface, backend=o.backend,
                       port=self.port, control_port=o.control_port, join_timeout=join_timeout,
-                      stall_timeout=self.stall_timeout, verbose=o.verbose, token=self.token)
+                      stall_timeout=self.stall_timeout, verbose=o.verbose, token=self.token,
+                      lanes=o.lanes)
 
 
 def _is_box_failure(error: BaseException) -> bool:

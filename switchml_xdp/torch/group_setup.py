@@ -14,6 +14,11 @@ neither another group made at the same time (torch makes a subgroup only on
 its members, so the groups of disjoint ranks are made concurrently) nor
 another program takes it in between.
 
+A Worker with several boxes or lanes uses a block of ports: box i's lane q
+on port + i * lanes + q (client/api.py). The group agrees on the whole
+block, every port of it free and held on every host, so that two groups'
+blocks never overlap on a host.
+
 The outcome. Each phase of the set-up ends with every rank saying "ok" or
 its error under its own key; every rank reads them all (waiting at most the
 group's timeout), and if one failed, all raise the same GroupSetupError,
@@ -31,6 +36,10 @@ from ..client.port import hold
 from .hosts import HostLayout
 
 PORT_ROUNDS = 8          # the configured port, then 7 picks by the kernels of the leaders in turn
+# A kernel-picked port starts a block only where the ports after it are free
+# too: so many picks a round before the leader gives up its turn.
+BLOCK_PICKS = 16
+MAX_PORT = 65535
 _PORT_KEY = "swml/port/{round}/{host}"
 _PHASE_KEY = "swml/setup/{phase}/{rank}"
 
@@ -58,10 +67,45 @@ def _try_bind(port: int) -> socket.socket | None:
     return sock
 
 
-def agree_port(store: dist.Store, layout: HostLayout, preferred: int, timeout_s: float) -> int:
-    """The group's UDP port, free on every host of the group and held (bound)
-    by this host's leader until its Worker takes it. Only the hosts' leaders
-    call this; GroupSetupError where no round finds one."""
+def _close(socks: list[socket.socket]) -> None:
+    for sock in socks:
+        sock.close()
+
+
+def _try_block(first: int, width: int) -> list[socket.socket] | None:
+    """Sockets bound to ports first..first+width-1, or None (none kept) if
+    one of them is taken or past the last port."""
+    if first + width - 1 > MAX_PORT:
+        return None
+    socks: list[socket.socket] = []
+    for port in range(first, first + width):
+        sock = _try_bind(port)
+        if sock is None:
+            _close(socks)
+            return None
+        socks.append(sock)
+    return socks
+
+
+def _kernel_block(width: int) -> list[socket.socket] | None:
+    """A block of `width` free ports whose first one the kernel picked."""
+    for _ in range(BLOCK_PICKS):
+        first = _try_bind(0)
+        if first is None:
+            return None
+        rest = _try_block(first.getsockname()[1] + 1, width - 1)
+        if rest is not None:
+            return [first, *rest]
+        first.close()
+    return None
+
+
+def agree_port(store: dist.Store, layout: HostLayout, preferred: int, timeout_s: float,
+               width: int = 1) -> int:
+    """The first of the group's `width` consecutive UDP ports (module doc),
+    all free on every host of the group and held (bound) by this host's
+    leader until its Worker takes them. Only the hosts' leaders call this;
+    GroupSetupError where no round finds a block."""
     host, tried = layout.host_index, []
     for rnd in range(PORT_ROUNDS):
         picker = (rnd - 1) % layout.n_hosts
@@ -72,21 +116,21 @@ def agree_port(store: dist.Store, layout: HostLayout, preferred: int, timeout_s:
                 candidate = int(said[3:]) if said.startswith("ok:") else None
             else:
                 candidate = preferred
-            sock = _try_bind(candidate) if candidate is not None else None
+            socks = _try_block(candidate, width) if candidate is not None else None
         else:
-            sock = _try_bind(0)         # the kernel picks one that is free here
-            candidate = sock.getsockname()[1] if sock is not None else None
+            socks = _kernel_block(width)    # the kernel picks one that is free here
+            candidate = socks[0].getsockname()[1] if socks else None
         store.set(_PORT_KEY.format(round=rnd, host=host),
-                  f"ok:{candidate}" if sock is not None else f"no:{candidate}")
+                  f"ok:{candidate}" if socks else f"no:{candidate}")
         keys = [_PORT_KEY.format(round=rnd, host=h) for h in range(layout.n_hosts)]
         _wait(store, keys, timeout_s, "the group's port")
         answers = [store.get(k).decode() for k in keys]
         if all(a.startswith("ok:") for a in answers):
-            return hold(sock)
-        if sock is not None:
-            sock.close()
+            return [hold(sock) for sock in socks][0]
+        _close(socks or [])
         tried.append(candidate if candidate is not None else "none")
-    raise GroupSetupError(f"no UDP port free on every host of the group: tried {tried}")
+    what = "UDP port" if width == 1 else f"block of {width} UDP ports"
+    raise GroupSetupError(f"no {what} free on every host of the group: tried {tried}")
 
 
 class SetupPhases:

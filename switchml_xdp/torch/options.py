@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from .. import wire
+from ..client.engine_backend import lanes_from_env
 from .staging import StagingConfig
 
 BACKEND_NAME = "swml"
@@ -27,6 +28,7 @@ class SwmlOptions:
     verbose: bool = False               # let the Worker say which datapath it took
     shm_bytes: int | None = None        # shared memory per rank of a host (SWML_SHM_BYTES; 4 MiB)
     staging: StagingConfig | None = None   # GPU tensors' chunks through host memory (staging.py)
+    lanes: int | None = None            # the Worker's lanes (SWML_LANES; 1): docs/pytorch.md, "Subgroups"
 
     def resolved(self) -> SwmlOptions:
         env = os.environ
@@ -35,12 +37,13 @@ class SwmlOptions:
             raise ValueError("the swml backend needs the switch's address: pass "
                              "pg_options=SwmlOptions(switch=...) or set SWML_SWITCH")
         port = self.port if self.port is not None else int(env.get("SWML_PORT", wire.DEFAULT_PORT))
+        lanes = self.lanes if self.lanes is not None else lanes_from_env()
         return SwmlOptions(switch=switch, job=self.job or env.get("SWML_JOB"),
                            backend=self.backend or env.get("SWML_WORKER_BACKEND", "auto"),
                            port=port, control_port=self.control_port, iface=self.iface,
                            gloo_iface=self.gloo_iface,
                            verbose=self.verbose, shm_bytes=self.shm_bytes,
-                           staging=self.staging or StagingConfig())
+                           staging=self.staging or StagingConfig(), lanes=lanes)
 
     def for_subgroup(self, group_name: str) -> SwmlOptions:
         """A subgroup's options: a configured job name (SWML_JOB names the

@@ -39,8 +39,9 @@ store; the job's token is always made by rank 0 with `secrets` and shared the
 same way, so only this process group's ranks can change the job on the switch),
 SWML_WORKER_BACKEND (auto, udp or afxdp; default auto), SWML_PORT (the port
 a group tries first), SWML_SHM_BYTES (shared memory per rank of a host,
-default 4 MiB). Subgroups (new_group): each its own job and port, picked by
-the group (group_setup.py; docs/pytorch.md, "Subgroups").
+default 4 MiB), SWML_LANES (the Worker's lanes, default 1). Subgroups
+(new_group): each its own job and ports, picked by the group (group_setup.py;
+docs/pytorch.md, "Subgroups").
 Gloo's device: GLOO_SOCKET_IFNAME's interface if set, else the switch's route's.
 
 Several ranks on one host (torchrun --nproc_per_node=R) reduce into their lowest
@@ -69,6 +70,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions
 
 from ..client.api import Worker, local_end
+from ..client.boxes import parse_switches
 from ..client.port import release_held
 from .box_failover import WorkerRecipe, failover_for
 from .compile_opaque import compile_opaque
@@ -110,12 +112,14 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         phases = SetupPhases(store, rank, size, max(timeout.total_seconds(), join_timeout + 15),
                              f"the swml process group {group_id or 'pg'} ({size} ranks)")
         port = None
+        # Box i's lane q on port + i * lanes + q (client/api.py): the group agrees on them all.
+        ports = len(parse_switches(opts.switch)) * opts.lanes
         try:
             with phases.phase("ready"):
                 if len(self.layout.local_ranks) > 1:
                     self.local = open_local_group(store, self.layout, timeout, opts.shm_bytes)
                 if self.layout.is_leader:
-                    port = agree_port(store, self.layout, opts.port, phases.timeout_s)
+                    port = agree_port(store, self.layout, opts.port, phases.timeout_s, ports)
             with phases.phase("joined"):
                 recipe = WorkerRecipe(opts, job, token, self.layout.host_index, self.layout.n_hosts,
                                       port, timeout.total_seconds())
@@ -126,7 +130,7 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
             # Every rank quantizes its own GPU tensors (staging.py): with the job's block size.
             self.k = int(store.get(_K_KEY).decode())
         except BaseException:
-            release_held(port)
+            release_held(port, ports)
             self._close_switch_side()
             raise
         # One thread runs the switch calls in order: local reduce, the

@@ -5,7 +5,9 @@ Two lab hosts run two ranks each, as `torchrun --nproc_per_node=2` would, with
 ranks on a host, every rank) each get their own switch job and their own UDP
 port, chosen by the group; all_reduce in each is exact (int32); groups are
 destroyed (job left, port free, nothing in /dev/shm) and made again, in
-another order. A switch with slots for one job only: the subgroup that cannot
+another order. All of it once with one lane a Worker and once with two
+($SWML_LANES=2: each group holds a block of ports, and no two groups' blocks
+overlap on a host). A switch with slots for one job only: the subgroup that cannot
 start raises the same error on each of its members, and WORLD goes on. Run as
 a script per rank (`python tests/lab/test_torch_subgroups.py SCENARIO RANK
 MASTER SWITCH`); the tests read its JSON line.
@@ -60,7 +62,7 @@ def _port_free(port: int) -> bool:
 def _describe(group) -> dict:
     w = group.worker
     return {"job": w.info.name if w else None, "port": w.info.port if w else None,
-            "segment": getattr(group.local, "segment_name", None)}
+            "lanes": w.lanes if w else None, "segment": getattr(group.local, "segment_name", None)}
 
 
 def _round(order: list[str], rank: int, res: dict, tag: str) -> dict:
@@ -80,12 +82,12 @@ def _round(order: list[str], rank: int, res: dict, tag: str) -> dict:
 def _subgroups(rank: int, switch: str) -> dict:
     import torch.distributed as dist
 
-    res: dict = {"rank": rank}
+    res: dict = {"rank": rank, "lanes_asked": int(os.environ.get("SWML_LANES", "1"))}
     made = _round(list(GROUPS), rank, res, "first")
     for name in list(GROUPS):
         dist.destroy_process_group(made[name])
     gone = res["first/groups"]
-    res["freed"] = {n: (g["port"] is None or _port_free(g["port"])) and
+    res["freed"] = {n: (g["port"] is None or all(_port_free(g["port"] + q) for q in range(g["lanes"]))) and
                     (g["segment"] is None or not os.path.exists(f"/dev/shm/{g['segment']}"))
                     for n, g in gone.items()}
     res["jobs_left"] = _jobs_left(switch, [g["job"] for g in gone.values() if g["job"]])
@@ -147,10 +149,11 @@ def _placements(lab, hosts, scenario: str) -> list:
                                        lab.switch.ip]) for rank in range(WORLD)]
 
 
-@pytest.fixture(scope="module")
-def subgroups(lab8, switch):
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-lane", "two-lanes"])
+def subgroups(request, lab8, switch):
     hosts = lab8.workers[4:4 + HOSTS]
-    return rank_results(lab8, _placements(lab8, hosts, "subgroups"), RANK_DEADLINE_S)
+    return rank_results(lab8, _placements(lab8, hosts, "subgroups"), RANK_DEADLINE_S,
+                        env={"SWML_LANES": str(request.param)})
 
 
 def test_every_subgroup_and_world_sum_exactly(subgroups):
@@ -163,15 +166,18 @@ def test_every_subgroup_and_world_sum_exactly(subgroups):
 
 
 def test_each_group_its_own_job_and_port(subgroups):
-    """A host's leaders of different groups hold different ports; the ports
-    were picked by the groups (the default one is WORLD's)."""
+    """A host's leaders of different groups hold different ports (with
+    lanes, blocks that do not overlap); the ports were picked by the groups
+    (the default one is WORLD's)."""
     for tag in ("first", "second"):
         jobs, by_host = set(), {}
         for r in subgroups:
             for g in r[f"{tag}/groups"].values():
                 if g["job"]:
                     jobs.add(g["job"])
-                    by_host.setdefault(r["rank"] // PER_HOST, []).append(g["port"])
+                    assert g["lanes"] == r["lanes_asked"], (tag, g)
+                    block = range(g["port"], g["port"] + g["lanes"])
+                    by_host.setdefault(r["rank"] // PER_HOST, []).extend(block)
         assert len(jobs) == len(GROUPS), jobs
         for host, ports in by_host.items():
             assert len(ports) == len(set(ports)), (tag, host, ports)

@@ -74,6 +74,77 @@ def test_a_taken_port_gives_way_to_one_the_kernel_picks():
         taken.close()
 
 
+def _free_block(width: int) -> int:
+    """The first of `width` consecutive ports free now."""
+    from switchml_xdp.torch.group_setup import _kernel_block
+
+    socks = _kernel_block(width)
+    first = socks[0].getsockname()[1]
+    for s in socks:
+        s.close()
+    return first
+
+
+def _bindable(port: int) -> bool:
+    from switchml_xdp.torch.group_setup import _try_bind
+
+    sock = _try_bind(port)
+    if sock is not None:
+        sock.close()
+    return sock is not None
+
+
+def test_a_block_of_ports_for_boxes_and_lanes_is_held_whole_and_released_whole():
+    """A Worker with boxes x lanes ports (client/api.py: box i's lane q on
+    port + i * lanes + q): the group holds every one of them."""
+    preferred = _free_block(4)
+    got = agree_port(dist.HashStore(), HostLayout(((0,),), 0), preferred, 5.0, width=4)
+    try:
+        assert got == preferred
+        assert not any(_bindable(p) for p in range(got, got + 4))     # all held
+    finally:
+        port_mod.release_held(got, 4)
+    assert all(_bindable(p) for p in range(got, got + 4))
+
+
+def test_a_block_with_one_port_taken_gives_way_to_a_whole_free_one():
+    """A second group's block never overlaps the first's, even where only a
+    lane port of the configured block is taken."""
+    preferred = _free_block(2)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("0.0.0.0", preferred + 1))      # lane 1 of the configured block
+    try:
+        got = agree_port(dist.HashStore(), HostLayout(((0,),), 0), preferred, 5.0, width=2)
+        try:
+            assert preferred + 1 not in (got, got + 1)
+            assert not _bindable(got) and not _bindable(got + 1)
+        finally:
+            port_mod.release_held(got, 2)
+        assert _bindable(preferred)         # the configured block's free port was let go
+    finally:
+        taken.close()
+
+
+def test_a_block_never_runs_past_the_last_port():
+    from switchml_xdp.torch.group_setup import MAX_PORT, _try_block
+
+    assert _try_block(MAX_PORT, 2) is None
+
+
+def test_lanes_come_from_the_options_else_swml_lanes(monkeypatch):
+    from switchml_xdp.torch.options import SwmlOptions
+
+    monkeypatch.setenv("SWML_SWITCH", "10.0.0.1")
+    monkeypatch.delenv("SWML_LANES", raising=False)
+    assert SwmlOptions().resolved().lanes == 1
+    monkeypatch.setenv("SWML_LANES", "4")
+    assert SwmlOptions().resolved().lanes == 4
+    assert SwmlOptions(lanes=2).resolved().lanes == 2
+    monkeypatch.setenv("SWML_LANES", "two")
+    with pytest.raises(ValueError, match="SWML_LANES must be an integer"):
+        SwmlOptions().resolved()
+
+
 def test_no_port_free_on_every_host_fails_alike_on_every_leader():
     """Two 'hosts' on one machine can never both bind one port: every round fails."""
     store = dist.HashStore()
