@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import lifecycle, netns
@@ -180,11 +181,14 @@ class VmLab:
     # -- the bench -------------------------------------------------------------------
 
     def bench(self, size: str = "1MiB", iterations: int = 5, warmup: int = 1,
-              dtype: str = "float32", verify: bool = True, timeout: float = STEP_TIMEOUT_S) -> list[dict]:
+              dtype: str = "float32", verify: bool = True, timeout: float = STEP_TIMEOUT_S,
+              extra: Sequence[str] = ()) -> list[dict]:
         """Boot, run `swml-worker bench` on every worker VM against the switch VM,
-        return the per-rank JSON results (rank order)."""
+        return the per-rank JSON results (rank order). `extra`: more of the
+        bench's options, after the guest's own (`--backend afxdp`): the last
+        of an option's values is the one taken."""
         args = ["--size", size, "--iterations", str(iterations), "--warmup", str(warmup),
-                "--dtype", dtype] + (["--verify"] if verify else [])
+                "--dtype", dtype] + (["--verify"] if verify else []) + list(extra)
         self.boot(tuple(args))
         t0 = time.monotonic()
         self.switch_ready_line = self._wait_file(self.switch, "ready", timeout).strip()

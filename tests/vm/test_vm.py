@@ -66,16 +66,21 @@ def test_switch_vm_and_two_afxdp_worker_vms_reduce_exactly_in_native_xdp(capsys)
 
 
 def _serve_one_worker_vm(capsys, switch_args: tuple[str, ...], box_ports: int = 1,
-                         tree: bool = False, mtu: int | None = None) -> dict:
+                         tree: bool = False, mtu: int | None = None,
+                         bench_args: tuple[str, ...] = (), results_out: list | None = None) -> dict:
     """A switch VM (`swml-switch up ... SWITCH_ARGS`) and one worker VM that
-    reduces through it and checks every result; the switch's status."""
+    reduces through it (`swml-worker bench ... BENCH_ARGS`) and checks every
+    result; the switch's status (the worker's results into `results_out`)."""
     from switchml_xdp.lab.vm import VmLab
 
     lines = []
     with VmLab(workers=1, switch_args=switch_args, out=lines.append, box_ports=box_ports,
                tree=tree, **({"mtu": mtu} if mtu else {})) as lab:
-        results = lab.bench(size="16KiB", iterations=2, warmup=1, dtype="float32", verify=True)
+        results = lab.bench(size="16KiB", iterations=2, warmup=1, dtype="float32", verify=True,
+                            extra=bench_args)
         status = lab.switch_status()
+    if results_out is not None:
+        results_out.extend(results)
     with capsys.disabled():
         print("\n" + "\n".join(lines) + f"\n{lab.switch_ready_line}")
     assert results[0]["verify_failures"] == 0 and results[0]["verified"] == 3, results
@@ -100,6 +105,23 @@ def test_the_largest_k_loads_and_serves_on_debian_12_s_kernel_at_mtu_3494(capsys
     assert c["completed"] >= 3 * -(-(16 * 1024 // 4) // wire.MAX_K), c
     if tree:
         assert c["sent_up"] == c["completed"] and c["from_parent"] >= c["completed"], c
+
+
+@needs_vms
+@pytest.mark.timeout(900)
+def test_a_worker_vm_streams_in_two_lanes_over_its_multi_queue_virtio_nic(capsys):
+    """Lanes (docs/performance.md, "Several queues per worker") on the udp
+    backend across virtio-net with several queue pairs and the switch in
+    native XDP on Debian 12's kernel: the switch takes slot s's DATA only
+    from the worker's port + (s mod 2) and sends its RESULT there, so a
+    call completes exactly only if both lanes carried their share."""
+    results: list = []
+    switch = _serve_one_worker_vm(capsys, (), bench_args=("--backend", "udp", "--lanes", "2"),
+                                  results_out=results)
+    [r] = results
+    assert r["backend"] == "udp" and r["lanes"] == 2, r
+    c = switch["counters"]
+    assert c["completed"] >= 3 * -(-(16 * 1024 // 4) // r["k"]) and c["bad_source"] == 0, c
 
 
 @needs_vms
