@@ -364,7 +364,7 @@ static __always_inline int swml_from_parent(struct xdp_md *ctx, struct ethhdr *e
 	swml_count(outcome);
 	if (outcome != SWML_CNT_FROM_PARENT)
 		return XDP_DROP;
-	swml_down_result(eth, ip, udp, h, job, job_id, completer);
+	swml_down_result(eth, ip, udp, h, job, job_id, completer, rel_slot & job->lane_mask);
 	swml_sign(h, job, data_end, SWML_PAYLOAD_LEN);
 #ifdef SWML_FANOUT_UNICAST
 	return swml_to_fanout(ctx, job_id);

@@ -131,11 +131,13 @@ static __always_inline int swml_take_from_parent(SWML_SLOT_T s, __u32 ver, __u32
  * one-box RESULT does (a worker's probe, client/retransmit.py, reads it):
  * where this box's partial completed the parent's round, the member that
  * completed it here (`completer`); else another rack's, which no member
- * here has. Signed by the caller. */
+ * here has. To the port of the slot's lane (swml_maps.h, lane_mask): the
+ * parent's slot is this job's, so its lane is the members' too. Signed by
+ * the caller. */
 static __always_inline void swml_down_result(struct ethhdr *eth, struct iphdr *ip,
 					     struct udphdr *udp, struct swml_hdr *h,
 					     const struct swml_job *job, __u32 job_id,
-					     __u32 completer)
+					     __u32 completer, __u16 lane)
 {
 	__builtin_memcpy(eth->h_dest, job->group_mac, ETH_ALEN);
 	*(__u32 *)eth->h_source = (__u32)SWML_SWITCH_MAC_HI;
@@ -145,7 +147,7 @@ static __always_inline void swml_down_result(struct ethhdr *eth, struct iphdr *i
 	ip->ttl = 64;
 	ip->check = swml_ipv4_csum(ip);
 	udp->source = bpf_htons(SWML_PORT);
-	udp->dest = job->result_port;
+	udp->dest = bpf_htons(bpf_ntohs(job->result_port) + lane);
 	udp->check = 0;
 	h->flags &= SWML_FLAG_SLOT_VER | SWML_KEPT_FLAGS | SWML_FLAG_SHADOW;
 	h->job = bpf_htons(job_id);

@@ -114,6 +114,10 @@ class JobTable:
                     f"member of a job (results go to one address and port); ranks that share a "
                     f"host reduce among themselves first, as the torch backend does "
                     f"(docs/pytorch.md)")
+            if lanes > 1 and other.rack != rack:
+                raise ControlError(
+                    f"job {name!r} streams in {lanes} lanes: its ranks join all through rack "
+                    f"boxes or all directly, not both (a rack box's uplink is one lane)")
 
         if msg.get("weight") is not None and len(job.members) == 0:
             job.weight = self.join_weight(msg["weight"])
@@ -133,14 +137,14 @@ class JobTable:
 
     def check_lanes(self, lanes: int, port: int, rack: bool) -> None:
         """A join's lanes (docs/performance.md, "Several queues per worker"):
-        a power of two, ports port..port+lanes-1, not in a tree of boxes."""
+        a power of two, ports port..port+lanes-1. A rack box's join carries
+        its ranks' lanes, which the whole job agrees on, and streams one
+        lane from its uplink's port itself."""
         if lanes & (lanes - 1):
             raise ControlError(f"'lanes' must be a power of two, got {lanes}")
-        if port + lanes - 1 > 65535:
+        if not rack and port + lanes - 1 > 65535:
             raise ControlError(f"{lanes} lanes from port {port} need ports up to "
                                f"{port + lanes - 1}: past 65535")
-        if lanes > 1 and (rack or self.below_parent):
-            raise ControlError("lanes in a tree of boxes are not built: join with one lane")
 
     def start_below(self, job: Job, plan: ParentPlan) -> None:
         """A rack box's job starts as its parent box said (JobStartFailed
@@ -153,6 +157,10 @@ class JobTable:
             self._forget(job, f"job {job.name!r} could not start: the parent box counts ranks "
                               f"{', '.join(map(str, plan.ranks))} behind this box, "
                               f"which has {', '.join(map(str, sorted(job.members)))}")
+            raise JobStartFailed(job, job.failure)
+        if plan.slots % job.lanes:      # a parent that did not take the lanes into its window
+            self._forget(job, f"job {job.name!r} could not start: the parent box's window of "
+                              f"{plan.slots} slots is not a multiple of its {job.lanes} lanes")
             raise JobStartFailed(job, job.failure)
         self._start(job, plan)
 
@@ -190,11 +198,14 @@ class JobTable:
             for w in members:
                 self.maps.write_member(job.id, w.rank, w.ip, w.port)
             gip, gmac = job.group
-            tree = plan is not None or any(w.rack for w in members)
+            racks = any(w.rack for w in members)
+            tree = plan is not None or racks
+            # Rack boxes' uplinks stream one lane: their slot s comes from
+            # their port itself (the members behind them use the lanes).
             self.maps.write_job(job.id, JobEntry(
                 len(members), base, count, gip, gmac, job.port, job.key, job.result_key,
                 AUTH_MODES[self.auth], rank_mask=rank_mask(w.rank for w in members) if tree else None,
-                uplink=plan.uplink if plan else None, lanes=job.lanes))
+                uplink=plan.uplink if plan else None, lanes=1 if racks else job.lanes))
         except BaseException:
             self.maps.clear_job(job.id, job.world)
             self.pool.release(base)

@@ -95,7 +95,8 @@ class RankUp:
             return
         up = {"op": "join", "job": msg["job"], "token": msg.get("token"), "world": msg["world"],
               "rank": self.rank, "ip": link.port.ip, "port": link.data_port, "mac": link.port.mac,
-              "rack": True, "timeout": msg["timeout"], "k": link.table.k}
+              "rack": True, "timeout": msg["timeout"], "k": link.table.k,
+              "lanes": msg.get("lanes")}
         self.conn.send({k: v for k, v in up.items() if v is not None})
         try:
             reply = await self._next(reader)

@@ -147,6 +147,25 @@ def test_the_parent_s_result_goes_on_to_the_members_and_becomes_the_shadow(rack,
     assert (c["from_parent"], c["parent_copy"], c["shadow_reply"], c["resent_up"]) == (2, 1, 1, 0)
 
 
+@pytest.mark.parametrize("slot", range(4))
+def test_in_a_job_with_lanes_the_parent_s_result_goes_to_the_port_of_its_slot_s_lane(rack, slot):
+    """Lanes below a rack box (docs/performance.md, "Several queues per
+    worker"): the members' slot s DATA came from their port + s mod lanes,
+    and the RESULT from above goes to the job's port + s mod lanes; the
+    uplink is one lane (the parent job's slot s is this job's)."""
+    from dataclasses import replace
+
+    up = uplink_to(parent_rank=0)
+    job = rack.add_job(job_id=5, ranks=(0, 1), uplink=up, lanes=2, result_port=40100)
+    run = rack.round(job, slot, [np.ones(PROG_K), np.ones(PROG_K)], rnd=0)
+    assert run.action == Action.REDIRECT and rack.result(run).frame.src == UPLINK
+    down = rack.run(parent_result(up, slot, slot, np.full(PROG_K, 7)))
+    assert down.action == Action.REDIRECT
+    res = rack.result(down)
+    assert res.frame.dst == replace(job.group, port=40100 + slot % 2)
+    assert list(res.values) == [7] * PROG_K
+
+
 def test_results_not_the_parent_s_are_dropped_and_counted(rack):
     up = uplink_to(parent_rank=0)
     job = rack.add_job(job_id=5, ranks=(0, 1), uplink=up)

@@ -71,9 +71,10 @@ class Client:
 
 
 async def join(port: int, src: str, job: str, world: int, rank: int, token: str | None = "tok",
-               timeout: float = 10.0) -> tuple[Client, dict]:
-    """A worker's join; (its connection, the reply)."""
+               timeout: float = 10.0, **fields) -> tuple[Client, dict]:
+    """A worker's join, with more of the join's `fields` (lanes=2); (its
+    connection, the reply)."""
     c = await Client.open(port, src)
     msg = {"op": "join", "job": job, "world": world, "rank": rank, "ip": src, "port": DATA_PORT,
-           "timeout": timeout, **({"token": token} if token else {})}
+           "timeout": timeout, **({"token": token} if token else {}), **fields}
     return c, await c.request(msg, timeout + 10)

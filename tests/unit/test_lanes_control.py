@@ -56,13 +56,28 @@ def test_a_rank_asking_for_other_lanes_is_refused():
 @pytest.mark.parametrize("lanes, extra, reason", [
     (3, {}, "'lanes' must be a power of two, got 3"),
     (4, {"port": 65534}, "4 lanes from port 65534 need ports up to 65537: past 65535"),
-    (2, {"rack": True}, "lanes in a tree of boxes are not built"),
 ])
 def test_lanes_a_job_cannot_have_get_one_line_reasons(lanes, extra, reason):
     table = JobTable(MemoryMaps(k=8, slots=64), 8, 64, 16)
     with pytest.raises(ControlError, match=reason):
         join(table, lanes=lanes, **extra)
     assert not table.jobs
+
+
+def test_a_rack_box_s_join_carries_lanes_from_its_one_port():
+    """The uplink's port itself: no lane ports above it to check."""
+    table = JobTable(MemoryMaps(k=8, slots=64), 8, 64, 16)
+    assert join(table, lanes=4, port=65535, rack=True).lanes == 4
+
+
+def test_a_rack_box_s_job_fails_to_start_in_a_window_its_lanes_do_not_divide():
+    from switchml_xdp.switch.job_records import JobStartFailed, ParentPlan
+
+    table = JobTable(MemoryMaps(k=8, slots=64), 8, 64, 16, below_parent=True)
+    job = join(table, lanes=4)
+    join(table, rank=1, lanes=4)
+    with pytest.raises(JobStartFailed, match="window of 6 slots is not a multiple of its 4 lanes"):
+        table.start_below(job, ParentPlan(6, 0, (0, 1), None))
 
 
 @pytest.mark.parametrize("lanes", [0, wire.MAX_LANES * 2, "2"])

@@ -33,6 +33,46 @@ async def three_ranks(tree: Tree, job: str):
                                 join(tree.rack_port, "127.0.0.12", job, 3, 2))
 
 
+def test_lanes_below_a_rack_box_are_the_whole_job_s_and_its_uplink_streams_one():
+    """Ranks behind a rack box stream in lanes to it (docs/performance.md,
+    "Several queues per worker"); the rack box's joins carry them to the
+    parent, which agrees on them for the whole job and takes a window that
+    is a multiple of them, while its data plane takes the uplink's DATA
+    from one port."""
+    async def body(tree):
+        (w0, r0), (w1, r1) = await asyncio.gather(
+            join(tree.rack_port, "127.0.0.11", "j", 2, 0, lanes=2),
+            join(tree.rack_port, "127.0.0.12", "j", 2, 1, lanes=2))
+        assert r0["ok"] and r1["ok"], (r0, r1)
+        assert r0["lanes"] == r1["lanes"] == 2 and r0["slots"] % 2 == 0
+        assert tree.rack_maps.entries[r0["job_id"]].lanes == 2
+        top = tree.parent.table.jobs["j"]
+        assert top.lanes == 2 and top.slot_count == r0["slots"]
+        assert tree.parent_maps.entries[top.id].lanes == 1     # the uplink: one lane
+        for w in (w0, w1):
+            w.close()
+
+    in_tree(body)
+
+
+def test_a_job_with_lanes_is_not_both_behind_rack_boxes_and_direct():
+    async def body(tree):
+        behind = [asyncio.create_task(join(tree.rack_port, f"127.0.0.1{r}", "j", 3, r, lanes=2))
+                  for r in (0, 2)]
+        for _ in range(250):     # the rack box's joins reach the parent first
+            job = tree.parent.table.jobs.get("j")
+            if job and len(job.members) == 2:
+                break
+            await asyncio.sleep(0.02)
+        w1, r1 = await join(tree.parent_port, "127.0.0.13", "j", 3, 1, lanes=2)
+        assert not r1["ok"] and "all through rack boxes or all directly" in r1["error"], r1
+        w1.close()
+        for task in behind:
+            task.cancel()
+
+    in_tree(body)
+
+
 def test_the_rack_box_starts_its_job_as_the_parent_says():
     async def body(tree):
         (w0, r0), (w1, r1), (w2, r2) = await three_ranks(tree, "j")
