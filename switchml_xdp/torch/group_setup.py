@@ -126,7 +126,9 @@ def agree_port(store: dist.Store, layout: HostLayout, preferred: int, timeout_s:
         _wait(store, keys, timeout_s, "the group's port")
         answers = [store.get(k).decode() for k in keys]
         if all(a.startswith("ok:") for a in answers):
-            return [hold(sock) for sock in socks][0]
+            for sock in socks:
+                hold(sock)
+            return candidate
         _close(socks or [])
         tried.append(candidate if candidate is not None else "none")
     what = "UDP port" if width == 1 else f"block of {width} UDP ports"
