@@ -3,9 +3,9 @@ boxes"): every collective the client makes comes out exact through rack
 boxes and their parent, multicast and unicast fan-out alike (rack 1's
 members keep their ranks in the whole job: 2 and 3, the fan-out's loop over
 a rank mask; and the ranks streaming in two lanes to their rack boxes,
-whose uplinks stream one); int32 MAX and a reduce_scatter (its owner cleared on the way
-up); and precision '16', which cannot go up a tree, is refused in one line
-on every rank while the job goes on."""
+whose uplinks stream one); int32 MAX and a reduce_scatter (its owner
+cleared on the way up); and precision '16', which cannot go up a tree, is
+refused in one line on every rank while the job goes on."""
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +54,6 @@ def test_every_call_is_exact_through_the_tree(fanout, backend, lanes):
         np.testing.assert_array_equal(summed, total)
         np.testing.assert_array_equal(maxed, top)
         np.testing.assert_array_equal(scattered, total[rank * shard:(rank + 1) * shard])
-        # Each RESULT came to its lane's port: a lane whose RESULTs went
-        # elsewhere gets its rounds only by resending, every packet.
         # Each RESULT came to its lane's socket: where a lane's went to
         # another's, that one ignores them and the lane resends every packet.
         assert stats["ignored"] == 0, stats
