@@ -26,7 +26,7 @@ import numpy as np
 from .. import mtu, net, wire
 from .backend import STAT_KEYS, Backend, LocalEnd
 from .box_watch import BOX_TIMEOUT_S, BoxSignal
-from .boxes import Box, BoxSplit, check_same_k, named, parse_switches
+from .boxes import Box, BoxSplit, box_port, check_same_k, named, parse_switches
 from .calls import Call, CallMismatch, check_precision, op_code
 from .control import ControlClient, ControlError, JobInfo
 from .engine_backend import check_lanes, lanes_from_env
@@ -74,7 +74,7 @@ class Worker:
         the job's slots at once, no pacing).
         switch: one box's address, or several ("A,B" or a list): the job
         joins every box, and each tensor is split over them by their
-        capacity (client/boxes.py; box i's UDP port is port + i).
+        capacity (client/boxes.py; box i's ports from port + i x lanes: box_port).
         box_timeout: a box that stops answering (no result, and no answer
         on its control connection) fails the call within this many seconds
         as BoxLost, naming it (client/box_watch.py); a box that answers is
@@ -103,9 +103,9 @@ class Worker:
         self._boxes: list[Box] = []
         try:
             for i, address in enumerate(self.switches):
-                self._boxes.append(self._join_box(i, address, job, world, rank, port + i * lanes,
-                                                  control_port, iface, join_timeout, token,
-                                                  listed, stall_timeout))
+                self._boxes.append(self._join_box(i, address, job, world, rank,
+                                                  box_port(port, i, lanes), control_port, iface,
+                                                  join_timeout, token, listed, stall_timeout))
             check_same_k(self._boxes)
         except BaseException:
             for box in self._boxes:
@@ -279,9 +279,7 @@ class Worker:
                     e.lost_boxes = (box.address,)
                     if len(self._boxes) == 1:
                         raise
-                    out = named(box, call, e)
-                    out.lost_boxes = e.lost_boxes   # the named error is a new one
-                    raise out from None
+                    raise named(box, call, e) from None
             t0 = time.perf_counter()
             self._split.reduce(streamed(array), call)
             self._stats["tensors"] += 1

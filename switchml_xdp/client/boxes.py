@@ -32,6 +32,18 @@ from .control import ControlClient, ControlError, JobInfo
 MAX_BOXES = 8
 
 
+def box_port(port: int, box: int, lanes: int) -> int:
+    """The first UDP port of a Worker's box `box` (0, 1, ...): each box its
+    lanes' ports, port + box x lanes + lane (docs/pytorch.md, "Subgroups")."""
+    return port + box * lanes
+
+
+def ports_used(switch: str | Sequence[str], lanes: int) -> int:
+    """How many consecutive UDP ports from its port a Worker of `switch`'s
+    boxes and `lanes` uses."""
+    return box_port(0, len(parse_switches(switch)), lanes)
+
+
 def parse_switches(switch: str | Sequence[str]) -> list[str]:
     """The boxes of `switch`: one address, "A,B,..." or a list of them, in
     order; ValueError (one line) for none, a duplicate or too many."""
@@ -156,12 +168,15 @@ def lost_boxes(error: BaseException) -> tuple[str, ...]:
 
 
 def named(box: Box, call: Call, e: BaseException) -> BaseException:
-    """The error of `call` on `box`, as the same type, naming the box."""
+    """The error of `call` on `box`, as the same type, naming the box, with
+    the lost boxes `e` lists (a new exception: the attribute would be lost)."""
     msg = f"box {box.address}: {e}"
     try:
         out = type(e)(msg)
     except Exception:  # noqa: BLE001 - a type that does not take one message
         out = BoxError(msg)
+    if lost_boxes(e):
+        out.lost_boxes = lost_boxes(e)
     return out
 
 

@@ -15,9 +15,9 @@ its members, so the groups of disjoint ranks are made concurrently) nor
 another program takes it in between.
 
 A Worker with several boxes or lanes uses a block of ports: box i's lane q
-on port + i * lanes + q (client/api.py). The group agrees on the whole
-block, every port of it free and held on every host, so that two groups'
-blocks never overlap on a host.
+on port + i * lanes + q (client/boxes.py, box_port). The group agrees on
+the whole block, every port of it free and held on every host, so that two
+groups' blocks never overlap on a host.
 
 The outcome. Each phase of the set-up ends with every rank saying "ok" or
 its error under its own key; every rank reads them all (waiting at most the

@@ -70,7 +70,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceCoalescedOptions, AllreduceOptions
 
 from ..client.api import Worker, local_end
-from ..client.boxes import parse_switches
+from ..client.boxes import ports_used
 from ..client.port import release_held
 from .box_failover import WorkerRecipe, failover_for
 from .compile_opaque import compile_opaque
@@ -112,8 +112,8 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
         phases = SetupPhases(store, rank, size, max(timeout.total_seconds(), join_timeout + 15),
                              f"the swml process group {group_id or 'pg'} ({size} ranks)")
         port = None
-        # Box i's lane q on port + i * lanes + q (client/api.py): the group agrees on them all.
-        ports = len(parse_switches(opts.switch)) * opts.lanes
+        # Every port of the group's Worker (client/boxes.py, box_port): agreed on, all of them.
+        ports = ports_used(opts.switch, opts.lanes)
         try:
             with phases.phase("ready"):
                 if len(self.layout.local_ranks) > 1:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from switchml_xdp.client.boxes import block_shares, named, parse_switches, split
+from switchml_xdp.client.boxes import (
+    block_shares,
+    box_port,
+    lost_boxes,
+    named,
+    parse_switches,
+    ports_used,
+    split,
+)
 from switchml_xdp.client.calls import Call, CallMismatch
 
 
@@ -56,6 +64,14 @@ def test_a_failure_names_its_box_and_keeps_its_type():
     assert isinstance(e, CallMismatch) and str(e).startswith("box 10.0.0.2: ")
     e = named(Box(), call, TimeoutError("no result from the switch for 2 s"))
     assert isinstance(e, TimeoutError) and "box 10.0.0.2" in str(e)
+    aborted = RuntimeError("job 'j' was aborted: box stopped")
+    aborted.lost_boxes = ("10.0.0.2",)
+    assert lost_boxes(named(Box(), call, aborted)) == ("10.0.0.2",)   # a new error, still listing it
+
+
+def test_a_worker_s_ports_are_its_boxes_times_its_lanes():
+    assert [box_port(48864, i, 2) for i in range(3)] == [48864, 48866, 48868]
+    assert ports_used("10.0.0.1,10.0.0.2", 4) == 8 and ports_used("10.0.0.1", 1) == 1
 
 
 def test_a_box_refuses_a_rank_that_lists_other_boxes():
