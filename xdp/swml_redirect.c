@@ -21,13 +21,17 @@
  * queue (the engine binds queue 0 only), so a frame is never lost to a missing
  * socket. The engine checks source, job id, length, seq, tag and op itself.
  *
- * Specialised at load time by compiler defines:
+ * Specialised at load time by compiler defines, what a worker knows before
+ * it joins its job:
  *   SWML_PORT       the job's UDP port (where RESULTs arrive), host order
  *   SWML_LOCAL_IP   the worker's IPv4 address, as the __be32 reads on this host
- *   SWML_GROUP_IP   the job's multicast group, likewise
- *   SWML_SWITCH_IP  the switch's IPv4 address, likewise
- *   SWML_SWITCH_PORT the switch's UDP port, host order
  *   SWML_XSKS       XSKMAP size (rx queues that may carry a socket)
+ * and by the one row of the `peer` map, what the join's reply says (the
+ * switch's data address and port, the job's multicast group). The worker
+ * compiles before it joins and writes the row after, so that every rank's
+ * datapath is up within milliseconds of the join's barrier: a compile there
+ * (a second or more) made the job's first call a late rank's. Until the row
+ * is written nothing matches and everything is passed.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -44,12 +48,6 @@
 #ifndef SWML_LOCAL_IP
 #error "SWML_LOCAL_IP must be defined"
 #endif
-#ifndef SWML_GROUP_IP
-#error "SWML_GROUP_IP must be defined"
-#endif
-#if !defined(SWML_SWITCH_IP) || !defined(SWML_SWITCH_PORT)
-#error "SWML_SWITCH_IP and SWML_SWITCH_PORT must be defined"
-#endif
 #ifndef SWML_XSKS
 #define SWML_XSKS 64
 #endif
@@ -59,7 +57,16 @@
 #define SWML_RX_PASSED 1     /* everything else */
 #define SWML_RX_NUM 2
 
+/* Where this worker's RESULTs come from: written once, after the join. */
+struct swml_redirect_peer {
+	__be32 switch_ip;   /* the switch's data address; 0: not joined yet */
+	__be32 group_ip;    /* the job's multicast group */
+	__be16 switch_port; /* the switch's data port */
+	__u16 pad;
+};
+
 BPF_XSKMAP(xsks, SWML_XSKS);
+BPF_ARRAY(peer, struct swml_redirect_peer, 1);
 BPF_PERCPU_ARRAY(rx_counters, u64, SWML_RX_NUM);
 
 static __always_inline void swml_rx_count(u32 row)
@@ -76,13 +83,17 @@ int swml_redirect(struct xdp_md *ctx)
 	struct iphdr *ip = 0;
 	struct udphdr *udp = 0;
 	struct swml_hdr *h;
+	u32 zero = 0;
+	struct swml_redirect_peer *from = peer.lookup(&zero);
 
+	if (!from || !from->switch_ip)
+		goto pass;
 	if (swml_parse_udp(data, data_end, bpf_htons(SWML_PORT), &ip, &udp) != SWML_PARSE_OURS ||
 	    (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT)))
 		goto pass;
-	if (ip->daddr != (__be32)SWML_LOCAL_IP && ip->daddr != (__be32)SWML_GROUP_IP)
+	if (ip->daddr != (__be32)SWML_LOCAL_IP && ip->daddr != from->group_ip)
 		goto pass;
-	if (ip->saddr != (__be32)SWML_SWITCH_IP || udp->source != bpf_htons(SWML_SWITCH_PORT))
+	if (ip->saddr != from->switch_ip || udp->source != from->switch_port)
 		goto pass;
 	h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end || h->ver_type != ((SWML_VERSION << 4) | SWML_TYPE_RESULT))

@@ -24,7 +24,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -84,7 +83,7 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
     second, one way), rtt_us (window / pps), and when it began and ended
     (time.monotonic(): one clock for every namespace of the host).
     RuntimeError with a one-line reason if it cannot run or nothing came back."""
-    from ..client.afxdp_backend import PORT_RCVBUF, SPIN, compile_redirect, unavailable_reason
+    from ..client.afxdp_backend import PORT_RCVBUF, SPIN, compile_redirect, set_peer, unavailable_reason
     from ..client.port import reserve_port
 
     reason = unavailable_reason()
@@ -100,23 +99,22 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
                            "path needs the interface to itself")
     from .. import _engine
 
-    target = SimpleNamespace(port=port, group_ip=local_ip, switch_ip=switch_ip,
-                             switch_port=reflect_port)
     sock = reserve_port(port, None, local_ip, PORT_RCVBUF)
     try:
         mtu.check_iface(k, iface)          # a frame the link drops would look like no reflector
         box_mac = _box_mac(sock, switch_ip, iface)
-        with compile_redirect(target, local_ip) as prog, \
-                bpf.attach_link(iface, prog.fd, mode, quiet=True):
-            abort = np.zeros(1, dtype=np.uint32)
-            if before:
-                before()
-            began = time.monotonic()
-            r = _engine.raw_pingpong(
-                iface, prog.map_fd("xsks"), abort, wire.mac_to_bytes(mac),
-                wire.mac_to_bytes(box_mac), socket.inet_aton(local_ip),
-                socket.inet_aton(switch_ip), port, reflect_port, k, window,
-                batch, SPIN if spin is None else spin, warmup, seconds)
+        with compile_redirect(port, local_ip) as prog:
+            set_peer(prog, switch_ip, reflect_port, group_ip=local_ip)
+            with bpf.attach_link(iface, prog.fd, mode, quiet=True):
+                abort = np.zeros(1, dtype=np.uint32)
+                if before:
+                    before()
+                began = time.monotonic()
+                r = _engine.raw_pingpong(
+                    iface, prog.map_fd("xsks"), abort, wire.mac_to_bytes(mac),
+                    wire.mac_to_bytes(box_mac), socket.inet_aton(local_ip),
+                    socket.inet_aton(switch_ip), port, reflect_port, k, window,
+                    batch, SPIN if spin is None else spin, warmup, seconds)
         ended = time.monotonic()
     except (bpf.XdpError, net.NetError, OSError, ValueError) as e:
         raise RuntimeError(f"raw path to {switch_ip}:{reflect_port}: {e}") from None

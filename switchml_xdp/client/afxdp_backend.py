@@ -3,9 +3,11 @@
 Set-up, per worker: hold the job's UDP port with a kernel socket (port.py: no
 other socket on the host may bind it; it joins the job's multicast group so
 IGMP snooping forwards the group here, last, once the datapath below is
-attached and the link is up), compile xdp/swml_redirect.c for this
-job (port, the worker's IP, the job's multicast group, the switch's address
-and port as -D defines), attach it to the worker's interface (native XDP,
+attached and the link is up), take xdp/swml_redirect.c compiled for this
+worker's port and IP (compile_redirect: the Worker compiles it before it
+joins, so the join's barrier finds every rank a few milliseconds from
+streaming), tell it the switch's data address and port and the job's
+multicast group from the join's reply (set_peer), attach it to the worker's interface (native XDP,
 generic if the driver has none), and open the engine: a UMEM plus an AF_XDP
 socket in copy mode on queue 0, inserted into the program's XSKMAP. From then
 on the switch's RESULTs for this worker land in the socket's rx ring and
@@ -20,9 +22,9 @@ estimator in worker/stream.c implements its rules).
 from __future__ import annotations
 
 import os
+import socket
 
 from .. import bpf, wire
-from .control import JobInfo
 from .engine_backend import COALESCE, SPIN, EngineBackend, engine_missing, tunable
 from .port import join_when_up, reserve_port
 
@@ -48,40 +50,61 @@ def unavailable_reason() -> str | None:
     return bpf.compiler_missing()
 
 
-def compile_redirect(info: JobInfo, local_ip: str) -> bpf.Program:
-    """Compile and load the redirect program for one job on one worker."""
-    defines = {"SWML_PORT": info.port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u",
-               "SWML_GROUP_IP": f"{wire.ip_to_be32(info.group_ip):#x}u",
-               "SWML_SWITCH_IP": f"{wire.ip_to_be32(info.switch_ip):#x}u",
-               "SWML_SWITCH_PORT": info.switch_port}
+def compile_redirect(port: int, local_ip: str) -> bpf.Program:
+    """Compile and load the redirect program of a worker that receives at
+    local_ip:port. It passes every frame until set_peer() says where its
+    RESULTs come from. About a second of bcc: done before the join (api.py)."""
+    defines = {"SWML_PORT": port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u"}
     try:
         return bpf.compile_program(SOURCE, PROG_NAME, defines)
     except bpf.BpfError as e:
         raise RuntimeError(f"cannot load the worker's XDP program ({SOURCE}): {e}") from e
 
 
+def set_peer(prog: bpf.Program, switch_ip: str, switch_port: int, group_ip: str) -> None:
+    """Tell the redirect program where its RESULTs come from: the switch's
+    data address and port, and the job's multicast group (the join's reply)."""
+    table = prog.table("peer")
+    table[table.Key(0)] = table.Leaf(switch_ip=wire.ip_to_be32(switch_ip),
+                                     group_ip=wire.ip_to_be32(group_ip),
+                                     switch_port=socket.htons(switch_port))
+
+
 class AfxdpBackend(EngineBackend):
     name = "afxdp"
     env_prefix = ENV_PREFIX
 
-    def __init__(self, *args, mode: str | None = None, spin: int | None = None, **kwargs):
+    def __init__(self, *args, mode: str | None = None, spin: int | None = None,
+                 prog: bpf.Program | None = None, **kwargs):
         """Backend's arguments (backend.py), and: `mode` the redirect program's
         XDP mode ("native", "generic"; None: native, else generic), `spin` the
-        engine's empty polls before it sleeps (None: SPIN, or SWML_AFXDP_SPIN)."""
+        engine's empty polls before it sleeps (None: SPIN, or SWML_AFXDP_SPIN),
+        `prog` the redirect program compile_redirect() made for this worker's
+        port and IP before the join (None: compile it now); the backend owns
+        it from here, closed with it, also when set-up fails."""
         reason = unavailable_reason()
         if reason:
+            if prog is not None:
+                prog.close()
             raise RuntimeError(f"afxdp backend unavailable: {reason}")
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            if prog is not None:
+                prog.close()
+            raise
         info, local = self.info, self.local
         self.iface = local.iface
         self.where = f"afxdp on {self.iface}"
         self._port_sock = None
-        self._prog: bpf.Program | None = None
+        self._prog: bpf.Program | None = prog
         self._link: bpf.XdpLink | None = None
         try:
             # Bound now, a member last: see port.py for why the join waits.
             self._port_sock = reserve_port(info.port, None, local.ip, PORT_RCVBUF)
-            self._prog = compile_redirect(info, local.ip)
+            if self._prog is None:
+                self._prog = compile_redirect(info.port, local.ip)
+            set_peer(self._prog, info.switch_ip, info.switch_port, info.group_ip)
             self.mode = self._attach(self._prog.fd, mode, self.verbose)
             self._open(local.iface, self._prog.map_fd("xsks"), queue=QUEUE,
                        spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", SPIN),

@@ -101,6 +101,8 @@ class Worker:
         self._window = window_policy(window)
         listed = ",".join(self.switches) if len(self.switches) > 1 else None
         self._boxes: list[Box] = []
+        self._redirect = (self._compile_redirect(box_port(port, 0, lanes))
+                          if self.backend_name == "afxdp" else None)
         try:
             for i, address in enumerate(self.switches):
                 self._boxes.append(self._join_box(i, address, job, world, rank,
@@ -110,6 +112,8 @@ class Worker:
         except BaseException:
             for box in self._boxes:
                 box.close()
+            if self._redirect is not None:   # not yet the backend's
+                self._redirect.close()
             raise
         first = self._boxes[0]
         self._control, self.info, self._backend = first.control, first.info, first.backend
@@ -134,6 +138,30 @@ class Worker:
             why = f" ({reason})" if reason else " (kernel bypass available)"
             print(f"switchml-xdp: backend auto -> {chosen}{why}", file=sys.stderr)
         return chosen
+
+    def _compile_redirect(self, port: int):
+        """The afxdp datapath's redirect program, compiled before the join:
+        a second or more of bcc, which after the join's barrier would make
+        every rank that compiles faster wait for the slowest in the job's
+        first call, resending (docs/transport.md, "A late rank"). A failure
+        under backend "auto" falls back to udp here, before anything joined."""
+        from .afxdp_backend import compile_redirect
+        try:
+            return compile_redirect(port, self.local_ip)
+        except RuntimeError as e:
+            self._afxdp_failed(e)
+            return None
+
+    def _afxdp_failed(self, e: BaseException) -> None:
+        """The afxdp datapath could not be set up: raise, or under backend
+        "auto" go on with udp (same port and address, same protocol: udp can
+        take over the join)."""
+        if self._requested_backend != "auto":
+            raise e
+        if self._verbose:
+            print(f"switchml-xdp: afxdp set-up failed on {self.iface} ({e}); "
+                  "backend auto -> udp", file=sys.stderr)
+        self.backend_name = "udp"
 
     def _join_box(self, i: int, address: str, job: str, world: int, rank: int, port: int,
                   control_port: int, iface: str | None, join_timeout: float, token: str | None,
@@ -166,16 +194,11 @@ class Worker:
                       f"AF_XDP datapath)", file=sys.stderr)
         elif self.backend_name == "afxdp":
             from .afxdp_backend import AfxdpBackend
+            prog, self._redirect = self._redirect, None   # the backend owns it now
             try:
-                return AfxdpBackend(*args, **kw)
+                return AfxdpBackend(*args, prog=prog, **kw)
             except (RuntimeError, OSError) as e:
-                if self._requested_backend != "auto":
-                    raise
-                # Same port and address, same protocol: udp can take over the join.
-                if self._verbose:
-                    print(f"switchml-xdp: afxdp set-up failed on {self.iface} ({e}); "
-                          "backend auto -> udp", file=sys.stderr)
-                self.backend_name = "udp"
+                self._afxdp_failed(e)
         from .udp_backend import udp_backend
         return udp_backend(*args, **kw)
 

@@ -71,6 +71,23 @@ TO_THE_STACK = {
 }
 
 
+def test_before_the_join_nothing_goes_to_the_socket_then_the_switch_results_do():
+    """A worker compiles its program before it joins (the join's reply says
+    where RESULTs come from): until then it hands the engine nothing, not
+    even a RESULT that would match afterwards."""
+    require_bpf()
+    frame = TO_THE_SOCKET["unicast result"]()
+    with RedirectTester(LOCAL, GROUP, None) as rx:
+        assert rx.run(frame) == (Action.PASS, frame)
+        assert rx.counters() == {"redirected": 0, "passed": 1}
+        rx.set_peer(SWITCH)
+        rx.reset()
+        assert rx.run(frame) == (Action.PASS, frame)
+        assert rx.run(TO_THE_STACK["result from another host"]()) == (
+            Action.PASS, TO_THE_STACK["result from another host"]())
+        assert rx.counters() == {"redirected": 1, "passed": 1}
+
+
 @pytest.mark.parametrize("name", TO_THE_SOCKET)
 def test_results_for_this_worker_go_to_the_socket(rx, name):
     frame = TO_THE_SOCKET[name]()

@@ -128,6 +128,27 @@ def test_a_job_mixing_afxdp_and_udp_workers(lab8, switch):
 
 
 @needs_lab
+def test_a_jobs_first_call_finds_every_rank_streaming(lab8, switch):
+    """An afxdp Worker compiles its redirect program before it joins (api.py),
+    so the join's barrier finds every rank milliseconds from streaming. The 4
+    ranks here are threads of one process, whose bcc compiles take turns (a
+    second or more each): compiled after the barrier, the three that compiled
+    first resent 113-136 packets each in the first call, probing for the last."""
+    world, packets = 4, 80
+    n = packets * K
+
+    def tensors(rank):
+        yield np.arange(n, dtype=np.int32) + rank
+
+    per_rank = reduce_all(lab8, switch, "first-call", ["afxdp"] * world, tensors)
+    exact = exact_int_sum([np.arange(n, dtype=np.int32) + r for r in range(world)])
+    for outs, _ in per_rank:
+        assert np.array_equal(outs[0], exact)
+    resent = [stats["retransmissions"] for _, stats in per_rank]
+    assert sum(resent) < packets, resent   # each early rank alone resent more
+
+
+@needs_lab
 def test_two_overlapping_allreduce_async_calls(lab8, switch):
     from switchml_xdp import Worker
     from switchml_xdp.lab.cluster import run_ranks
@@ -249,6 +270,34 @@ def test_stack_keeps_working_and_close_leaves_nothing(lab8, switch):
         assert np.array_equal(x, np.arange(1000, dtype=np.int32))
         assert w.stats()["shadow_replies"] >= 0
     assert "xdp" not in _xdp_on(lab8, host)
+
+
+@needs_lab
+def test_a_redirect_program_that_does_not_compile_fails_before_the_join(lab8, switch,
+                                                                        monkeypatch):
+    """The Worker compiles before it joins: a compile that fails raises with
+    backend "afxdp" before anything reached the switch (a world-2 job whose
+    other rank never comes would otherwise wait out its join), and under
+    "auto" the job goes on with udp."""
+    from switchml_xdp import Worker
+    from switchml_xdp.client import afxdp_backend
+
+    def no_compiler(port, local_ip):
+        raise RuntimeError("cannot load the worker's XDP program (swml_redirect.c): test")
+
+    monkeypatch.setattr(afxdp_backend, "compile_redirect", no_compiler)
+    host = lab8.workers[5]
+    began = time.monotonic()
+    with lab8.enter(host), pytest.raises(RuntimeError, match=r"swml_redirect\.c\): test"):
+        Worker(lab8.switch.ip, "nocompile-a", 0, 2, backend="afxdp", verbose=False,
+               join_timeout=30)
+    assert time.monotonic() - began < 5   # not at the barrier
+    with lab8.enter(host):
+        w = Worker(lab8.switch.ip, "nocompile-b", 0, 1, backend="auto", verbose=False)
+    with w:
+        assert w.backend_name == "udp"
+        x = np.arange(5, dtype=np.int32)
+        assert np.array_equal(w.allreduce(x), np.arange(5, dtype=np.int32))
 
 
 @needs_lab

@@ -33,8 +33,7 @@ import pytest
 from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
 from requires import NO_LAB
 from switchml_xdp import bpf, wire
-from switchml_xdp.client.afxdp_backend import compile_redirect
-from switchml_xdp.client.control import JobInfo
+from switchml_xdp.client.afxdp_backend import compile_redirect, set_peer
 from switchml_xdp.switch.dataplane import SwitchParams
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps, UplinkEntry
 from switchml_xdp.switch.state_files import read_state
@@ -358,7 +357,8 @@ class SwitchOracle(SwitchTester):
 
 class RedirectTester(XdpTester):
     """xdp/swml_redirect.c as a worker at `local` compiles it for a job whose
-    RESULTs come from `switch` to `group` (and unicast to `local`).
+    RESULTs come from `switch` to `group` (and unicast to `local`); with
+    switch None, as it is before the join's reply (nothing set_peer'd).
 
     Its XSKMAP stays empty (a socket needs a bound AF_XDP ring): there
     bpf_redirect_map returns its fallback, XDP_PASS, so the program's decision
@@ -366,14 +366,17 @@ class RedirectTester(XdpTester):
 
     COUNTERS = ("redirected", "passed")  # rows SWML_RX_* of xdp/swml_redirect.c
 
-    def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint):
+    def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint | None):
         self.local, self.group, self.switch = local, group, switch
-        info = JobInfo(name="xdptest", job_id=1, world=2, rank=0, k=8, slots=4,
-                       switch_ip=switch.ip, switch_mac=switch.mac, switch_port=switch.port,
-                       group_ip=group.ip, group_mac=group.mac, port=local.port, heartbeat_s=1.0,
-                       key=1, seq_base=0)
-        super().__init__(compile_redirect(info, local.ip))
+        super().__init__(compile_redirect(local.port, local.ip))
+        if switch is not None:
+            self.set_peer(switch)
         self._baseline = self._read_counters()
+
+    def set_peer(self, switch: Endpoint) -> None:
+        """What the worker does with the join's reply."""
+        self.switch = switch
+        set_peer(self.prog, switch.ip, switch.port, self.group.ip)
 
     def _read_counters(self) -> dict[str, int]:
         table = self.prog.table("rx_counters")
