@@ -10,7 +10,9 @@
  *     (udp_fd >= 0: over that bound kernel UDP socket instead, the udp
  *     backend's, with ifname "" and xskmap_fd -1: udp_port.h; the caller
  *     keeps the socket open while the engine is, and closes it; udp_gso:
- *     runs of datagrams as UDP GSO messages where the kernel takes them)
+ *     runs of datagrams as UDP GSO messages where the kernel takes them.
+ *     udp_fd with an AF_XDP socket: it receives, and while it is in copy
+ *     mode the sends go through udp_fd: port.h; stats()["udp_tx"] says so)
  *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy; their,
  *     stall_timeout's, spin's and coalesce's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
@@ -653,14 +655,6 @@ fail:
 	return NULL;
 }
 
-static void port_close(struct swml_port *p)
-{
-	if (p->kind == SWML_PORT_UDP)
-		swml_udp_close(&p->udp);
-	else
-		swml_xsk_close(&p->xsk);
-}
-
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {
@@ -688,6 +682,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
 	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
 	struct swml_stream_cfg cfg = {0};
+	struct swml_port_cfg port_cfg;
 	char err[256];
 	int ret;
 
@@ -781,15 +776,18 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 
-	self->port.kind = udp_fd >= 0 ? SWML_PORT_UDP : SWML_PORT_XSK;
+	/* udp_fd alone: the udp backend's datapath. Beside an AF_XDP socket
+	 * (xskmap_fd): the way its sends go while it is in copy mode (port.h). */
+	port_cfg = (struct swml_port_cfg){.ifname = ifname,
+					  .queue = queue,
+					  .frames = frames,
+					  .xskmap_fd = xskmap_fd,
+					  .udp_fd = udp_fd,
+					  .udp_gso = udp_gso,
+					  .dst_port = cfg.addrs.dst_port};
+	memcpy(port_cfg.dst_ip, cfg.addrs.dst_ip, 4);
 	Py_BEGIN_ALLOW_THREADS
-	if (udp_fd >= 0) {
-		ret = swml_udp_open(&self->port.udp, udp_fd, cfg.addrs.dst_ip, cfg.addrs.dst_port,
-				    err, sizeof err);
-		self->port.udp.gso = udp_gso;
-	} else
-		ret = swml_xsk_open(&self->port.xsk, ifname, queue, frames, xskmap_fd, err,
-				    sizeof err);
+	ret = swml_port_open(&self->port, &port_cfg, err, sizeof err);
 	Py_END_ALLOW_THREADS
 	if (ret) {
 		PyBuffer_Release(&self->abort_buf);
@@ -799,7 +797,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	if (swml_stream_init(&self->stream, &cfg, &self->port)) {
-		port_close(&self->port);
+		swml_port_close(&self->port);
 		PyBuffer_Release(&self->abort_buf);
 		close(self->wake_fd);
 		PyErr_NoMemory();
@@ -815,7 +813,7 @@ static void engine_close(EngineObject *self)
 		return;
 	self->open = 0;
 	swml_stream_free(&self->stream);
-	port_close(&self->port);
+	swml_port_close(&self->port);
 	PyBuffer_Release(&self->abort_buf);
 	close(self->wake_fd);
 	self->wake_fd = -1;
@@ -952,12 +950,15 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 	    put_u64(d, "tx_kicks", swml_port_kicks(&self->port)) ||
 	    put_u64(d, "tx_kick_errors", swml_port_kick_errors(&self->port)))
 		goto fail;
+	if (self->port.tx_kind == SWML_PORT_UDP &&
+	    (put_u64(d, "udp_gso_sends", self->port.udp.gso_sends) ||
+	     put_u64(d, "udp_gso", (uint64_t)self->port.udp.gso)))
+		goto fail;
 	if (self->port.kind == SWML_PORT_UDP) { /* datagrams longer than any frame */
-		if (put_u64(d, "udp_rx_truncated", self->port.udp.rx_truncated) ||
-		    put_u64(d, "udp_gso_sends", self->port.udp.gso_sends) ||
-		    put_u64(d, "udp_gso", (uint64_t)self->port.udp.gso))
+		if (put_u64(d, "udp_rx_truncated", self->port.udp.rx_truncated))
 			goto fail;
-	} else if (put_u64(d, "zero_copy", (uint64_t)self->port.xsk.zero_copy) ||
+	} else if (put_u64(d, "udp_tx", (uint64_t)(self->port.tx_kind == SWML_PORT_UDP)) ||
+		   put_u64(d, "zero_copy", (uint64_t)self->port.xsk.zero_copy) ||
 		   put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||
 		   put_u64(d, "xsk_rx_ring_full", xs.rx_ring_full) ||
 		   put_u64(d, "xsk_rx_fill_ring_empty", xs.rx_fill_ring_empty_descs) ||
@@ -1066,14 +1067,16 @@ static PyObject *py_raw_pingpong(PyObject *self, PyObject *args)
 	double warmup, seconds;
 	struct swml_raw_cfg cfg = {0};
 	struct swml_raw_result r;
-	struct swml_xsk x;
+	struct swml_port_cfg port_cfg = {0};
+	struct swml_port port;
 	Py_buffer abort_buf;
+	int udp_fd = -1;
 	char err[256];
 	int ret;
 
-	if (!PyArg_ParseTuple(args, "siOSSSSIIIIIIdd", &ifname, &xskmap_fd, &abort_obj, &src_mac,
+	if (!PyArg_ParseTuple(args, "siOSSSSIIIIIIdd|i", &ifname, &xskmap_fd, &abort_obj, &src_mac,
 			      &dst_mac, &src_ip, &dst_ip, &src_port, &dst_port, &cfg.k, &cfg.window,
-			      &cfg.batch, &cfg.spin, &warmup, &seconds))
+			      &cfg.batch, &cfg.spin, &warmup, &seconds, &udp_fd))
 		return NULL;
 	if (src_port > 65535 || dst_port > 65535 || !(warmup >= 0) || !(seconds > 0) ||
 	    warmup + seconds > 3600) {
@@ -1101,17 +1104,24 @@ static PyObject *py_raw_pingpong(PyObject *self, PyObject *args)
 	}
 	cfg.abort = (const volatile uint32_t *)abort_buf.buf;
 	Py_BEGIN_ALLOW_THREADS
-	ret = swml_xsk_open(&x, ifname, 0, 4096, xskmap_fd, err, sizeof err);
+	port_cfg = (struct swml_port_cfg){.ifname = ifname,
+					  .frames = 4096,
+					  .xskmap_fd = xskmap_fd,
+					  .udp_fd = udp_fd,
+					  .udp_gso = 1,
+					  .dst_port = cfg.addrs.dst_port};
+	memcpy(port_cfg.dst_ip, cfg.addrs.dst_ip, 4);
+	ret = swml_port_open(&port, &port_cfg, err, sizeof err);
 	if (!ret) {
-		ret = swml_raw_run(&x, &cfg, &r);
+		ret = swml_raw_run(&port, &cfg, &r);
 		if (ret == -EINVAL)
 			snprintf(err, sizeof err,
 				 "a frame of k=%u or a window of %u does not fit the "
 				 "socket",
 				 cfg.k, cfg.window);
 		else if (ret)
-			snprintf(err, sizeof err, "AF_XDP transmit failed: %s", strerror(-ret));
-		swml_xsk_close(&x);
+			snprintf(err, sizeof err, "transmit failed: %s", strerror(-ret));
+		swml_port_close(&port);
 	}
 	Py_END_ALLOW_THREADS
 	PyBuffer_Release(&abort_buf);
@@ -1124,7 +1134,8 @@ static PyObject *py_raw_pingpong(PyObject *self, PyObject *args)
 	if (!d || put_u64(d, "sent", r.sent) || put_u64(d, "echoed", r.echoed) ||
 	    put_u64(d, "bad", r.bad) || put_u64(d, "lost", r.lost) || put_u64(d, "late", r.late) ||
 	    put_u64(d, "elapsed_ns", r.elapsed_ns) || put_u64(d, "kicks", r.kicks) ||
-	    put_u64(d, "sleeps", r.sleeps) || put_u64(d, "frame_len", r.frame_len)) {
+	    put_u64(d, "sleeps", r.sleeps) || put_u64(d, "frame_len", r.frame_len) ||
+	    put_u64(d, "udp_tx", (uint64_t)(port.tx_kind == SWML_PORT_UDP))) {
 		Py_XDECREF(d);
 		return NULL;
 	}
@@ -1143,8 +1154,9 @@ static PyMethodDef module_methods[] = {
 	{"unordered", py_unordered, METH_VARARGS, "unordered(q: int32, out: float32): its inverse"},
 	{"raw_pingpong", py_raw_pingpong, METH_VARARGS,
 	 "raw_pingpong(ifname, xskmap_fd, abort, src_mac, dst_mac, src_ip, dst_ip, src_port, "
-	 "dst_port, k, window, batch (0: the engine's), spin, warmup_s, seconds) -> {sent, echoed, bad, lost, late, "
-	 "elapsed_ns, kicks, sleeps, frame_len}: the path's ceiling (raw_path.h)"},
+	 "dst_port, k, window, batch (0: the engine's), spin, warmup_s, seconds[, udp_fd]) -> {sent, "
+	 "echoed, bad, lost, late, elapsed_ns, kicks, sleeps, frame_len, udp_tx}: the path's ceiling "
+	 "(raw_path.h; udp_fd: the sends in copy mode, as the engine's)"},
 	{"engine_micro", py_engine_micro, METH_VARARGS,
 	 "engine_micro(x, y, k, world, fmt, auth, passes, one_pass) -> {packets, loop_ns, <stage>: "
 	 "ns}: the engine's per-packet work with no network (engine_micro.h)"},

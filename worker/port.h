@@ -4,10 +4,19 @@
  * the afxdp backend) or a kernel UDP socket (udp_port.h, the udp backend).
  * Both take whole frames (Ethernet first) to send and give whole frames
  * received, so stream.c builds and parses one packet format over either.
+ *
+ * The two directions may go different ways: an AF_XDP socket in copy mode
+ * (no zero-copy driver) receives, and the kernel UDP socket that holds the
+ * job's port sends, with UDP GSO. In copy mode the kernel makes an skb of
+ * every AF_XDP frame sent and takes it down the path alone; GSO makes one
+ * skb of a run of up to 64 datagrams and cuts it late, so the path's
+ * per-frame work is paid once a run (docs/performance.md, "The afxdp
+ * backend's sends in copy mode").
  */
 #ifndef SWML_PORT_H
 #define SWML_PORT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "udp_port.h"
@@ -18,13 +27,31 @@ enum swml_port_kind { SWML_PORT_XSK = 0, SWML_PORT_UDP = 1 };
 #define SWML_PORT_RX_BATCH 64u
 
 struct swml_port {
-	enum swml_port_kind kind;
+	enum swml_port_kind kind;    /* what receives (and its fd is polled) */
+	enum swml_port_kind tx_kind; /* what sends: kind, or UDP under an XSK in copy mode */
 	struct swml_xsk xsk;
 	struct swml_udp udp;
 	/* the frames of the last swml_port_rx (AF_XDP: their UMEM addresses) */
 	uint64_t rx_addrs[SWML_PORT_RX_BATCH];
 	uint32_t rx_n;
 };
+
+/* How to open a port: an AF_XDP socket (xskmap_fd >= 0, on ifname's queue),
+ * a kernel UDP socket (udp_fd alone), or both, the UDP socket then sending
+ * while the AF_XDP one is in copy mode. */
+struct swml_port_cfg {
+	const char *ifname;
+	uint32_t queue, frames; /* the AF_XDP socket's queue and UMEM frames */
+	int xskmap_fd;          /* -1: no AF_XDP socket */
+	int udp_fd;             /* -1: none; the caller's, bound, kept open meanwhile */
+	int udp_gso;            /* runs of datagrams as UDP GSO messages */
+	uint8_t dst_ip[4];      /* the UDP socket's datagrams go here (network order) */
+	uint16_t dst_port;      /* host order */
+};
+
+/* 0, or -errno with a message in err; nothing is left open on failure. */
+int swml_port_open(struct swml_port *p, const struct swml_port_cfg *cfg, char *err, size_t errlen);
+void swml_port_close(struct swml_port *p);
 
 static inline int swml_port_fd(const struct swml_port *p)
 {
@@ -33,41 +60,41 @@ static inline int swml_port_fd(const struct swml_port *p)
 
 static inline uint8_t *swml_port_tx_reserve(struct swml_port *p, uint32_t len)
 {
-	return p->kind == SWML_PORT_XSK ? swml_xsk_tx_reserve(&p->xsk, len)
-					: swml_udp_tx_reserve(&p->udp, len);
+	return p->tx_kind == SWML_PORT_XSK ? swml_xsk_tx_reserve(&p->xsk, len)
+					   : swml_udp_tx_reserve(&p->udp, len);
 }
 
 /* Reserved frames count as pending from here (AF_XDP: published to the
  * kernel; UDP: they already are). */
 static inline void swml_port_submit(struct swml_port *p)
 {
-	if (p->kind == SWML_PORT_XSK)
+	if (p->tx_kind == SWML_PORT_XSK)
 		swml_xsk_submit(&p->xsk);
 }
 
 static inline uint32_t swml_port_tx_pending(struct swml_port *p)
 {
-	return p->kind == SWML_PORT_XSK ? swml_xsk_tx_pending(&p->xsk)
-					: swml_udp_tx_pending(&p->udp);
+	return p->tx_kind == SWML_PORT_XSK ? swml_xsk_tx_pending(&p->xsk)
+					   : swml_udp_tx_pending(&p->udp);
 }
 
 static inline int swml_port_kick(struct swml_port *p)
 {
-	return p->kind == SWML_PORT_XSK ? swml_xsk_kick(&p->xsk) : swml_udp_kick(&p->udp);
+	return p->tx_kind == SWML_PORT_XSK ? swml_xsk_kick(&p->xsk) : swml_udp_kick(&p->udp);
 }
 
 /* Sent frames back to the free ones (AF_XDP's completion ring; a UDP
  * socket's frames are free once sendmmsg took them). */
 static inline void swml_port_reclaim(struct swml_port *p)
 {
-	if (p->kind == SWML_PORT_XSK)
+	if (p->tx_kind == SWML_PORT_XSK)
 		swml_xsk_reclaim(&p->xsk);
 }
 
 /* Whether few tx frames are left free: time to reclaim. */
 static inline int swml_port_tx_low(const struct swml_port *p)
 {
-	return p->kind == SWML_PORT_XSK && p->xsk.n_free_tx < p->xsk.nframes / 4;
+	return p->tx_kind == SWML_PORT_XSK && p->xsk.n_free_tx < p->xsk.nframes / 4;
 }
 
 /* Up to SWML_PORT_RX_BATCH received frames, valid until swml_port_rx_done(). */
@@ -101,12 +128,12 @@ static inline void swml_port_rx_done(struct swml_port *p)
 
 static inline uint64_t swml_port_kicks(const struct swml_port *p)
 {
-	return p->kind == SWML_PORT_XSK ? p->xsk.kicks : p->udp.kicks;
+	return p->tx_kind == SWML_PORT_XSK ? p->xsk.kicks : p->udp.kicks;
 }
 
 static inline uint64_t swml_port_kick_errors(const struct swml_port *p)
 {
-	return p->kind == SWML_PORT_XSK ? p->xsk.kick_errors : p->udp.kick_errors;
+	return p->tx_kind == SWML_PORT_XSK ? p->xsk.kick_errors : p->udp.kick_errors;
 }
 
 #endif /* SWML_PORT_H */

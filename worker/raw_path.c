@@ -13,7 +13,7 @@
 #define SEQ_OFF (SWML_L2L4_LEN + offsetof(struct swml_hdr, seq))
 
 struct raw {
-	struct swml_xsk *x;
+	struct swml_port *p;
 	const struct swml_raw_cfg *c;
 	struct swml_raw_result *r;
 	uint8_t frame[SWML_XSK_FRAME_SIZE]; /* what is sent, seq aside */
@@ -62,21 +62,21 @@ static int send_frames(struct raw *s)
 		uint32_t n = 0;
 
 		while (n < s->c->batch && s->inflight < s->c->window) {
-			uint8_t *p = swml_xsk_tx_reserve(s->x, s->len);
+			uint8_t *f = swml_port_tx_reserve(s->p, s->len);
 			uint32_t seq = htonl(s->next_seq);
 
-			if (!p)
+			if (!f)
 				break;
-			memcpy(p, s->frame, s->len);
-			memcpy(p + SEQ_OFF, &seq, sizeof seq);
+			memcpy(f, s->frame, s->len);
+			memcpy(f + SEQ_OFF, &seq, sizeof seq);
 			s->next_seq++;
 			s->inflight++;
 			n++;
 		}
 		if (s->counting)
 			s->r->sent += n;
-		swml_xsk_submit(s->x);
-		if (swml_xsk_kick(s->x) < 0)
+		swml_port_submit(s->p);
+		if (swml_port_kick(s->p) < 0)
 			return -errno;
 		if (n < s->c->batch && s->inflight < s->c->window)
 			return 0; /* no tx frame or ring room: the completions free some */
@@ -84,25 +84,32 @@ static int send_frames(struct raw *s)
 	return 0;
 }
 
+/* An echo is the frame sent, addresses and ports swapped, but for its seq and
+ * what the kernel writes where it sends (port.h: UDP in copy mode): the
+ * IPv4 header's ID, flags, TTL and checksum and the UDP checksum. */
+#define IP_ADDRS_OFF (SWML_ETH_LEN + 12) /* source and destination, 8 bytes */
+#define UDP_OFF (SWML_ETH_LEN + SWML_IP_LEN)
 static int intact(const struct raw *s, const uint8_t *f, uint32_t len)
 {
-	return len == s->len && !memcmp(f, s->echo, SEQ_OFF) &&
+	return len == s->len && !memcmp(f, s->echo, SWML_ETH_LEN) &&
+	       !memcmp(f + IP_ADDRS_OFF, s->echo + IP_ADDRS_OFF, 8) &&
+	       !memcmp(f + UDP_OFF, s->echo + UDP_OFF, 6) && /* ports, length */
+	       !memcmp(f + SWML_L2L4_LEN, s->echo + SWML_L2L4_LEN, SEQ_OFF - SWML_L2L4_LEN) &&
 	       !memcmp(f + SEQ_OFF + 4, s->echo + SEQ_OFF + 4, len - SEQ_OFF - 4);
 }
 
-/* Up to `batch` frames from the rx ring; returns how many were echoes. */
+/* Up to `batch` frames received; returns how many were echoes. */
 static uint32_t take_echoes(struct raw *s)
 {
-	uint64_t addrs[SWML_XSK_RX_RING];
-	uint32_t idx, echoes = 0, n = xsk_ring_cons__peek(&s->x->rx, s->c->batch, &idx);
+	const uint8_t *frames[SWML_PORT_RX_BATCH];
+	uint32_t lens[SWML_PORT_RX_BATCH];
+	uint32_t echoes = 0, n = swml_port_rx(s->p, frames, lens);
 
 	for (uint32_t i = 0; i < n; i++) {
-		const struct xdp_desc *d = xsk_ring_cons__rx_desc(&s->x->rx, idx + i);
-		const uint8_t *f = xsk_umem__get_data(s->x->area, d->addr);
+		const uint8_t *f = frames[i];
 		uint32_t seq;
 
-		addrs[i] = d->addr;
-		if (!intact(s, f, d->len)) {
+		if (!intact(s, f, lens[i])) {
 			s->r->bad++;
 			continue;
 		}
@@ -116,10 +123,7 @@ static uint32_t take_echoes(struct raw *s)
 		s->inflight--;
 		echoes++;
 	}
-	if (n) {
-		xsk_ring_cons__release(&s->x->rx, n);
-		swml_xsk_refill(s->x, addrs, n);
-	}
+	swml_port_rx_done(s->p);
 	if (s->counting)
 		s->r->echoed += echoes;
 	return echoes;
@@ -127,16 +131,16 @@ static uint32_t take_echoes(struct raw *s)
 
 static void sleep_rx(struct raw *s)
 {
-	struct pollfd pfd = {.fd = s->x->fd, .events = POLLIN};
+	struct pollfd pfd = {.fd = swml_port_fd(s->p), .events = POLLIN};
 	struct timespec ts = {.tv_sec = 0, .tv_nsec = SWML_RAW_SLEEP_NS};
 
 	s->r->sleeps++;
 	ppoll(&pfd, 1, &ts, NULL);
 }
 
-int swml_raw_run(struct swml_xsk *x, const struct swml_raw_cfg *cfg, struct swml_raw_result *r)
+int swml_raw_run(struct swml_port *p, const struct swml_raw_cfg *cfg, struct swml_raw_result *r)
 {
-	struct raw s = {.x = x, .c = cfg, .r = r};
+	struct raw s = {.p = p, .c = cfg, .r = r};
 	uint64_t start, count_from, end, last_echo, now, kicks0;
 	uint32_t idle = 0;
 	int ret = 0;
@@ -145,14 +149,14 @@ int swml_raw_run(struct swml_xsk *x, const struct swml_raw_cfg *cfg, struct swml
 	s.len = SWML_HEADERS_LEN + 4 * cfg->k;
 	r->frame_len = s.len;
 	if (cfg->k < 1 || cfg->k > SWML_MAX_K || s.len > SWML_XSK_FRAME_SIZE - SWML_XSK_TX_OFFSET ||
-	    cfg->window < 1 || cfg->window > x->nframes / 2 || cfg->batch < 1 ||
-	    cfg->batch > SWML_XSK_RX_RING)
+	    cfg->window < 1 || cfg->window > p->xsk.nframes / 2 || cfg->batch < 1 ||
+	    cfg->batch > SWML_PORT_RX_BATCH)
 		return -EINVAL;
 	build_frames(&s);
 	start = now = last_echo = now_ns();
 	count_from = start + cfg->warmup_ns;
 	end = count_from + cfg->duration_ns;
-	kicks0 = x->kicks;
+	kicks0 = swml_port_kicks(p);
 	ret = send_frames(&s);
 	while (!ret && now < end) {
 		uint32_t got;
@@ -165,7 +169,7 @@ int swml_raw_run(struct swml_xsk *x, const struct swml_raw_cfg *cfg, struct swml
 			memset(r, 0, sizeof *r);
 			r->bad = bad; /* a bad frame is worth seeing, warm or not */
 			r->frame_len = s.len;
-			kicks0 = x->kicks;
+			kicks0 = swml_port_kicks(p);
 			count_from = now;
 			s.counting = 1;
 		}
@@ -189,6 +193,6 @@ int swml_raw_run(struct swml_xsk *x, const struct swml_raw_cfg *cfg, struct swml
 		}
 	}
 	r->elapsed_ns = s.counting ? now - count_from : 0;
-	r->kicks = x->kicks - kicks0;
+	r->kicks = swml_port_kicks(p) - kicks0;
 	return ret;
 }

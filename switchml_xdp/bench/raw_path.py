@@ -4,8 +4,9 @@ what xdpsock's l2fwd measures, so that swml's packets a second can be read as
 a fraction of what the path does at all (docs/performance.md, "The path's
 ceiling").
 
-The worker's end is swml's: the same AF_XDP socket and UMEM code (worker/
-xsk_port.c), the same redirect program (xdp/swml_redirect.c, with the
+The worker's end is swml's: the same port (worker/port.h: the AF_XDP socket
+and UMEM code, and in copy mode the sends on the port's UDP socket with GSO,
+as the afxdp backend's), the same redirect program (xdp/swml_redirect.c, with the
 reflector in the switch's place), frames of DATA's size at k (74 + 4k bytes),
 the engine's rx batch, and `window` frames in flight as swml keeps its slots
 full; no quantization, no aggregation (worker/raw_path.c).
@@ -83,7 +84,14 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
     second, one way), rtt_us (window / pps), and when it began and ended
     (time.monotonic(): one clock for every namespace of the host).
     RuntimeError with a one-line reason if it cannot run or nothing came back."""
-    from ..client.afxdp_backend import PORT_RCVBUF, SPIN, compile_redirect, set_peer, unavailable_reason
+    from ..client.afxdp_backend import (
+        PORT_RCVBUF,
+        SPIN,
+        compile_redirect,
+        copy_mode_sender,
+        set_peer,
+        unavailable_reason,
+    )
     from ..client.port import reserve_port
 
     reason = unavailable_reason()
@@ -114,7 +122,8 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
                     iface, prog.map_fd("xsks"), abort, wire.mac_to_bytes(mac),
                     wire.mac_to_bytes(box_mac), socket.inet_aton(local_ip),
                     socket.inet_aton(switch_ip), port, reflect_port, k, window,
-                    batch, SPIN if spin is None else spin, warmup, seconds)
+                    batch, SPIN if spin is None else spin, warmup, seconds,
+                    copy_mode_sender(sock, switch_ip, reflect_port, local_ip, iface))
         ended = time.monotonic()
     except (bpf.XdpError, net.NetError, OSError, ValueError) as e:
         raise RuntimeError(f"raw path to {switch_ip}:{reflect_port}: {e}") from None

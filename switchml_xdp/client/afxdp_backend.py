@@ -9,9 +9,12 @@ joins, so the join's barrier finds every rank a few milliseconds from
 streaming), tell it the switch's data address and port and the job's
 multicast group from the join's reply (set_peer), attach it to the worker's interface (native XDP,
 generic if the driver has none), and open the engine: a UMEM plus an AF_XDP
-socket in copy mode on queue 0, inserted into the program's XSKMAP. From then
-on the switch's RESULTs for this worker land in the socket's rx ring and
-everything else still goes to the kernel stack.
+socket on queue 0 (zero-copy where the driver has it, else copy mode),
+inserted into the program's XSKMAP. From then on the switch's RESULTs for
+this worker land in the socket's rx ring and everything else still goes to
+the kernel stack. In copy mode the DATA goes out through the port's UDP
+socket instead, runs of it as UDP GSO messages (worker/port.h; the kernel
+would make an skb of each AF_XDP frame anyway, and GSO makes one a run).
 
 The calls, the abort and the counters are engine_backend.py's. The streaming
 rules, packet format and quantization are those of the udp backend (plans.py,
@@ -24,7 +27,7 @@ from __future__ import annotations
 import os
 import socket
 
-from .. import bpf, wire
+from .. import bpf, net, wire
 from .engine_backend import COALESCE, SPIN, EngineBackend, engine_missing, tunable
 from .port import join_when_up, reserve_port
 
@@ -33,7 +36,8 @@ SOURCE = "swml_redirect.c"
 QUEUE = 0                 # veth (and the lab) have one rx queue; the engine binds it
 # SWML_AFXDP_RTO_INITIAL / _MIN / _MAX (seconds) override the policy's timeouts
 # for experiments (RetransmitPolicy.with_env), SWML_AFXDP_SPIN and
-# SWML_AFXDP_COALESCE the waiting (engine_backend.py: SPIN, COALESCE).
+# SWML_AFXDP_COALESCE the waiting (engine_backend.py: SPIN, COALESCE);
+# SWML_AFXDP_UDP_TX=0 keeps the sends on the AF_XDP socket in copy mode too.
 ENV_PREFIX = "SWML_AFXDP_"
 # The port-holding socket reads nothing (frames come through AF_XDP): what the
 # redirect program passes to the stack may fill this little and be dropped.
@@ -68,6 +72,23 @@ def set_peer(prog: bpf.Program, switch_ip: str, switch_port: int, group_ip: str)
     table[table.Key(0)] = table.Leaf(switch_ip=wire.ip_to_be32(switch_ip),
                                      group_ip=wire.ip_to_be32(group_ip),
                                      switch_port=socket.htons(switch_port))
+
+
+def copy_mode_sender(sock, switch_ip: str, switch_port: int, local_ip: str, iface: str) -> int:
+    """The fd the engine sends through while its AF_XDP socket is in copy
+    mode (worker/port.h; the engine decides, once it knows the mode): the
+    port's UDP socket `sock`, made non-blocking, where the kernel routes the
+    switch's address out of `iface` from `local_ip`, as the AF_XDP frames go,
+    and not under SWML_AFXDP_UDP_TX=0; else -1 (the sends stay on AF_XDP)."""
+    if not tunable(ENV_PREFIX, "UDP_TX", 1):
+        return -1
+    try:
+        if net.route_to(switch_ip, switch_port) != (local_ip, iface):
+            return -1
+    except net.NetError:
+        return -1
+    sock.setblocking(False)
+    return sock.fileno()
 
 
 class AfxdpBackend(EngineBackend):
@@ -108,7 +129,9 @@ class AfxdpBackend(EngineBackend):
             self.mode = self._attach(self._prog.fd, mode, self.verbose)
             self._open(local.iface, self._prog.map_fd("xsks"), queue=QUEUE,
                        spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", SPIN),
-                       coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE))
+                       coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE),
+                       udp_fd=copy_mode_sender(self._port_sock, info.switch_ip,
+                                               info.switch_port, local.ip, self.iface))
             join_when_up(self._port_sock, info.group_ip, local.ip, local.iface)
         except BaseException:
             self.close()

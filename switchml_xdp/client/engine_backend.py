@@ -32,7 +32,7 @@ SPIN = DEFINES["engine_policy.h"]["SWML_ENGINE_SPIN"]
 # RESULTs a timed sleep lets gather on a slow link (0: off); engine_policy.h.
 COALESCE = DEFINES["engine_policy.h"]["SWML_ENGINE_COALESCE"]
 # A lane's stats that are a state, not a count: lane 0's stand for the rank's.
-LANE_STATES = frozenset({"srtt_us", "rto_us", "rate_kbps", "dscp", "udp_gso", "zero_copy",
+LANE_STATES = frozenset({"srtt_us", "rto_us", "rate_kbps", "dscp", "udp_gso", "udp_tx", "zero_copy",
                          "tensors", "reo_mult"})
 
 

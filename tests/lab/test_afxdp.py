@@ -111,8 +111,11 @@ def test_afxdp_matches_udp_and_the_reference(lab8, switch, world):
         for a, u in zip(a_outs, u_outs):
             assert a.dtype == u.dtype and np.array_equal(a.view(np.uint32), u.view(np.uint32))
         assert a_stats["backend"] == "afxdp"
-        # veth has no zero-copy AF_XDP: the engine fell back to copy mode
+        # veth has no zero-copy AF_XDP: the engine fell back to copy mode,
+        # where it sends through the port's UDP socket, runs as GSO messages
         assert a_stats["zero_copy"] == 0
+        assert a_stats["udp_tx"] == 1 and a_stats["udp_gso"] == 1
+        assert world == 1 or a_stats["udp_gso_sends"] > 0, a_stats
         assert a_stats["results"] == a_stats["packets_sent"] - a_stats["retransmissions"]
         for key in ("packets_sent", "retransmissions", "results", "duplicates", "shadow_replies"):
             assert key in a_stats
@@ -125,6 +128,26 @@ def test_a_job_mixing_afxdp_and_udp_workers(lab8, switch):
                           tensors_for(seed))
     check_results(per_rank, 4, seed)
     assert [s["backend"] for _, s in per_rank] == ["afxdp", "udp", "udp", "afxdp"]
+
+
+@needs_lab
+def test_sends_stay_on_the_afxdp_socket_where_asked(lab8, switch, monkeypatch):
+    """SWML_AFXDP_UDP_TX=0: copy mode sends through the AF_XDP socket too,
+    frame by frame (the A/B of docs/performance.md, "The afxdp backend's
+    sends in copy mode"), and the sums are the same."""
+    monkeypatch.setenv("SWML_AFXDP_UDP_TX", "0")
+    seed = 11
+    sizes = SIZES[:-1]
+
+    def tensors(rank):
+        for n in sizes:
+            yield int_input(rank, n, seed)
+
+    per_rank = reduce_all(lab8, switch, "xsk-tx", ["afxdp"] * 2, tensors)
+    for outs, stats in per_rank:
+        for out, n in zip(outs, sizes):
+            assert np.array_equal(out, exact_int_sum([int_input(r, n, seed) for r in range(2)]))
+        assert stats["udp_tx"] == 0 and "udp_gso_sends" not in stats, stats
 
 
 @needs_lab
