@@ -7,14 +7,15 @@ attached and the link is up), take xdp/swml_redirect.c compiled for this
 worker's port and IP (compile_redirect: the Worker compiles it before it
 joins, so the join's barrier finds every rank a few milliseconds from
 streaming), tell it the switch's data address and port and the job's
-multicast group from the join's reply (set_peer), attach it to the worker's interface (native XDP,
-generic if the driver has none), and open the engine: a UMEM plus an AF_XDP
-socket on queue 0 (zero-copy where the driver has it, else copy mode),
-inserted into the program's XSKMAP. From then on the switch's RESULTs for
-this worker land in the socket's rx ring and everything else still goes to
-the kernel stack. In copy mode the DATA goes out through the port's UDP
-socket instead, runs of it as UDP GSO messages (worker/port.h; the kernel
-would make an skb of each AF_XDP frame anyway, and GSO makes one a run).
+multicast group from the join's reply (set_peer), attach it to the worker's
+interface (native XDP, generic if the driver has none), and open the
+engine: a UMEM plus an AF_XDP socket on queue 0 (zero-copy where the driver
+has it, else copy mode), inserted into the program's XSKMAP. From then on
+the switch's RESULTs for this worker land in the socket's rx ring and
+everything else still goes to the kernel stack. In copy mode the DATA goes
+out through the port's UDP socket instead, runs of it as UDP GSO messages
+(worker/port.h; the kernel would make an skb of each AF_XDP frame anyway,
+and GSO makes one a run).
 
 The calls, the abort and the counters are engine_backend.py's. The streaming
 rules, packet format and quantization are those of the udp backend (plans.py,
