@@ -202,6 +202,24 @@ class BoxSplit:
         self._pool = (ThreadPoolExecutor(max_workers=len(boxes) - 1, thread_name_prefix="swml-box")
                       if len(boxes) > 1 else None)
         self.interrupted: str | None = None   # why Worker.interrupt stopped the call in progress
+        self._in_call = False
+        if len(boxes) > 1:
+            for box in boxes:
+                box.control.abort.on_abort(
+                    lambda reason, aborted=box: self._job_aborted_on(aborted, reason))
+
+    def _job_aborted_on(self, aborted: Box, reason: str) -> None:
+        """The job aborted on one box (its daemon stopped, a rank failed
+        there) during a call: the call fails, and a peer rank that hears of
+        it before it starts the call never streams its parts through the
+        other boxes, so this rank's parts there would wait for it until the
+        stall timeout. They stop now. Every later call of the Worker fails
+        at once anyway, so no box's stream is needed in step afterwards."""
+        if not self._in_call:
+            return
+        for box in self.boxes:
+            if box is not aborted:
+                box.signal.interrupt(f"box {aborted.address}: the job aborted there ({reason})")
 
     def begin(self) -> None:
         """A call begins: a box's interrupt was for the call before."""
@@ -218,8 +236,10 @@ class BoxSplit:
     def reduce(self, flat: np.ndarray, call: Call) -> None:
         """Reduce the 1-D array `flat` in place: part i through box i. A
         failure on any box fails the call, naming the box (a lost box first,
-        else the first box's in list order where several fail); every box
-        finishes its part first, so no box is left mid-stream."""
+        else one whose job aborted, else the first box's in list order where
+        several fail); every box finishes its part first, so no box is left
+        mid-stream, but where the job aborted on a box: then the other parts
+        stop at once (_job_aborted_on)."""
         work = []
         if self._pool is None:
             work.append((self.boxes[0], flat, call))
@@ -228,14 +248,22 @@ class BoxSplit:
                 if a != b:   # each part a call of its own on its box: its count in its tag
                     work.append((box, flat[a:b], dataclasses.replace(call, count=b - a, shard=0)))
         self.watch.begin({box.address: (box.watch_part(), box.signal) for box, _, _ in work})
-        jobs: list[tuple[Box, Future]] = [
-            (box, self._pool.submit(_part, self.watch, box, part, sub)) for box, part, sub in work[1:]]
-        errors: list[tuple[Box, BaseException]] = []
-        if work:    # the first part on this thread, after the others start
-            e = _part(self.watch, *work[0])
-            if e is not None:
-                errors.append((work[0][0], e))
-        errors += [(box, fut.result()) for box, fut in jobs if fut.result() is not None]
+        self._in_call = True
+        try:
+            if any(box.signal.for_good for box in self.boxes):   # aborted before it began
+                for box in self.boxes:
+                    box.signal.interrupt("the job aborted on another box")
+            jobs: list[tuple[Box, Future]] = [
+                (box, self._pool.submit(_part, self.watch, box, part, sub))
+                for box, part, sub in work[1:]]
+            errors: list[tuple[Box, BaseException]] = []
+            if work:    # the first part on this thread, after the others start
+                e = _part(self.watch, *work[0])
+                if e is not None:
+                    errors.append((work[0][0], e))
+            errors += [(box, fut.result()) for box, fut in jobs if fut.result() is not None]
+        finally:
+            self._in_call = False
         lost = self.watch.end()
         if errors:
             raise self._failure(errors, lost, call)
@@ -248,7 +276,10 @@ class BoxSplit:
         gone = [b.address for b, _ in errors if b.address in lost or b.signal.for_good]
         for box, _ in errors:
             box.lost = box.address in lost
-        box, e = next(((b, e) for b, e in errors if b.address in lost), errors[0])
+        # The cause first: a lost box, else a box whose job aborted for good
+        # (the others' parts were stopped for it), else the first in order.
+        box, e = next(((b, e) for b, e in errors if b.address in lost),
+                      next(((b, e) for b, e in errors if b.signal.for_good), errors[0]))
         if box.address in lost:
             out: BaseException = BoxLost(f"box {box.address}: {lost[box.address]}", gone)
         elif self.interrupted is not None and not box.signal.for_good:

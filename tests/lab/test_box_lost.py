@@ -117,6 +117,56 @@ def test_a_box_stopped_cleanly_fails_every_ranks_call_at_once_naming_it(lab):
         assert lost_boxes(error) == (box1,) and seconds < NOTICED_S, (rank, seconds)
 
 
+def test_a_box_stopped_while_the_peer_is_between_calls_fails_the_call_at_once(lab):
+    """Rank 0 is inside a call when box 1's daemon stops; rank 1 has not begun
+    it and hears of the stop first, so it never streams its part through box
+    0 (its call fails at once: the test below). Rank 0's part on box 0 would
+    wait for it until the stall timeout (seen in CI: 30 s, then a TimeoutError
+    naming box 0); the job's abort on box 1 stops the call's parts on every
+    box, and the error names box 1."""
+    from switchml_xdp import Worker
+    from switchml_xdp.client.abort import JobAborted
+    from switchml_xdp.client.boxes import lost_boxes
+
+    box1 = lab.switches[1].ip
+    stall_s = 20.0
+    with SwitchProcess(lab, box=0), SwitchProcess(lab, box=1) as sw1:
+        streamed, stopped = threading.Barrier(3), threading.Event()
+        stopped_at = {}
+
+        def body(rank, host):
+            with Worker([b.ip for b in lab.switches], "stopped-peer-idle", rank, 2,
+                        backend="udp", verbose=False, stall_timeout=stall_s) as w:
+                x = np.ones(50 * K, np.float32)
+                w.allreduce(x)
+                streamed.wait(30)
+                if rank == 1:
+                    stopped.wait(30)      # begins its call only after the stop
+                try:
+                    w.allreduce(x)
+                except Exception as e:  # noqa: BLE001 - the test looks at it
+                    return e, time.monotonic() - stopped_at["t"]
+                return None, 0.0
+
+        def stopper():
+            streamed.wait(30)
+            time.sleep(0.5)               # rank 0 inside its call, waiting for rank 1
+            stopped_at["t"] = time.monotonic()
+            sw1.stop()
+            stopped.set()
+
+        t = threading.Thread(target=stopper)
+        t.start()
+        try:
+            out = run_ranks(lab, lab.workers[:2], body, timeout=60)
+        finally:
+            t.join()
+    for rank, (error, seconds) in enumerate(out):
+        assert isinstance(error, JobAborted) and str(error).startswith(f"box {box1}: "), (
+            rank, repr(error))
+        assert lost_boxes(error) == (box1,) and seconds < NOTICED_S, (rank, seconds)
+
+
 def test_a_call_after_a_box_stopped_names_it_among_the_lost_boxes(lab):
     """The abort came between two calls: the next call fails at once, before
     anything streams, as JobAborted naming the box, which the error lists
