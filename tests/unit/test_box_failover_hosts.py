@@ -42,13 +42,25 @@ def leader(told: dict):
     return make
 
 
-def test_the_leaders_agree_and_every_rank_of_their_hosts_warns_once():
+def test_the_leaders_agree_and_every_rank_of_their_hosts_warns_once(monkeypatch):
     cluster, told = Cluster(), {}
     cluster.job(0, []).fail[1] = {1: ["10.0.0.2"]}     # leader 0 is ahead
+    # The listeners' warnings, counted as they are made: a listener may warn
+    # while on_both's own catch_warnings (which swallows the ranks') is in
+    # force, where a record of the test's would miss it (seen in CI).
+    relayed: list[str] = []
+    real_warn = warnings.warn
+
+    def warn(message, *args, **kwargs):
+        if "told by this host's leader" in str(message):
+            relayed.append(str(message))
+        return real_warn(message, *args, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", warn)
     listeners = [NoticeListener(cluster.store, h, 2 * h) for h in range(WORLD)]
     try:
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
 
             def body(r: Rank):
                 return [r.call(10.0 * step + r.rank())[0] for step in range(4)], r.failover.boxes
@@ -64,7 +76,6 @@ def test_the_leaders_agree_and_every_rank_of_their_hosts_warns_once():
     for h, x in enumerate(listeners):
         assert len(x.heard) == 1 and told[h].told == 1, x.heard
         assert "10.0.0.2 lost at swml call #1 (agreed by all 2 host leaders)" in x.heard[0]
-    relayed = [str(w.message) for w in said if "told by this host's leader" in str(w.message)]
     assert sorted(relayed) == sorted(f"{x.heard[0]} (told by this host's leader, rank {2 * h})"
                                      for h, x in enumerate(listeners))
 
