@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from . import lifecycle, netns
 from .addressing import Host
@@ -142,17 +142,29 @@ def start_background_switch(lab: Lab, args: Sequence[str] = (), ready_timeout: f
 
 
 def run_ranks(lab: Lab, hosts: Sequence[Host], fn: Callable[[int, Host], object],
-              timeout: float = 120.0) -> list:
+              timeout: float = 120.0, beside: Callable[[], object] | None = None) -> list:
     """Call fn(rank, host) for every rank at once, each in a thread that lives
     in its host's network namespace; return the results in rank order and
-    re-raise the first failure."""
+    re-raise the first failure. beside: what disturbs the lab meanwhile (stops
+    a box, kills a daemon), on a thread of its own in the caller's namespace,
+    waited for after the ranks however they ended; its own failure is raised
+    if the ranks' was not."""
     def body(rank: int, host: Host):
         with lab.enter(host):
             return fn(rank, host)
 
-    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-        futures = [pool.submit(body, r, h) for r, h in enumerate(hosts)]
-        return [f.result(timeout=timeout) for f in futures]
+    with ThreadPoolExecutor(max_workers=len(hosts) + 1) as pool:
+        side = pool.submit(beside) if beside is not None else None
+        try:
+            futures = [pool.submit(body, r, h) for r, h in enumerate(hosts)]
+            results = [f.result(timeout=timeout) for f in futures]
+        except BaseException:
+            if side is not None:
+                wait([side])
+            raise
+        if side is not None:
+            side.result()
+        return results
 
 
 class RanksFailed(RuntimeError):

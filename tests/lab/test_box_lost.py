@@ -60,12 +60,7 @@ def lose_box_1_mid_call(lab, job: str, lose) -> list:
         lost_at["t"] = time.monotonic()
         lose()
 
-    t = threading.Thread(target=loser)
-    t.start()
-    try:
-        return run_ranks(lab, lab.workers[:2], body, timeout=60)
-    finally:
-        t.join()
+    return run_ranks(lab, lab.workers[:2], body, timeout=60, beside=loser)
 
 
 def check_lost(lab, out) -> None:
@@ -155,12 +150,7 @@ def test_a_box_stopped_while_the_peer_is_between_calls_fails_the_call_at_once(la
             sw1.stop()
             stopped.set()
 
-        t = threading.Thread(target=stopper)
-        t.start()
-        try:
-            out = run_ranks(lab, lab.workers[:2], body, timeout=60)
-        finally:
-            t.join()
+        out = run_ranks(lab, lab.workers[:2], body, timeout=60, beside=stopper)
     for rank, (error, seconds) in enumerate(out):
         assert isinstance(error, JobAborted) and str(error).startswith(f"box {box1}: "), (
             rank, repr(error))

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -128,12 +127,7 @@ def test_daemon_killed_mid_tensor_data_plane_goes_on_and_restart_readopts(lab3):
         time.sleep(0.5)
         restarted["sw"] = SwitchProcess(lab3, ["--lease", str(LEASE_S)])
 
-    t = threading.Thread(target=killer)
-    t.start()
-    try:
-        results = run_ranks(lab3, lab3.workers[:2], rank_body, timeout=150)
-    finally:
-        t.join()
+    results = run_ranks(lab3, lab3.workers[:2], rank_body, timeout=150, beside=killer)
     new = restarted["sw"]
     try:
         assert any("re-adopted 1 running job" in line for line in new.output), new.output
