@@ -95,6 +95,7 @@ class BenchConfig:
     burst: float | None = None     # mean burst length: swml's loss in bursts (lab/burst.py)
     mtu: int | None = None         # every lab link's MTU (None: 1500; lab/link_mtu.py)
     link_queues: int = 1           # every lab link's queues (for --env SWML_LANES=Q; not afxdp)
+    port_hooks: str = "every"      # which bridge ports run the lab's XDP hook (lab/wiring.py PORT_HOOKS)
 
     @property
     def lossy(self) -> bool:
@@ -225,12 +226,13 @@ class Bench:
             self.out(f"\n== {n} workers, links {cfg.rate_mbit:g} Mbit/s each way{queue}, "
                      f"{boxes_label(m, cfg.box_rate_mbit, cfg.ports)}, "
                      f"{cfg.size / 2**20:g} MiB float32 "
-                     f"{cfg.collective}, fan-out {cfg.fanout}{f', MTU {cfg.mtu}' if cfg.mtu else ''}, "
+                     f"{cfg.collective}, fan-out {cfg.fanout}{f', MTU {cfg.mtu}' if cfg.mtu else ''}"
+                     f"{', XDP hooks on box ports only' if cfg.port_hooks == 'boxes' else ''}, "
                      f"{cfg.warmup} warm-up + {cfg.iterations} iterations")
             self.boxes = m
             with Lab(workers=n, rate_mbit=cfg.rate_mbit, queue_packets=cfg.queue_packets,
                      boxes=m, box_rate_mbit=cfg.box_rate_mbit, ports=cfg.ports, mtu=cfg.mtu,
-                     link_queues=cfg.link_queues) as lab:
+                     link_queues=cfg.link_queues, port_hooks=cfg.port_hooks) as lab:
                 if cfg.lossy:
                     lab.set_loss(0.0)      # attach the loss injector once
                 for k in cfg.ks:   # the raw path's ceiling first, then the swml systems
@@ -376,7 +378,7 @@ class Bench:
             "warmup": cfg.warmup, "workers": list(cfg.workers), "losses": list(cfg.losses),
             "loss_hooks": cfg.lossy, "ks": list(cfg.ks), "systems": list(cfg.systems),
             "job_slots": cfg.job_slots, "rank_env": dict(cfg.env), "mtu": cfg.mtu,
-            "link_queues": cfg.link_queues,
+            "link_queues": cfg.link_queues, "port_hooks": cfg.port_hooks,
             "wait_quiet_s": cfg.wait_quiet,
             "unavailable": self.unavailable,
             "machine": {"cores": os.cpu_count(), "kernel": platform.release(),

@@ -62,7 +62,7 @@ class Lab:
                  query_interval_s: float | None = None, boxes: int = 1,
                  box_rate_mbit: float | None = None, ports: int = 1,
                  dscp_bands: Sequence[int] | None = None, burst=None, mtu: int | None = None,
-                 link_queues: int = 1):
+                 link_queues: int = 1, port_hooks: str = "every"):
         """loss, dup: probabilities (0.05 or "5%") of dropping, and of duplicating, data-port UDP
         frames on every worker link in both directions; giving either (or loss_port) attaches the
         loss injector at build time, set_loss() does it later otherwise. loss_port: the UDP port
@@ -80,7 +80,10 @@ class Lab:
         box_rate_mbit is then each port's. dscp_bands: DSCP values, highest priority first, that
         every box's port serves in that order (needs both rates; lab/shaping.py). mtu: every link's
         MTU (default the kernel's 1500; at most one page's frame for XDP, lab/link_mtu.py).
-        link_queues: every link's queues (lab/wiring.py make_link; afxdp's socket takes queue 0)."""
+        link_queues: every link's queues (lab/wiring.py make_link; afxdp's socket takes queue 0).
+        port_hooks: which bridge ports carry the lab's XDP pass program, "every" (the default: all
+        figures so far) or "boxes" (only where an XDP program sends into the link; the workers'
+        frames then cross the bridge as the stack made them: lab/wiring.py PORT_HOOKS)."""
         self.prefix = prefix or new_prefix()
         check_names(workers, self.prefix, boxes)
         check_rate(rate_mbit)
@@ -99,6 +102,7 @@ class Lab:
         self.multicast = multicast
         self.rate_mbit, self.box_rate_mbit, self.mtu = rate_mbit, box_rate_mbit, link_mtu.check_mtu(mtu)
         self.link_queues = wiring.check_link_queues(link_queues)
+        self.port_hooks = wiring.check_port_hooks(port_hooks)
         self.keep = keep
         self.igmp = igmp
         if query_interval_s is not None and not igmp:
@@ -174,6 +178,7 @@ class Lab:
             "burst": loss_mod.burst_state(self.burst),
             "igmp": self.igmp, "query_interval_s": self.query_interval_s if self.igmp else None,
             "multicast": self.multicast, "mtu": self.mtu, "link_queues": self.link_queues,
+            "port_hooks": self.port_hooks,
             "switch": dataclasses.asdict(self.switch),
             "switches": [dataclasses.asdict(b) for b in self.switches],
             "ports": 1 + len(self.box_ports),
@@ -200,7 +205,8 @@ class Lab:
                   boxes=len(state.get("switches") or [state["switch"]]),
                   box_rate_mbit=state.get("box_rate_mbit"), ports=state.get("ports", 1),
                   dscp_bands=state.get("dscp_bands"), burst=state.get("burst"), mtu=state.get("mtu"),
-                  link_queues=state.get("link_queues", 1))
+                  link_queues=state.get("link_queues", 1),
+                  port_hooks=state.get("port_hooks", "every"))
         missing = [ns for ns in lab.namespaces if not netns.ns_path(ns).exists()]
         if missing:
             raise LabError(f"lab {prefix} is incomplete: namespace {missing[0]} is gone")
@@ -383,7 +389,8 @@ class Lab:
         try:
             self._pass = bpf.compile_program(wiring.PASS_SOURCE, wiring.PASS_PROG)
             wiring.attach_pass_program(self._pass, self.bridge_ns, self.hosts + self.box_ports,
-                                       self.switches + self.box_ports, self.multicast)
+                                       self.switches + self.box_ports, self.multicast,
+                                       boxes_only=self.port_hooks == "boxes")
         except bpf.BpfError as e:
             raise LabError(f"cannot attach the lab's pass program: {e}") from e
 

@@ -107,12 +107,34 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
         ipr.tc("add", "pfifo", i, SWITCH_QDISC_HANDLE, limit=HOST_QUEUE_PACKETS)
 
 
+# Which bridge ports carry the pass program (Lab(port_hooks=...)). A veth
+# port with an XDP program takes every frame through veth's XDP path: an skb
+# with less than XDP_PACKET_HEADROOM in front, or a clone, is copied into a
+# fresh page first, and the veth in front of it can no longer hand it GSO
+# skbs, so a TCP sender's 64 KB segments are cut to MTU-sized frames at its
+# own port. "every": every host's port (the lab as its figures so far were
+# measured). "boxes": the boxes' ports alone, the only ones an XDP program
+# sends into (XDP_TX, the reflector); the workers' frames cross the bridge as
+# their stack made them, as a hardware switch would take them.
+PORT_HOOKS = ("every", "boxes")
+
+
+def check_port_hooks(hooks: str) -> str:
+    if hooks not in PORT_HOOKS:
+        raise LabError(f"port hooks {hooks!r}: one of {', '.join(PORT_HOOKS)}")
+    return hooks
+
+
 def attach_pass_program(prog: bpf.Program, bridge_ns: str, hosts: list[Host],
-                        switches: Sequence[Host], multicast: bool) -> None:
+                        switches: Sequence[Host], multicast: bool,
+                        boxes_only: bool = False) -> None:
     """Attach xdp/lab/swml_pass.c (`prog`, compiled from PASS_SOURCE), native,
-    to the bridge side of every host's link; on every box's (`switches`),
-    without multicast, its variant that drops the box's multicast."""
+    to the bridge side of every host's link (boxes_only: of the boxes'
+    links, `switches`, alone: PORT_HOOKS); on every box's, without
+    multicast, its variant that drops the box's multicast."""
     no_multicast = None if multicast else prog.load(NO_MULTICAST_PROG)
     for host in hosts:
+        if boxes_only and host not in switches:
+            continue
         fd = no_multicast if host in switches and no_multicast else prog.fd
         bpf.attach(host.peer, fd, "native", netns=bridge_ns)

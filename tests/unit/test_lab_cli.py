@@ -23,6 +23,8 @@ from switchml_xdp.lab import Lab, LabError
     (["up", "--switch", "--switch-args", "--mode offload"], "--mode"),
     (["up", "--switch-args", "-k 64"], "only with --switch"),
     (["up", "--switch", "-n", "65"], "a job has at most 64 ranks"),
+    (["bench", "--port-hooks", "none"], "--port-hooks"),
+    (["bench", "--port-hooks", "boxes", "--loss", "0,1%"], "the loss injector is a hook on every port"),
 ])
 def test_bad_arguments_fail_before_anything_is_built(args, says):
     r = CliRunner().invoke(lab_cli.main, args)
@@ -73,3 +75,11 @@ def test_queue_needs_a_rate_and_a_sane_depth():
         Lab(workers=1, queue_packets=32)
     with pytest.raises(LabError, match="queue must be"):
         Lab(workers=1, rate_mbit=100, queue_packets=0)
+
+
+def test_port_hooks_are_every_port_or_the_boxes():
+    """Lab(port_hooks=...): refused in one line before anything is built."""
+    with pytest.raises(LabError, match="port hooks 'workers': one of every, boxes"):
+        Lab(workers=2, port_hooks="workers")
+    assert Lab(workers=2, port_hooks="boxes").port_hooks == "boxes"
+    assert Lab(workers=2).port_hooks == "every"

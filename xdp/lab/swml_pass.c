@@ -5,9 +5,12 @@
  * ndo_xdp_xmit into its peer's NAPI ring, and that ring only exists while the
  * peer has an XDP program attached. Without one the kernel drops the frame
  * (counted as a TX/xdp_xmit error, never visible to tcpdump). The lab therefore
- * attaches this program in native mode to every bridge-side veth end, so the
- * switch's XDP_TX results and the workers' AF_XDP transmissions reach the
- * bridge. XDP_PASS keeps the normal stack (and the bridge) in charge.
+ * attaches this program in native mode to the bridge-side veth ends, so the
+ * switch's XDP_TX results (and the reflector's) reach the bridge: by default
+ * every host's end, with Lab(port_hooks="boxes") the boxes' alone (an AF_XDP
+ * socket in copy mode sends skbs, which need no program on the peer; see
+ * switchml_xdp/lab/wiring.py, PORT_HOOKS, for what a hook costs a frame).
+ * XDP_PASS keeps the normal stack (and the bridge) in charge.
  */
 #include <uapi/linux/bpf.h>
 
