@@ -36,6 +36,7 @@ from .common import CONTEXT, version_option
 from .lab_options import (
     box_options,
     check_burst,
+    check_port_hooks,
     dscp_bands_of,
     lab_errors,
     lab_options,
@@ -44,6 +45,7 @@ from .lab_options import (
     loss_text,
     mtu_option,
     pct,
+    port_hooks_option,
     rack_options,
     racks_of,
 )
@@ -141,12 +143,13 @@ def _check_switch_args(args: tuple[str, ...]) -> None:
                    "(e.g. '-k 64 --dataplane userspace').")
 @rack_options
 @mtu_option
+@port_hooks_option
 def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: int,
        box_rate: float | None, loss: float | None, dup: float | None, burst: float | None,
        loss_port: int | None, queue: int | None, dscp_bands: tuple[int, ...] | None, no_multicast: bool,
        snooping: bool, query_interval: float | None, start_switch: bool, switch_args: str,
        racks: int | None, per_rack: str | None, uplink_rate: float | None,
-       layout: str | None, mtu: int | None) -> None:
+       layout: str | None, mtu: int | None, port_hooks: str) -> None:
     """Build a lab and leave it up (remove it with `swml-lab down PREFIX`)."""
     from switchml_xdp.lab.box_runs import capacity_args
     from switchml_xdp.lab.cluster import start_background_switch
@@ -156,6 +159,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         raise click.BadParameter("only with --switch", param_hint="--switch-args")
     sizes = racks_of(racks, per_rack, uplink_rate, layout)
     check_burst(burst, [loss])
+    check_port_hooks(port_hooks, loss is not None or dup is not None, sizes is not None)
     if sizes is not None:
         for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
                             (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands"), (mtu, "--mtu")):
@@ -185,7 +189,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
                   loss=loss, dup=dup, loss_port=loss_port, queue_packets=queue, burst=burst,
                   multicast=not no_multicast, igmp=snooping,
                   query_interval_s=query_interval, boxes=boxes, box_rate_mbit=box_rate,
-                  ports=ports, dscp_bands=dscp_bands, mtu=mtu).start()
+                  ports=ports, dscp_bands=dscp_bands, mtu=mtu, port_hooks=port_hooks).start()
         ready = []
         if start_switch:
             try:

@@ -60,6 +60,26 @@ def mtu_option(f):
                              f"{wire.IP_OVERHEAD}) / 4.")(f)
 
 
+def port_hooks_option(f):
+    """--port-hooks: which bridge ports run the lab's XDP pass hook (lab/wiring.py, PORT_HOOKS)."""
+    from switchml_xdp.lab.wiring import PORT_HOOKS
+
+    return click.option("--port-hooks", type=click.Choice(PORT_HOOKS), default="every",
+                        show_default=True,
+                        help="Which bridge ports run the lab's XDP pass hook: every port, or the "
+                             "boxes' alone, where the workers' frames (Gloo's 64 KB TCP segments) "
+                             "cross the bridge as their stack made them; not with loss (its "
+                             "injector is a hook on every port) or --racks.")(f)
+
+
+def check_port_hooks(port_hooks: str, lossy: bool, other: bool) -> None:
+    """BadParameter (--port-hooks) for hooks on the boxes alone with loss, or where `other`
+    (racks, jobs: labs of their own wiring)."""
+    if port_hooks != "every" and (lossy or other):
+        raise click.BadParameter("not with loss, --jobs or --racks (the loss injector is a hook "
+                                 "on every port)", param_hint="--port-hooks")
+
+
 def check_k_fits(ks, mtu: int | None) -> None:
     """BadParameter (-k) for a k the lab's MTU does not carry, saying the MTU it needs."""
     from switchml_xdp.mtu import mtu_needed

@@ -15,7 +15,7 @@ from switchml_xdp.lab.addressing import MAX_BOXES
 from switchml_xdp.lab.box_ports import MAX_PORTS
 from switchml_xdp.lab.racks import MAX_RACKS
 from switchml_xdp.lab.shaping import MAX_QUEUE_PACKETS, MAX_RATE_MBIT
-from switchml_xdp.lab.wiring import HOST_QUEUE_PACKETS, PORT_HOOKS
+from switchml_xdp.lab.wiring import HOST_QUEUE_PACKETS
 from switchml_xdp.switch.dataplane import DEFAULT_FANOUT, FANOUTS
 
 from .common import DscpClasses, allreduce_options
@@ -24,10 +24,12 @@ from .lab_options import (
     burst_option,
     check_burst,
     check_k_fits,
+    check_port_hooks,
     lab_errors,
     lab_options,
     list_of,
     mtu_option,
+    port_hooks_option,
     rack_options,
     racks_of,
     run_rows,
@@ -254,10 +256,7 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
 @click.option("--link-queues", type=click.IntRange(1, wire.MAX_LANES), default=1, show_default=True,
               help="every lab link's queues, for swml-udp in lanes (--env SWML_LANES=Q); "
                    "above 1 no afxdp (an AF_XDP socket takes one queue)")
-@click.option("--port-hooks", type=click.Choice(PORT_HOOKS), default="every", show_default=True,
-              help="which bridge ports run the lab's XDP pass hook: every port, or the boxes' "
-                   "alone, where the workers' frames (Gloo's 64 KB TCP segments) cross the bridge "
-                   "as their stack made them; not with loss (its injector is a hook on every port)")
+@port_hooks_option
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,
           jobs_spec, share, reweight, no_gloo, dscp_classes, burst, mtu, link_queues,
@@ -279,9 +278,7 @@ def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, j
         if value is not None and (jobs_spec is not None or racks is not None):
             raise click.BadParameter("not with --jobs or --racks", param_hint=hint)
     check_burst(burst, losses)
-    if port_hooks != "every" and (jobs_spec is not None or racks is not None or any(losses)):
-        raise click.BadParameter("not with --jobs, --racks or loss (the loss injector is a hook "
-                                 "on every port)", param_hint="--port-hooks")
+    check_port_hooks(port_hooks, any(losses), jobs_spec is not None or racks is not None)
     if jobs_spec is not None:
         from .lab_bench_jobs import bench_jobs
 

@@ -4,15 +4,18 @@ through: the switch's XDP_TX results, a worker's DATA sent through its UDP
 socket and through its AF_XDP socket in copy mode, the udp backend, and a
 TCP stream between two workers (Gloo's path), which crosses the bridge in
 GSO skbs. `swml-lab bench --port-hooks boxes` measures on such a lab
-(docs/performance.md, "The lab's port hooks")."""
+(docs/performance.md, "The lab's port hooks"), `swml-lab up --port-hooks boxes`
+leaves one up."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 import numpy as np
 import pytest
 
+from clis import LAB_CLI
 from lab_jobs import K, run_job, skip_without_afxdp
 from requires import NO_LAB
 
@@ -89,3 +92,23 @@ def test_a_tcp_stream_between_workers_gets_through(lab):
         return TCP_BYTES
 
     assert run_ranks(lab, lab.workers, body, timeout=60) == [TCP_BYTES, TCP_BYTES]
+
+
+def test_swml_lab_up_builds_such_a_lab_and_a_handle_on_it_knows():
+    """`swml-lab up --port-hooks boxes`: the lab it leaves up has hooks on the
+    box's port alone, and Lab.from_state (swml-lab's other commands) says so."""
+    from switchml_xdp import net
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.addressing import new_prefix
+
+    prefix = new_prefix()
+    r = subprocess.run(LAB_CLI + ["up", "-n", "2", "--prefix", prefix, "--port-hooks", "boxes"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lab = Lab.from_state(prefix)
+    try:
+        assert lab.port_hooks == "boxes"
+        assert net.link_xdp(lab.switch.peer, lab.bridge_ns)[1] != 0
+        assert all(net.link_xdp(h.peer, lab.bridge_ns) == (0, 0) for h in lab.workers)
+    finally:
+        lab.close()
