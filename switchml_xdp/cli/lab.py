@@ -159,7 +159,7 @@ def up(workers: int, prefix: str | None, rate: float | None, boxes: int, ports: 
         raise click.BadParameter("only with --switch", param_hint="--switch-args")
     sizes = racks_of(racks, per_rack, uplink_rate, layout)
     check_burst(burst, [loss])
-    check_port_hooks(port_hooks, loss is not None or dup is not None, sizes is not None)
+    check_port_hooks(port_hooks, (loss, dup, loss_port) != (None,) * 3, sizes is not None)
     if sizes is not None:
         for value, name in ((no_multicast, "--no-multicast"), (snooping, "--snooping"),
                             (loss_port, "--loss-port"), (dscp_bands, "--dscp-bands"), (mtu, "--mtu")):

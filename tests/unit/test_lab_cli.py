@@ -26,6 +26,7 @@ from switchml_xdp.lab import Lab, LabError
     (["bench", "--port-hooks", "none"], "--port-hooks"),
     (["bench", "--port-hooks", "boxes", "--loss", "0,1%"], "the loss injector is a hook on every port"),
     (["up", "--port-hooks", "boxes", "--loss", "1%"], "the loss injector is a hook on every port"),
+    (["up", "--port-hooks", "boxes", "--loss-port", "0"], "the loss injector is a hook on every port"),
     (["up", "--port-hooks", "boxes", "--racks", "2"], "--port-hooks"),
 ])
 def test_bad_arguments_fail_before_anything_is_built(args, says):
