@@ -7,23 +7,31 @@
  * engine (worker/) and everything else to the kernel stack, so that ARP, ping
  * and the control protocol's TCP connection keep working:
  *
- *   IPv4 (no options, not a fragment) / UDP to SWML_PORT, IP destination the
- *   worker's own address (a unicast shadow reply) or the job's multicast group,
- *   IP source the switch's address and UDP source port the switch's,
- *   swml header present with ver_type RESULT         -> XSKMAP[rx queue]
+ *   IPv4 (no options, not a fragment) / UDP to a lane's port (SWML_PORT + q,
+ *   q < SWML_LANES), IP destination the worker's own address (a unicast
+ *   shadow reply) or the job's multicast group, IP source the switch's
+ *   address and UDP source port the switch's, swml header present with
+ *   ver_type RESULT, arrived on rx queue q            -> XSKMAP[q]
+ *   the same on another rx queue                      -> XDP_PASS, counted
  *   anything else                                     -> XDP_PASS
  *
  * What is passed goes to the kernel stack, where the backend's socket that
  * holds the port (switchml_xdp/client/port.py) takes it and nobody reads it: a
  * forged RESULT never reaches the engine.
  *
- * The redirect falls back to XDP_PASS when no socket sits at the frame's rx
- * queue (the engine binds queue 0 only), so a frame is never lost to a missing
- * socket. The engine checks source, job id, length, seq, tag and op itself.
+ * Lane q's engine binds rx queue q, and an AF_XDP socket takes frames from
+ * its own queue alone: the NIC must steer port + q to queue q (an ntuple
+ * rule; the lab's bridge does it, xdp/lab/swml_steer.c). A RESULT that
+ * arrives on another queue can reach no socket: it is passed and counted as
+ * misqueued, and a call that stalls on it says so (afxdp_backend.py). The
+ * redirect falls back to XDP_PASS when no socket sits at the queue, so a
+ * frame is never lost to a missing socket. The engine checks source, job id,
+ * length, seq, tag and op itself.
  *
  * Specialised at load time by compiler defines, what a worker knows before
  * it joins its job:
- *   SWML_PORT       the job's UDP port (where RESULTs arrive), host order
+ *   SWML_PORT       the job's UDP port (where lane 0's RESULTs arrive), host order
+ *   SWML_LANES      the job's lanes (1 if not defined): ports SWML_PORT + q
  *   SWML_LOCAL_IP   the worker's IPv4 address, as the __be32 reads on this host
  *   SWML_XSKS       XSKMAP size (rx queues that may carry a socket)
  * and by the one row of the `peer` map, what the join's reply says (the
@@ -48,14 +56,18 @@
 #ifndef SWML_LOCAL_IP
 #error "SWML_LOCAL_IP must be defined"
 #endif
+#ifndef SWML_LANES
+#define SWML_LANES 1
+#endif
 #ifndef SWML_XSKS
 #define SWML_XSKS 64
 #endif
 
 /* Rows of rx_counters. */
 #define SWML_RX_REDIRECTED 0 /* handed to XSKMAP (the socket may still drop it) */
-#define SWML_RX_PASSED 1     /* everything else */
-#define SWML_RX_NUM 2
+#define SWML_RX_PASSED 1     /* everything else, the misqueued too */
+#define SWML_RX_MISQUEUED 2  /* a lane's RESULT on another lane's rx queue: passed */
+#define SWML_RX_NUM 3
 
 /* Where this worker's RESULTs come from: written once, after the join. */
 struct swml_redirect_peer {
@@ -83,13 +95,16 @@ int swml_redirect(struct xdp_md *ctx)
 	struct iphdr *ip = 0;
 	struct udphdr *udp = 0;
 	struct swml_hdr *h;
-	u32 zero = 0;
+	u32 zero = 0, lane;
 	struct swml_redirect_peer *from = peer.lookup(&zero);
 
 	if (!from || !from->switch_ip)
 		goto pass;
-	if (swml_parse_udp(data, data_end, bpf_htons(SWML_PORT), &ip, &udp) != SWML_PARSE_OURS ||
+	if (swml_parse_udp_any(data, data_end, &ip, &udp) != SWML_PARSE_OURS ||
 	    (ip->frag_off & bpf_htons(SWML_IP_FRAGMENT)))
+		goto pass;
+	lane = (u16)(bpf_ntohs(udp->dest) - SWML_PORT);
+	if (lane >= SWML_LANES)
 		goto pass;
 	if (ip->daddr != (__be32)SWML_LOCAL_IP && ip->daddr != from->group_ip)
 		goto pass;
@@ -98,8 +113,12 @@ int swml_redirect(struct xdp_md *ctx)
 	h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end || h->ver_type != ((SWML_VERSION << 4) | SWML_TYPE_RESULT))
 		goto pass;
+	if (lane != ctx->rx_queue_index) {
+		swml_rx_count(SWML_RX_MISQUEUED);
+		goto pass;
+	}
 	swml_rx_count(SWML_RX_REDIRECTED);
-	return xsks.redirect_map(ctx->rx_queue_index, XDP_PASS);
+	return xsks.redirect_map(lane, XDP_PASS);
 
 pass:
 	swml_rx_count(SWML_RX_PASSED);

@@ -94,7 +94,7 @@ class BenchConfig:
     ports: int = 1                 # >1: one box of that many ports (Lab(ports=P)), bound as P boxes
     burst: float | None = None     # mean burst length: swml's loss in bursts (lab/burst.py)
     mtu: int | None = None         # every lab link's MTU (None: 1500; lab/link_mtu.py)
-    link_queues: int = 1           # every lab link's queues (for --env SWML_LANES=Q; not afxdp)
+    link_queues: int = 1           # every lab link's queues (for --env SWML_LANES=Q)
     port_hooks: str = "every"      # which bridge ports run the lab's XDP hook (lab/wiring.py PORT_HOOKS)
 
     @property
@@ -210,7 +210,7 @@ class Bench:
         quiet = quietness()
         self.out(f"machine before the run: load {quiet['loadavg']}, {quiet['busy_pct_1s']}% busy; "
                  f"top: {', '.join(quiet['top'][:3])}")
-        reason = _afxdp_unavailable_reason() or raw_lab.single_queue_reason(cfg.link_queues)
+        reason = _afxdp_unavailable_reason()
         if reason and {"swml-afxdp", "swml-afxdp16", "userspace"} & set(cfg.systems):
             self.unavailable["swml-afxdp"] = reason
         torch_reason = None

@@ -98,10 +98,11 @@ def annotate(results: list[dict], raw: dict, workers: int, k: int, boxes: int = 
 
 
 def single_queue_reason(link_queues: int) -> str | None:
-    """Why an AF_XDP socket (afxdp, the raw path) cannot serve a lab whose
-    links have several queues (None where they have one): it takes queue 0."""
+    """Why the raw path is not measured on a lab whose links have several
+    queues (None where they have one): it is one socket's ceiling, on one
+    queue, and the ranks there may stream over all of them in lanes."""
     if link_queues > 1:
-        return (f"an AF_XDP socket takes one queue, and the lab's links have {link_queues} "
+        return (f"it is one queue's ceiling, and the lab's links have {link_queues} "
                 f"(--link-queues)")
     return None
 

@@ -254,8 +254,8 @@ def kill_target(kill_box: str | None, boxes: int, sizes: list[int] | None, layou
                    "the lab's box port serves LIST as priority bands")
 @mtu_option
 @click.option("--link-queues", type=click.IntRange(1, wire.MAX_LANES), default=1, show_default=True,
-              help="every lab link's queues, for swml-udp in lanes (--env SWML_LANES=Q); "
-                   "above 1 no afxdp (an AF_XDP socket takes one queue)")
+              help="every lab link's queues, for the swml systems in lanes (--env SWML_LANES=Q; "
+                   "the lab steers UDP port p to queue p mod Q)")
 @port_hooks_option
 def bench(workers, rate, queue, size, iterations, warmup, losses, ks, systems, job_slots, out_dir, no_check,
           env, wait_quiet, fanout, boxes, box_rate, ports, collective, racks, per_rack, uplink_rate,

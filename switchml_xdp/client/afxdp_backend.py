@@ -12,7 +12,10 @@ interface (native XDP, generic if the driver has none), and open the
 engine: a UMEM plus an AF_XDP socket on queue 0 (zero-copy where the driver
 has it, else copy mode), inserted into the program's XSKMAP. From then on
 the switch's RESULTs for this worker land in the socket's rx ring and
-everything else still goes to the kernel stack. In copy mode the DATA goes
+everything else still goes to the kernel stack. In a job with lanes, lane q
+has all of this on port + q and rx queue q: a port-holding socket, an
+engine and its socket at XSKMAP[q], one program for them all; the NIC must
+steer port + q to queue q (docs/performance.md, "Several queues per worker"). In copy mode the DATA goes
 out through the port's UDP socket instead, runs of it as UDP GSO messages
 (worker/port.h; the kernel would make an skb of each AF_XDP frame anyway,
 and GSO makes one a run).
@@ -34,7 +37,8 @@ from .port import join_when_up, reserve_port
 
 PROG_NAME = "swml_redirect"
 SOURCE = "swml_redirect.c"
-QUEUE = 0                 # veth (and the lab) have one rx queue; the engine binds it
+# Rows of the program's rx_counters (SWML_RX_* in SOURCE) and their stats' names.
+RX_COUNTERS = ("xdp_redirected", "xdp_passed", "xdp_misqueued")
 # SWML_AFXDP_RTO_INITIAL / _MIN / _MAX (seconds) override the policy's timeouts
 # for experiments (RetransmitPolicy.with_env), SWML_AFXDP_SPIN and
 # SWML_AFXDP_COALESCE the waiting (engine_backend.py: SPIN, COALESCE);
@@ -55,11 +59,13 @@ def unavailable_reason() -> str | None:
     return bpf.compiler_missing()
 
 
-def compile_redirect(port: int, local_ip: str) -> bpf.Program:
+def compile_redirect(port: int, local_ip: str, lanes: int = 1) -> bpf.Program:
     """Compile and load the redirect program of a worker that receives at
-    local_ip:port. It passes every frame until set_peer() says where its
-    RESULTs come from. About a second of bcc: done before the join (api.py)."""
-    defines = {"SWML_PORT": port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u"}
+    local_ip:port (lane q at port + q). It passes every frame until
+    set_peer() says where its RESULTs come from. About a second of bcc:
+    done before the join (api.py)."""
+    defines = {"SWML_PORT": port, "SWML_LOCAL_IP": f"{wire.ip_to_be32(local_ip):#x}u",
+               "SWML_LANES": lanes}
     try:
         return bpf.compile_program(SOURCE, PROG_NAME, defines)
     except bpf.BpfError as e:
@@ -96,14 +102,16 @@ class AfxdpBackend(EngineBackend):
     name = "afxdp"
     env_prefix = ENV_PREFIX
 
+    streams_lanes = True
+
     def __init__(self, *args, mode: str | None = None, spin: int | None = None,
                  prog: bpf.Program | None = None, **kwargs):
         """Backend's arguments (backend.py), and: `mode` the redirect program's
         XDP mode ("native", "generic"; None: native, else generic), `spin` the
         engine's empty polls before it sleeps (None: SPIN, or SWML_AFXDP_SPIN),
         `prog` the redirect program compile_redirect() made for this worker's
-        port and IP before the join (None: compile it now); the backend owns
-        it from here, closed with it, also when set-up fails."""
+        port, IP and lanes before the join (None: compile it now); the backend
+        owns it from here, closed with it, also when set-up fails."""
         reason = unavailable_reason()
         if reason:
             if prog is not None:
@@ -118,26 +126,43 @@ class AfxdpBackend(EngineBackend):
         info, local = self.info, self.local
         self.iface = local.iface
         self.where = f"afxdp on {self.iface}"
-        self._port_sock = None
+        if info.lanes > 1:
+            self.where += f" queues 0-{info.lanes - 1}"
+        self._port_socks: list = []
         self._prog: bpf.Program | None = prog
         self._link: bpf.XdpLink | None = None
         try:
             # Bound now, a member last: see port.py for why the join waits.
-            self._port_sock = reserve_port(info.port, None, local.ip, PORT_RCVBUF)
+            for lane in range(info.lanes):
+                self._port_socks.append(reserve_port(info.port + lane, None, local.ip, PORT_RCVBUF))
             if self._prog is None:
-                self._prog = compile_redirect(info.port, local.ip)
+                self._prog = compile_redirect(info.port, local.ip, info.lanes)
             set_peer(self._prog, info.switch_ip, info.switch_port, info.group_ip)
             self.mode = self._attach(self._prog.fd, mode, self.verbose)
-            self._open(local.iface, self._prog.map_fd("xsks"), queue=QUEUE,
-                       spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", SPIN),
-                       coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE),
-                       udp_fd=copy_mode_sender(self._port_sock, info.switch_ip,
-                                               info.switch_port, local.ip, self.iface))
-            join_when_up(self._port_sock, info.group_ip, local.ip, local.iface)
+            for lane, sock in enumerate(self._port_socks):
+                self._open_lane(lane, sock, spin)
+            join_when_up(self._port_socks[0], info.group_ip, local.ip, local.iface)
         except BaseException:
             self.close()
             raise
         self.abort_signal.on_abort(self._on_abort)  # at once if the job is already aborted
+
+    def _open_lane(self, lane: int, sock, spin: int | None) -> None:
+        """Lane `lane`'s engine: its AF_XDP socket on rx queue `lane`, its
+        sends through `sock` (its port's) in copy mode."""
+        info, local = self.info, self.local
+        try:
+            self._open(local.iface, self._prog.map_fd("xsks"), queue=lane, lane=lane,
+                       spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", SPIN),
+                       coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE),
+                       udp_fd=copy_mode_sender(sock, info.switch_ip, info.switch_port, local.ip,
+                                               self.iface))
+        except OSError as e:
+            if info.lanes == 1:
+                raise
+            raise OSError(e.errno, f"{e.strerror or e} (lane {lane} of {info.lanes} takes rx "
+                                   f"queue {lane} of {self.iface}, which needs {info.lanes} "
+                                   f"queues: `ethtool -L {self.iface} combined {info.lanes}`)") from None
 
     def _attach(self, prog_fd: int, mode: str | None, verbose: bool) -> str:
         """Attach through a BPF link: it detaches when its fd closes, in close()
@@ -163,19 +188,39 @@ class AfxdpBackend(EngineBackend):
         if self._prog is not None:
             self._prog.close()
             self._prog = None
-        if self._port_sock is not None:
-            self._port_sock.close()
-            self._port_sock = None
+        for sock in self._port_socks:
+            sock.close()
+        self._port_socks = []
 
     def stats(self) -> dict:
         """Counters: the engine's (engine_backend.py) and the redirect program's."""
         out = super().stats()
-        prog = self._prog
-        if prog is not None and self._engine is not None:
-            try:
-                rows = prog.table("rx_counters")
-                out["xdp_redirected"] = int(sum(rows[rows.Key(0)]))
-                out["xdp_passed"] = int(sum(rows[rows.Key(1)]))
-            except Exception:  # noqa: BLE001 - closed under us: the engine's counters are what matter
-                pass
+        out.update(self._rx_counters())
         return out
+
+    def _rx_counters(self) -> dict:
+        """The redirect program's RX_COUNTERS ({} once it is closed)."""
+        prog = self._prog
+        if prog is None or self._engine is None:
+            return {}
+        try:
+            rows = prog.table("rx_counters")
+            return {name: int(sum(rows[rows.Key(row)])) for row, name in enumerate(RX_COUNTERS)}
+        except Exception:  # noqa: BLE001 - closed under us: the engine's counters are what matter
+            return {}
+
+    def _stall_hint(self) -> str:
+        """Why a stalled call's RESULTs may never have reached the engine:
+        they arrived on another lane's rx queue (the NIC does not steer)."""
+        misqueued = self._rx_counters().get("xdp_misqueued", 0)
+        if not misqueued:
+            return ""
+        iface, port, lanes = self.iface, self.info.port, self.info.lanes
+        if lanes == 1:
+            return (f"; {misqueued} RESULT(s) came in on a receive queue of {iface} other than 0, "
+                    f"where the engine's socket is: steer port {port} there (`ethtool -N {iface} "
+                    f"flow-type udp4 dst-port {port} action 0`) or give it one queue (`ethtool -L "
+                    f"{iface} combined 1`)")
+        return (f"; {misqueued} RESULT(s) came in on the wrong receive queue of {iface}: lane q's "
+                f"port {port}+q must come in on queue q (`ethtool -N {iface} flow-type udp4 "
+                f"dst-port {port}+q action q` for q in 0..{lanes - 1})")

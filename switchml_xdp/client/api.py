@@ -82,7 +82,8 @@ class Worker:
         lanes: split the job's stream into this many lanes, a power of two
         up to wire.MAX_LANES, the same on every rank: each a socket and a
         thread of its own on ports port..port+lanes-1 (docs/performance.md,
-        "Several queues per worker"); backend udp on the C engine only.
+        "Several queues per worker"); on the C engine (udp, or afxdp where
+        the NIC steers lane q's port to its receive queue q; "auto" picks udp).
         None: $SWML_LANES where set (torchrun's ranks), else 1."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -91,17 +92,17 @@ class Worker:
         if not isinstance(rank, int) or not 0 <= rank < world:
             raise ValueError(f"rank must be in 0..{world - 1}, not {rank!r}")
         lanes = lanes_from_env() if lanes is None else lanes
-        check_lanes(lanes, backend)
+        check_lanes(lanes)
         self.lanes = lanes
         self.switches = parse_switches(switch)
         self.local = local_end(self.switches[0], control_port, iface)
         self.iface, self.local_ip = self.local.iface, self.local.ip
-        self.backend_name = "udp" if lanes > 1 else self._choose_backend(backend, verbose)
+        self.backend_name = self._choose_backend(backend, verbose, lanes)
         self._requested_backend, self._verbose = backend, verbose
         self._window = window_policy(window)
         listed = ",".join(self.switches) if len(self.switches) > 1 else None
         self._boxes: list[Box] = []
-        self._redirect = (self._compile_redirect(box_port(port, 0, lanes))
+        self._redirect = (self._compile_redirect(box_port(port, 0, lanes), lanes)
                           if self.backend_name == "afxdp" else None)
         try:
             for i, address in enumerate(self.switches):
@@ -125,8 +126,15 @@ class Worker:
         self._stats = {"tensors": 0, "elements": 0, "seconds": 0.0}
         self._closed = False
 
-    def _choose_backend(self, backend: str, verbose: bool) -> str:
+    def _choose_backend(self, backend: str, verbose: bool, lanes: int) -> str:
         if backend == "udp":
+            return "udp"
+        if backend == "auto" and lanes > 1:
+            # afxdp's lanes need the NIC to steer each lane's port to its
+            # queue, which nothing here can check: asked for, not assumed.
+            if verbose:
+                print("switchml-xdp: backend auto -> udp (lanes; backend afxdp streams them where "
+                      "the NIC steers port + q to queue q)", file=sys.stderr)
             return "udp"
         reason = _afxdp_unavailable_reason()
         if backend == "afxdp":
@@ -139,7 +147,7 @@ class Worker:
             print(f"switchml-xdp: backend auto -> {chosen}{why}", file=sys.stderr)
         return chosen
 
-    def _compile_redirect(self, port: int):
+    def _compile_redirect(self, port: int, lanes: int):
         """The afxdp datapath's redirect program, compiled before the join:
         a second or more of bcc, which after the join's barrier would make
         every rank that compiles faster wait for the slowest in the job's
@@ -147,7 +155,7 @@ class Worker:
         under backend "auto" falls back to udp here, before anything joined."""
         from .afxdp_backend import compile_redirect
         try:
-            return compile_redirect(port, self.local_ip)
+            return compile_redirect(port, self.local_ip, lanes)
         except RuntimeError as e:
             self._afxdp_failed(e)
             return None

@@ -64,19 +64,17 @@ def lanes_from_env() -> int:
         raise ValueError(f"${LANES_ENV} must be an integer, got {text!r}") from None
 
 
-def check_lanes(lanes: int, backend: str) -> None:
-    """A Worker's `lanes` for `backend` (its name as asked): ValueError or
-    RuntimeError with a one-line reason, before anything joins."""
+def check_lanes(lanes: int) -> None:
+    """A Worker's `lanes`: ValueError or RuntimeError with a one-line
+    reason, before anything joins."""
     if (not isinstance(lanes, int) or isinstance(lanes, bool) or not 1 <= lanes <= wire.MAX_LANES
             or lanes & (lanes - 1)):
         raise ValueError(f"lanes must be a power of two in 1..{wire.MAX_LANES}, not {lanes!r}")
     if lanes == 1:
         return
-    if backend == "afxdp":
-        raise ValueError("lanes need backend udp (on the C engine): afxdp streams one lane")
     missing = engine_missing()
     if missing:
-        raise RuntimeError(f"lanes need the udp backend's engine: {missing}")
+        raise RuntimeError(f"lanes need the C engine: {missing}")
 
 
 def tunable(prefix: str, name: str, default: float) -> float:
@@ -192,7 +190,8 @@ class EngineBackend(Backend):
         if status == e.STALLED:
             raise TimeoutError(
                 f"no result from the switch for {self.stall_timeout:g} s; waiting for slot(s) "
-                f"{self._pending_slots()} of job {self.info.name!r} ({self.where})")
+                f"{self._pending_slots()} of job {self.info.name!r} ({self.where})"
+                f"{self._stall_hint()}")
         if status == e.E2BIG:  # checked above: only if the two counts ever differ
             raise call.too_long(npackets, self.info.k)
         raise OSError(f"the socket failed: {self.where} (engine status {status})")
@@ -222,6 +221,10 @@ class EngineBackend(Backend):
         # Why it ended: a lane's own failure, not the stop it caused the others.
         own = [s for s in failed if s != e.ABORTED]
         return own[0] if own else e.ABORTED
+
+    def _stall_hint(self) -> str:
+        """What a stalled call's error adds about the datapath ("; ..."), if anything."""
+        return ""
 
     def _pending_slots(self) -> list:
         return sorted(s for engine in self._engines for s in engine.pending_slots())

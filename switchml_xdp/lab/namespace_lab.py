@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pyroute2 import IPRoute
 
 from .. import bpf
-from . import addressing, box_ports, lifecycle, link_mtu, netns, wiring
+from . import addressing, box_ports, lifecycle, link_mtu, netns, steering, wiring
 from . import igmp as igmp_mod  # `igmp` is a Lab attribute and argument
 from . import loss as loss_mod  # `loss` is a Lab attribute and argument
 from .addressing import Host, box_host, bridge_iface, bridge_ns, check_names, new_prefix, worker_host
@@ -80,7 +80,8 @@ class Lab:
         box_rate_mbit is then each port's. dscp_bands: DSCP values, highest priority first, that
         every box's port serves in that order (needs both rates; lab/shaping.py). mtu: every link's
         MTU (default the kernel's 1500; at most one page's frame for XDP, lab/link_mtu.py).
-        link_queues: every link's queues (lab/wiring.py make_link; afxdp's socket takes queue 0).
+        link_queues: every link's queues (lab/wiring.py make_link), UDP to port p on queue p mod
+            link_queues, as a NIC's ntuple rules would put it (lab/steering.py).
         port_hooks: which bridge ports carry the lab's XDP pass program, "every" (the default: all
         figures so far) or "boxes" (only where an XDP program sends into the link; the workers'
         frames then cross the bridge as the stack made them: lab/wiring.py PORT_HOOKS)."""
@@ -123,6 +124,7 @@ class Lab:
         self._iprs: dict[str, IPRoute] = {}
         self._pass: bpf.Program | None = None   # the pass program, once attached
         self._loss = None                        # LossInjector, once loss is asked for
+        self._steer: bpf.Program | None = None   # the queue steering, with link_queues > 1
         self._loss_lock = threading.Lock()
         self._started = self._closed = False
 
@@ -305,10 +307,11 @@ class Lab:
             with contextlib.suppress(Exception):
                 self._loss.close()
             self._loss = None
-        if self._pass is not None:
-            with contextlib.suppress(Exception):
-                self._pass.close()
-            self._pass = None
+        for prog in (self._pass, self._steer):
+            if prog is not None:
+                with contextlib.suppress(Exception):
+                    prog.close()
+        self._pass = self._steer = None
         for ns in reversed(self._created):
             try:
                 netns.remove_netns(ns)
@@ -340,6 +343,9 @@ class Lab:
             self._attach_pass_program()
         else:
             self._attach_loss_injector()
+        if self.link_queues > 1:
+            self._steer = steering.attach(self.bridge_ns, self.hosts + self.box_ports,
+                                          self.link_queues)
         if self.rate_mbit is not None or self.box_rate_mbit is not None:
             shape_links(self._ipr, self.bridge_ns, self.switches + self.box_ports, self.workers,
                         self.rate_mbit, self.queue_packets, self.box_rate_mbit, self.dscp_bands)

@@ -83,8 +83,9 @@ def make_link(br: IPRoute, ipr: IPRoute, bridge_ns: str, bridge: str, host: Host
     (HOST_QUEUE_PACKETS). address=False: the host's end gets no IP (a
     port of the box's bridge, lab/box_ports.py). queues: each end's tx and
     rx queues; above 1, a frame's queue is its flow's hash (or, for XDP_TX
-    and redirects, its CPU's), so a worker's lanes go through the veths in
-    parallel, one NAPI each, as a NIC's queues would take them."""
+    and redirects, its CPU's; a UDP frame's the bridge steers by its port:
+    lab/steering.py), so a worker's lanes go through the veths in parallel,
+    one NAPI each, as a NIC's queues would take them."""
     fd = netns.netns_fd(host.ns)
     try:
         br.link("add", ifname=host.peer, kind="veth", num_tx_queues=queues, num_rx_queues=queues,

@@ -1,6 +1,8 @@
 """xdp/swml_redirect.c, the worker's program, on crafted frames through
 BPF_PROG_TEST_RUN (tests/xdp_tester.py): which frames it hands to the AF_XDP
-socket and which to the kernel stack. No lab, one compile for the module.
+socket and which to the kernel stack, and in a job with lanes, which lane's
+RESULTs it takes on which receive queue. No lab, one compile for the module
+(and one for the lanes).
 
 Its XSKMAP is empty here, so a redirect falls back to XDP_PASS: every frame
 comes back XDP_PASS and untouched, and the decision is read from the
@@ -8,6 +10,8 @@ program's counters.
 """
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -79,24 +83,88 @@ def test_before_the_join_nothing_goes_to_the_socket_then_the_switch_results_do()
     frame = TO_THE_SOCKET["unicast result"]()
     with RedirectTester(LOCAL, GROUP, None) as rx:
         assert rx.run(frame) == (Action.PASS, frame)
-        assert rx.counters() == {"redirected": 0, "passed": 1}
+        assert rx.counters() == {"redirected": 0, "passed": 1, "misqueued": 0}
         rx.set_peer(SWITCH)
         rx.reset()
         assert rx.run(frame) == (Action.PASS, frame)
         assert rx.run(TO_THE_STACK["result from another host"]()) == (
             Action.PASS, TO_THE_STACK["result from another host"]())
-        assert rx.counters() == {"redirected": 1, "passed": 1}
+        assert rx.counters() == {"redirected": 1, "passed": 1, "misqueued": 0}
 
 
 @pytest.mark.parametrize("name", TO_THE_SOCKET)
 def test_results_for_this_worker_go_to_the_socket(rx, name):
     frame = TO_THE_SOCKET[name]()
     assert rx.run(frame) == (Action.PASS, frame)  # the fallback of an empty XSKMAP slot
-    assert rx.counters() == {"redirected": 1, "passed": 0}
+    assert rx.counters() == {"redirected": 1, "passed": 0, "misqueued": 0}
 
 
 @pytest.mark.parametrize("name", TO_THE_STACK)
 def test_everything_else_goes_to_the_kernel_stack(rx, name):
     frame = TO_THE_STACK[name]()
     assert rx.run(frame) == (Action.PASS, frame)
-    assert rx.counters() == {"redirected": 0, "passed": 1}
+    assert rx.counters() == {"redirected": 0, "passed": 1, "misqueued": 0}
+
+
+# -- lanes: lane q's RESULTs at port + q, taken on rx queue q alone -------------------
+
+LANES = 4
+
+
+@pytest.fixture(scope="module")
+def lanes_rx():
+    """The program for a worker in LANES lanes, and a LANES-queue interface
+    to run it "on" (a veth in a namespace of its own: a test run's queue
+    must exist on its interface, in the thread's namespace)."""
+    require_bpf()
+    from switchml_xdp import net
+    from switchml_xdp.lab import netns
+
+    ns = f"swmlt-rxq-{os.getpid()}"
+    netns.create_netns(ns)
+    try:
+        with net.in_netns(ns):
+            subprocess.run(["ip", "link", "add", "q0", "numrxqueues", str(LANES), "type", "veth",
+                            "peer", "name", "q1"], check=True)
+            index = net.link_index("q0")
+        with RedirectTester(LOCAL, GROUP, SWITCH, lanes=LANES) as prog:
+            yield prog, ns, index
+    finally:
+        netns.remove_netns(ns)
+
+
+def lane_result(lane: int, multicast: bool = False) -> bytes:
+    to = GROUP if multicast else LOCAL
+    return udp_frame(SWITCH, replace(to, port=LOCAL.port + lane), swml())
+
+
+def run_on_queue(lanes_rx, frame: bytes, queue: int) -> dict[str, int]:
+    from switchml_xdp import bpf, net
+
+    prog, ns, index = lanes_rx
+    prog.reset()
+    with net.in_netns(ns):
+        action, out, _ = bpf.prog_test_run(prog.prog.fd, frame, rx=(index, queue))
+    assert (action, out) == (Action.PASS, frame)   # redirected or passed, never touched
+    return prog.counters()
+
+
+@pytest.mark.parametrize("multicast", [False, True], ids=["unicast", "multicast"])
+@pytest.mark.parametrize("lane", range(LANES))
+def test_a_lane_s_results_go_to_the_socket_of_its_own_queue(lanes_rx, lane, multicast):
+    assert run_on_queue(lanes_rx, lane_result(lane, multicast), lane) == {
+        "redirected": 1, "passed": 0, "misqueued": 0}
+
+
+@pytest.mark.parametrize("lane, queue", [(1, 0), (0, 1), (3, 2)])
+def test_a_lane_s_result_on_another_queue_is_passed_and_counted_misqueued(lanes_rx, lane, queue):
+    """An AF_XDP socket takes its own queue's frames alone: a RESULT the NIC
+    put elsewhere can reach no engine, and the count says why a call stalls."""
+    assert run_on_queue(lanes_rx, lane_result(lane), queue) == {
+        "redirected": 0, "passed": 1, "misqueued": 1}
+
+
+def test_past_the_last_lane_s_port_is_not_the_job_s(lanes_rx):
+    for port in (LOCAL.port - 1, LOCAL.port + LANES):
+        frame = udp_frame(SWITCH, replace(LOCAL, port=port), swml())
+        assert run_on_queue(lanes_rx, frame, 0) == {"redirected": 0, "passed": 1, "misqueued": 0}

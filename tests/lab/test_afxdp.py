@@ -305,7 +305,7 @@ def test_a_redirect_program_that_does_not_compile_fails_before_the_join(lab8, sw
     from switchml_xdp import Worker
     from switchml_xdp.client import afxdp_backend
 
-    def no_compiler(port, local_ip):
+    def no_compiler(port, local_ip, lanes):
         raise RuntimeError("cannot load the worker's XDP program (swml_redirect.c): test")
 
     monkeypatch.setattr(afxdp_backend, "compile_redirect", no_compiler)

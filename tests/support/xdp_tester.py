@@ -364,11 +364,12 @@ class RedirectTester(XdpTester):
     bpf_redirect_map returns its fallback, XDP_PASS, so the program's decision
     shows in its counters, not in the verdict."""
 
-    COUNTERS = ("redirected", "passed")  # rows SWML_RX_* of xdp/swml_redirect.c
+    COUNTERS = ("redirected", "passed", "misqueued")  # rows SWML_RX_* of xdp/swml_redirect.c
 
-    def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint | None):
+    def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint | None,
+                 lanes: int = 1):
         self.local, self.group, self.switch = local, group, switch
-        super().__init__(compile_redirect(local.port, local.ip))
+        super().__init__(compile_redirect(local.port, local.ip, lanes))
         if switch is not None:
             self.set_peer(switch)
         self._baseline = self._read_counters()

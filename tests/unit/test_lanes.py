@@ -142,12 +142,9 @@ def test_the_packet_count_over_lanes_is_the_engine_s_twin():
 @pytest.mark.parametrize("lanes", [0, 3, 6, 32, True, 2.0])
 def test_lanes_not_a_power_of_two_in_range_get_a_one_line_reason(lanes):
     with pytest.raises(ValueError, match="lanes must be a power of two in 1..16"):
-        check_lanes(lanes, "udp")
+        check_lanes(lanes)
 
 
-def test_the_afxdp_backend_and_the_python_loop_stream_one_lane(lanes_job):
-    with pytest.raises(ValueError, match="afxdp streams one lane"):
-        check_lanes(2, "afxdp")
-    check_lanes(1, "afxdp")
+def test_the_python_loop_streams_one_lane(lanes_job):
     with pytest.raises(RuntimeError, match="streams one lane, and job 'fake' has 2"):
         lanes_job(echo, 2, engine=False)

@@ -1,0 +1,101 @@
+"""A job's lanes on the afxdp backend (docs/performance.md, "Several queues
+per worker"): lane q an engine and an AF_XDP socket on receive queue q,
+its RESULTs at the job's port + q, which the network must put on queue q.
+The lab's bridge does that on a lab of several queues a link
+(lab/steering.py, the stand-in for a NIC's ntuple rules). Exact through it;
+a job whose lanes' ports land on other queues fails its call naming the
+steering it lacks; lanes beyond the interface's queues are refused at the
+start. The redirect program's rule on its own: tests/bpf/test_xdp_redirect_prog.py;
+the udp backend's lanes: test_lanes.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reliability_helpers import job_name
+from requires import needs_lab
+from switchml_xdp import quant, wire
+
+pytest.importorskip("switchml_xdp._engine", reason="the AF_XDP engine is not built")
+pytestmark = needs_lab
+
+K = 256
+N = 200 * K + 9      # 200 blocks and a short one
+QUEUES = 2
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    with Lab(workers=2, link_queues=QUEUES) as lab, SwitchProcess(lab):
+        yield lab
+
+
+def reduce_in(lab, job: str, lanes: int, body, port: int = wire.DEFAULT_PORT,
+              stall_timeout: float = 30.0) -> list:
+    from switchml_xdp import Worker
+    from switchml_xdp.lab.cluster import run_ranks
+
+    def rank_body(rank, host):
+        with Worker(lab.switch.ip, job, rank, 2, backend="afxdp", verbose=False, port=port,
+                    stall_timeout=stall_timeout, lanes=lanes) as w:
+            return body(rank, w)
+
+    return run_ranks(lab, lab.workers, rank_body, timeout=120)
+
+
+def test_the_lab_steers_udp_by_port_on_every_bridge_port(lab):
+    from switchml_xdp import bpf
+    from switchml_xdp.lab.steering import STEER_PROG
+
+    for host in lab.hosts:
+        assert bpf.tc_attachment(host.peer, netns=lab.bridge_ns).name == STEER_PROG
+
+
+def test_afxdp_lanes_reduce_exactly_each_on_its_own_queue(lab):
+    data = [np.random.default_rng([7, r]).standard_normal(N).astype(np.float32) for r in range(2)]
+    ints = [np.arange(N, dtype=np.int32) * (r + 1) for r in range(2)]
+
+    def body(rank, w):
+        x, y = data[rank].copy(), ints[rank].copy()
+        w.allreduce(x)
+        w.allreduce(y)
+        return x, y, w.stats(), [e.stats() for e in w._backend._engines]
+
+    results = reduce_in(lab, job_name("afxdp-lanes"), QUEUES, body)
+    expected = quant.simulate_allreduce(data, K)
+    for x, y, stats, lanes in results:
+        assert np.array_equal(x.view(np.uint32), expected.view(np.uint32))
+        assert np.array_equal(y, ints[0] + ints[1])
+        assert stats["lanes"] == QUEUES and stats["loop"] == "engine"
+        # every RESULT came in on its lane's queue and reached its engine
+        assert stats["xdp_misqueued"] == 0 and stats["xdp_redirected"] > 0
+        assert all(lane["results"] > 0 for lane in lanes), lanes
+
+
+def test_results_on_other_lanes_queues_fail_the_call_naming_the_steering(lab):
+    """Port 48865 is odd: the lab puts lane 0's RESULTs on queue 1 and lane
+    1's on queue 0, where no socket of theirs is. The call fails after the
+    stall timeout on every rank, saying what the NIC must do."""
+    def body(rank, w):
+        w.allreduce(np.ones(4 * K, np.float32))
+
+    with pytest.raises(TimeoutError, match=r"came in on the wrong receive queue .*lane q's port "
+                                           r"48865\+q must come in on queue q \(`ethtool -N "):
+        reduce_in(lab, job_name("afxdp-misqueued"), QUEUES, body, port=wire.DEFAULT_PORT + 1,
+                  stall_timeout=2.0)
+
+
+def test_lanes_beyond_the_interface_s_queues_are_refused_at_the_start(lab):
+    from switchml_xdp import Worker
+    from switchml_xdp.lab.cluster import run_ranks
+
+    def rank_body(rank, host):
+        Worker(lab.switch.ip, job_name("afxdp-4-lanes"), 0, 1, backend="afxdp", verbose=False,
+               lanes=4)
+
+    with pytest.raises(OSError, match=r"lane 2 of 4 takes rx queue 2 of .*, which needs 4 queues: "
+                                      r"`ethtool -L .* combined 4`"):
+        run_ranks(lab, lab.workers[:1], rank_body, timeout=60)
