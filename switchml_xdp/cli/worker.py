@@ -44,7 +44,8 @@ def main() -> None:
               help="this worker's UDP port (the same on every rank)")
 @click.option("--lanes", default=1, show_default=True, type=click.IntRange(1, wire.MAX_LANES),
               help="split the stream into LANES lanes, a power of two, the same on every rank: "
-                   "a socket and a thread each, on ports PORT..PORT+LANES-1 (backend udp)")
+                   "a socket and a thread each, on ports PORT..PORT+LANES-1 (udp; afxdp where the "
+                   "NIC steers port PORT+q to queue q)")
 @click.option("--control-port", default=wire.DEFAULT_CONTROL_PORT, show_default=True,
               type=click.IntRange(1, 65535), help="the switch's TCP control port")
 @click.option("--join-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1, 600),

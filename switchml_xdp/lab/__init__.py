@@ -20,6 +20,7 @@ Modules, each on top of the ones before it:
     wiring      the steps a lab is built of: namespaces, bridge, veth links, pass program
     box_ports   the switch as a box with several ports, each on its own segment (Lab(ports=P))
     link_mtu    every link of a lab at one MTU, up to one page's frame (Lab(mtu=N))
+    steering    UDP to a receive queue by port on links of several queues (Lab(link_queues=Q))
     namespace_lab  Lab: builds, uses and removes one lab
     cluster     the real switch daemon and workers run inside a Lab
     train_example  `swml-lab train`'s rank: DDP training through the switch or Gloo
