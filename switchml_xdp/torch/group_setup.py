@@ -17,7 +17,11 @@ another program takes it in between.
 A Worker with several boxes or lanes uses a block of ports: box i's lane q
 on port + i * lanes + q (client/boxes.py, box_port). The group agrees on
 the whole block, every port of it free and held on every host, so that two
-groups' blocks never overlap on a host.
+groups' blocks never overlap on a host. A block the kernel picks starts at a
+multiple of the lanes, so lane q's ports are q mod lanes: the rule by which
+the lab steers a lane's RESULTs to its receive queue, as a NIC's ntuple
+rules must for afxdp's lanes (docs/performance.md, "Several queues per
+worker").
 
 The outcome. Each phase of the set-up ends with every rank saying "ok" or
 its error under its own key; every rank reads them all (waiting at most the
@@ -87,25 +91,35 @@ def _try_block(first: int, width: int) -> list[socket.socket] | None:
     return socks
 
 
-def _kernel_block(width: int) -> list[socket.socket] | None:
-    """A block of `width` free ports whose first one the kernel picked."""
+def _kernel_block(width: int, align: int = 1) -> list[socket.socket] | None:
+    """A block of `width` free ports from the first multiple of `align` at
+    or after a port the kernel picked."""
     for _ in range(BLOCK_PICKS):
-        first = _try_bind(0)
-        if first is None:
+        picked = _try_bind(0)
+        if picked is None:
             return None
-        rest = _try_block(first.getsockname()[1] + 1, width - 1)
-        if rest is not None:
-            return [first, *rest]
-        first.close()
+        port = picked.getsockname()[1]
+        start = -(-port // align) * align
+        if start == port:
+            rest = _try_block(port + 1, width - 1)
+            if rest is not None:
+                return [picked, *rest]
+            picked.close()
+            continue
+        picked.close()
+        block = _try_block(start, width)
+        if block is not None:
+            return block
     return None
 
 
 def agree_port(store: dist.Store, layout: HostLayout, preferred: int, timeout_s: float,
-               width: int = 1) -> int:
+               width: int = 1, align: int = 1) -> int:
     """The first of the group's `width` consecutive UDP ports (module doc),
     all free on every host of the group and held (bound) by this host's
-    leader until its Worker takes them. Only the hosts' leaders call this;
-    GroupSetupError where no round finds a block."""
+    leader until its Worker takes them; a kernel-picked one a multiple of
+    `align` (the lanes). Only the hosts' leaders call this; GroupSetupError
+    where no round finds a block."""
     host, tried = layout.host_index, []
     for rnd in range(PORT_ROUNDS):
         picker = (rnd - 1) % layout.n_hosts
@@ -118,7 +132,7 @@ def agree_port(store: dist.Store, layout: HostLayout, preferred: int, timeout_s:
                 candidate = preferred
             socks = _try_block(candidate, width) if candidate is not None else None
         else:
-            socks = _kernel_block(width)    # the kernel picks one that is free here
+            socks = _kernel_block(width, align)    # the kernel picks one that is free here
             candidate = socks[0].getsockname()[1] if socks else None
         store.set(_PORT_KEY.format(round=rnd, host=host),
                   f"ok:{candidate}" if socks else f"no:{candidate}")

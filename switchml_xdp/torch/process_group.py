@@ -119,7 +119,8 @@ class ProcessGroupSwml(SwitchReduceScatter, GlooSide, dist.ProcessGroup):
                 if len(self.layout.local_ranks) > 1:
                     self.local = open_local_group(store, self.layout, timeout, opts.shm_bytes)
                 if self.layout.is_leader:
-                    port = agree_port(store, self.layout, opts.port, phases.timeout_s, ports)
+                    port = agree_port(store, self.layout, opts.port, phases.timeout_s, ports,
+                                      align=opts.lanes)
             with phases.phase("joined"):
                 recipe = WorkerRecipe(opts, job, token, self.layout.host_index, self.layout.n_hosts,
                                       port, timeout.total_seconds())

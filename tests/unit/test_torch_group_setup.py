@@ -74,6 +74,22 @@ def test_a_taken_port_gives_way_to_one_the_kernel_picks():
         taken.close()
 
 
+def test_a_block_the_kernel_picks_for_lanes_starts_at_a_multiple_of_them():
+    """Lane q's ports are then q mod lanes, the rule the lab's steering (and
+    a NIC's ntuple rules) put a lane's RESULTs on its receive queue by."""
+    taken = _busy_port()
+    try:
+        for lanes in (2, 4, 8):
+            got = agree_port(dist.HashStore(), HostLayout(((0,),), 0), taken.getsockname()[1],
+                             5.0, width=2 * lanes, align=lanes)
+            try:
+                assert got % lanes == 0 and not any(_bindable(p) for p in range(got, got + 2 * lanes))
+            finally:
+                port_mod.release_held(got, 2 * lanes)
+    finally:
+        taken.close()
+
+
 def _free_block(width: int) -> int:
     """The first of `width` consecutive ports free now."""
     from switchml_xdp.torch.group_setup import _kernel_block
