@@ -12,13 +12,15 @@ interface (native XDP, generic if the driver has none), and open the
 engine: a UMEM plus an AF_XDP socket on queue 0 (zero-copy where the driver
 has it, else copy mode), inserted into the program's XSKMAP. From then on
 the switch's RESULTs for this worker land in the socket's rx ring and
-everything else still goes to the kernel stack. In a job with lanes, lane q
-has all of this on port + q and rx queue q: a port-holding socket, an
-engine and its socket at XSKMAP[q], one program for them all; the NIC must
-steer port + q to queue q (docs/performance.md, "Several queues per worker"). In copy mode the DATA goes
+everything else still goes to the kernel stack. In copy mode the DATA goes
 out through the port's UDP socket instead, runs of it as UDP GSO messages
 (worker/port.h; the kernel would make an skb of each AF_XDP frame anyway,
 and GSO makes one a run).
+
+In a job with lanes, lane q has all of this on port + q and rx queue q: a
+port-holding socket, an engine and its socket at XSKMAP[q], one program
+for them all; the NIC must steer port + q to queue q (docs/performance.md,
+"Several queues per worker").
 
 The calls, the abort and the counters are engine_backend.py's. The streaming
 rules, packet format and quantization are those of the udp backend (plans.py,
@@ -101,7 +103,6 @@ def copy_mode_sender(sock, switch_ip: str, switch_port: int, local_ip: str, ifac
 class AfxdpBackend(EngineBackend):
     name = "afxdp"
     env_prefix = ENV_PREFIX
-
     streams_lanes = True
 
     def __init__(self, *args, mode: str | None = None, spin: int | None = None,

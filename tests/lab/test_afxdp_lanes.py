@@ -99,3 +99,12 @@ def test_lanes_beyond_the_interface_s_queues_are_refused_at_the_start(lab):
     with pytest.raises(OSError, match=r"lane 2 of 4 takes rx queue 2 of .*, which needs 4 queues: "
                                       r"`ethtool -L .* combined 4`"):
         run_ranks(lab, lab.workers[:1], rank_body, timeout=60)
+
+
+def test_swml_worker_bench_streams_afxdp_in_lanes(lab):
+    from lab_jobs import bench_cli_2_ranks
+
+    rows = bench_cli_2_ranks(lab, job_name("afxdp-lanes-cli"), wire.DEFAULT_PORT,
+                             "--lanes", str(QUEUES), "--backend", "afxdp")
+    assert [(r["backend"], r["lanes"], r["verify_failures"]) for r in rows] == \
+        [("afxdp", QUEUES, 0)] * 2

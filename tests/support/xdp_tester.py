@@ -33,7 +33,7 @@ import pytest
 from frames import Endpoint, UdpFrame, mac_text, parse_udp_frame, udp_frame
 from requires import NO_LAB
 from switchml_xdp import bpf, wire
-from switchml_xdp.client.afxdp_backend import compile_redirect, set_peer
+from switchml_xdp.client.afxdp_backend import RX_COUNTERS, compile_redirect, set_peer
 from switchml_xdp.switch.dataplane import SwitchParams
 from switchml_xdp.switch.maps import JobEntry, SwitchMaps, UplinkEntry
 from switchml_xdp.switch.state_files import read_state
@@ -364,7 +364,8 @@ class RedirectTester(XdpTester):
     bpf_redirect_map returns its fallback, XDP_PASS, so the program's decision
     shows in its counters, not in the verdict."""
 
-    COUNTERS = ("redirected", "passed", "misqueued")  # rows SWML_RX_* of xdp/swml_redirect.c
+    # rows SWML_RX_* of xdp/swml_redirect.c, as the backend names them, without "xdp_"
+    COUNTERS = tuple(name.removeprefix("xdp_") for name in RX_COUNTERS)
 
     def __init__(self, local: Endpoint, group: Endpoint, switch: Endpoint | None,
                  lanes: int = 1):
