@@ -210,18 +210,33 @@ class AfxdpBackend(EngineBackend):
         except Exception:  # noqa: BLE001 - closed under us: the engine's counters are what matter
             return {}
 
+    def _misqueued(self) -> int:
+        return self._rx_counters().get("xdp_misqueued", 0)
+
     def _stall_hint(self) -> str:
-        """Why a stalled call's RESULTs may never have reached the engine:
-        they arrived on another lane's rx queue (the NIC does not steer)."""
-        misqueued = self._rx_counters().get("xdp_misqueued", 0)
-        if not misqueued:
-            return ""
+        """Why a stalled call's RESULTs may never have reached the engine."""
+        misqueued = self._misqueued()
+        return f"; {self._misqueue_reason(misqueued)}" if misqueued else ""
+
+    def misroute_check(self):
+        """RESULTs of this call that came in on another lane's queue: they
+        can reach no engine, however long the call waits (backend.py)."""
+        before = self._misqueued()
+
+        def check() -> str | None:
+            misqueued = self._misqueued() - before
+            return self._misqueue_reason(misqueued) if misqueued > 0 else None
+        return check
+
+    def _misqueue_reason(self, misqueued: int) -> str:
+        """`misqueued` RESULTs came in on the wrong receive queue: what the
+        NIC must do about it, in one line."""
         iface, port, lanes = self.iface, self.info.port, self.info.lanes
         if lanes == 1:
-            return (f"; {misqueued} RESULT(s) came in on a receive queue of {iface} other than 0, "
+            return (f"{misqueued} RESULT(s) came in on a receive queue of {iface} other than 0, "
                     f"where the engine's socket is: steer port {port} there (`ethtool -N {iface} "
                     f"flow-type udp4 dst-port {port} action 0`) or give it one queue (`ethtool -L "
                     f"{iface} combined 1`)")
-        return (f"; {misqueued} RESULT(s) came in on the wrong receive queue of {iface}: lane q's "
+        return (f"{misqueued} RESULT(s) came in on the wrong receive queue of {iface}: lane q's "
                 f"port {port}+q must come in on queue q (`ethtool -N {iface} flow-type udp4 "
                 f"dst-port {port}+q action q` for q in 0..{lanes - 1})")

@@ -18,6 +18,7 @@ either. Both hold the worker's UDP port for their life (port.py).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -92,6 +93,14 @@ class Backend(ABC):
     @abstractmethod
     def stats(self) -> dict:
         """Counters since set-up: at least STAT_KEYS."""
+
+    def misroute_check(self) -> Callable[[], str | None]:
+        """For a call about to begin: a check that says why, once this
+        datapath has seen the call's RESULTs reach the host but not itself
+        (afxdp: on another lane's receive queue), else None. The box watch
+        fails a call that stalls on it at once (box_watch.py), where the
+        stall timeout would wait for nothing."""
+        return lambda: None
 
     @abstractmethod
     def close(self) -> None:

@@ -14,7 +14,10 @@ BoxLost (the last 20% leave room for the watch's tick and the call's
 unwinding on a loaded host, so the call fails within `box_timeout` of the
 box's silence).
 A box that answers is alive and waited for as long as the stall timeout
-says.
+says, unless its datapath has seen the call's RESULTs reach the host and go
+astray (afxdp: on another lane's receive queue, Backend.misroute_check):
+then waiting cannot help, and the part fails at the ask's time (40% of
+`box_timeout` without a result) as a TimeoutError that says why.
 
 Interrupting a part is for that call only (BoxSignal): the box's stream
 resyncs as after any failed call, and the next call asks it again, so a box
@@ -72,8 +75,9 @@ class PartWatch:
     """One box's part of the call in progress, as the watch sees it."""
 
     def __init__(self, results: Callable[[], int], ping: Callable[[], bool],
-                 pongs: Callable[[], int], now: float) -> None:
-        self.results, self.ping, self.pongs = results, ping, pongs
+                 pongs: Callable[[], int], now: float,
+                 misrouted: Callable[[], str | None] = lambda: None) -> None:
+        self.results, self.ping, self.pongs, self.misrouted = results, ping, pongs, misrouted
         self.seen = results()
         self.last_progress = now
         self.probe: tuple[float, int] | None = None     # (when asked, pongs then)
@@ -98,6 +102,14 @@ class PartWatch:
                     f"control connection for {now - self.probe[0]:.1f} s: the box is lost")
         return None
 
+    def astray(self, now: float, after: float) -> str | None:
+        """Why the part, `after` s without a result, cannot progress
+        however long it waits (its RESULTs go astray), else None."""
+        if now - self.last_progress < after:
+            return None
+        why = self.misrouted()
+        return None if why is None else f"no result for {now - self.last_progress:.1f} s, and {why}"
+
 
 class BoxWatch:
     """Watches the parts of each call on their own thread and interrupts
@@ -112,6 +124,7 @@ class BoxWatch:
         self._lock = threading.Lock()
         self._parts: dict[str, tuple[PartWatch, BoxSignal]] = {}
         self.lost: dict[str, str] = {}    # this call's lost boxes: address -> why
+        self.astray: dict[str, str] = {}  # this call's parts whose RESULTs go astray: address -> why
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="swml-box-watch", daemon=True)
         self._thread.start()
@@ -119,7 +132,7 @@ class BoxWatch:
     def begin(self, parts: dict[str, tuple[PartWatch, BoxSignal]]) -> None:
         """A call begins with these parts (address -> its watch and signal)."""
         with self._lock:
-            self.lost = {}
+            self.lost, self.astray = {}, {}
             self._parts = parts
 
     def done(self, address: str) -> None:
@@ -128,23 +141,29 @@ class BoxWatch:
             if address in self._parts:
                 self._parts[address][0].done = True
 
-    def end(self) -> dict[str, str]:
-        """The call ended: the boxes found lost during it."""
+    def end(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The call ended: the boxes found lost during it, and those whose
+        RESULTs went astray (address -> why, each)."""
         with self._lock:
             self._parts = {}
-            return dict(self.lost)
+            return dict(self.lost), dict(self.astray)
 
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
             with self._lock:
                 now = time.monotonic()
                 for address, (part, signal) in self._parts.items():
-                    if part.done or address in self.lost:
+                    if part.done or address in self.lost or address in self.astray:
                         continue
                     why = part.verdict(now, self.probe_after, self.lost_after)
                     if why is not None:
                         self.lost[address] = why
                         signal.interrupt(f"box {address} lost: {why}")
+                        continue
+                    why = part.astray(now, self.probe_after)
+                    if why is not None:
+                        self.astray[address] = why
+                        signal.interrupt(why)
 
     def close(self) -> None:
         self._stop.set()

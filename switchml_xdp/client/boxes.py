@@ -114,7 +114,8 @@ class Box:
     def watch_part(self) -> PartWatch:
         """What the watch reads of this box during a call: its results, its answers."""
         return PartWatch(lambda: self.backend.stats()["results"], self.control.ping,
-                         lambda: self.control.pongs, time.monotonic())
+                         lambda: self.control.pongs, time.monotonic(),
+                         self.backend.misroute_check())
 
     def stats(self) -> dict:
         return {"box": self.address, "capacity_bps": self.info.capacity_bps,
@@ -264,13 +265,14 @@ class BoxSplit:
             errors += [(box, fut.result()) for box, fut in jobs if fut.result() is not None]
         finally:
             self._in_call = False
-        lost = self.watch.end()
+        lost, astray = self.watch.end()
         if errors:
-            raise self._failure(errors, lost, call)
+            raise self._failure(errors, lost, astray, call)
 
     def _failure(self, errors: list[tuple[Box, BaseException]], lost: dict[str, str],
-                 call: Call) -> BaseException:
-        """The error the call raises: a lost box, else the first box's error."""
+                 astray: dict[str, str], call: Call) -> BaseException:
+        """The error the call raises: a lost box, else the first box's error
+        (a part whose RESULTs went astray: a TimeoutError saying why)."""
         order = {id(b): i for i, b in enumerate(self.boxes)}
         errors.sort(key=lambda be: order[id(be[0])])
         gone = [b.address for b, _ in errors if b.address in lost or b.signal.for_good]
@@ -282,6 +284,9 @@ class BoxSplit:
                       next(((b, e) for b, e in errors if b.signal.for_good), errors[0]))
         if box.address in lost:
             out: BaseException = BoxLost(f"box {box.address}: {lost[box.address]}", gone)
+        elif box.address in astray:
+            why = astray[box.address]
+            out = TimeoutError(why if self._pool is None else f"box {box.address}: {why}")
         elif self.interrupted is not None and not box.signal.for_good:
             out = CallInterrupted(self.interrupted)
         elif self._pool is None:

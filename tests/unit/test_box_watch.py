@@ -36,12 +36,16 @@ class FakeBackend:
     `flowing`; without results it fails as a stall after `stall` s."""
 
     def __init__(self, signal: BoxSignal, seconds: float = 0.1, flowing: bool = True,
-                 stall: float = 30.0):
+                 stall: float = 30.0, astray: str | None = None):
         self.signal, self.seconds, self.flowing, self.stall = signal, seconds, flowing, stall
+        self.astray = astray     # what misroute_check says (afxdp: RESULTs on another queue)
         self.results = 0
 
     def stats(self) -> dict:
         return {"results": self.results}
+
+    def misroute_check(self):
+        return lambda: self.astray
 
     def allreduce(self, part: np.ndarray, call: Call) -> None:
         t0 = time.monotonic()
@@ -107,6 +111,22 @@ def test_a_silent_box_that_answers_is_waited_for_as_a_slow_peer():
     assert isinstance(error, TimeoutError) and str(error).startswith("box 10.0.0.2: no result")
     assert took >= 1.5 and boxes[1].control.pings >= 2     # asked again after each answer
     assert lost_boxes(error) == ()
+
+
+@pytest.mark.parametrize("n_boxes", [1, 2])
+def test_a_part_whose_results_go_astray_fails_at_the_ask_not_the_stall_timeout(n_boxes):
+    """Its box answers (alive), but its datapath saw the call's RESULTs
+    reach the host and go elsewhere (afxdp: another lane's queue): waiting
+    cannot help, so the call fails as a stall would, at once, saying why."""
+    why = "3 RESULT(s) came in on the wrong receive queue of eth1"
+    astray = box("10.0.0.2", seconds=60, flowing=False, stall=30.0, astray=why)
+    boxes = [box("10.0.0.1"), astray][2 - n_boxes:]
+    took, error = reduce(boxes)
+    assert isinstance(error, TimeoutError) and not isinstance(error, BoxLost), error
+    prefix = "box 10.0.0.2: " if n_boxes == 2 else ""
+    assert str(error).startswith(f"{prefix}no result for ") and str(error).endswith(f", and {why}")
+    assert 0.4 * BOX_TIMEOUT <= took < 0.4 * BOX_TIMEOUT + 0.3, took
+    assert lost_boxes(error) == () and not astray.lost     # alive: its leave is sent
 
 
 def test_a_slow_box_with_results_is_never_lost():
