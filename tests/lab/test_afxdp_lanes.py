@@ -117,3 +117,25 @@ def test_swml_worker_bench_streams_afxdp_in_lanes(lab):
                              "--lanes", str(QUEUES), "--backend", "afxdp")
     assert [(r["backend"], r["lanes"], r["verify_failures"]) for r in rows] == \
         [("afxdp", QUEUES, 0)] * 2
+
+
+def test_the_steering_leaves_the_loss_injector_its_duplicates():
+    """Both sit on a bridge port's tc ingress: the steering lets the
+    injector's filter after it run (it duplicated nothing when the steering
+    ended the port's filters), and the lanes stay exact through the copies."""
+    from switchml_xdp.lab import Lab
+    from switchml_xdp.lab.cluster import SwitchProcess
+
+    with Lab(workers=2, link_queues=QUEUES, loss=0.0) as lab, SwitchProcess(lab):
+        lab.set_loss(0.0, dup=0.2, direction="up")
+        ints = [np.arange(N, dtype=np.int32) * (r + 1) for r in range(2)]
+
+        def body(rank, w):
+            y = ints[rank].copy()
+            w.allreduce(y)
+            return y, w.stats()["xdp_misqueued"]
+
+        results = reduce_in(lab, job_name("afxdp-lanes-dup"), QUEUES, body)
+        counters = lab.loss_counters()
+    assert all(np.array_equal(y, ints[0] + ints[1]) and misqueued == 0 for y, misqueued in results)
+    assert all(counters[h.name]["up"]["duplicated"] > 0 for h in lab.workers), counters

@@ -41,5 +41,7 @@ int swml_steer(struct __sk_buff *skb)
 	if (swml_parse_udp_any(data, data_end, &ip, &udp) != SWML_PARSE_NOT_OURS)
 		/* queue_mapping holds the recorded receive queue plus one */
 		skb->queue_mapping = bpf_ntohs(udp->dest) % SWML_STEER_QUEUES + 1;
-	return TC_ACT_OK;
+	/* Not TC_ACT_OK, which would end the port's filters here: the loss
+	 * injector's ingress filter (xdp/lab/swml_loss.c) runs after this one. */
+	return TC_ACT_UNSPEC;
 }
