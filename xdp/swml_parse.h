@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * swml_parse.h - the Ethernet | IPv4 | UDP prologue that every XDP program of
- * the product starts with (the switch, the worker's redirect program).
+ * the product starts with (the switch, the worker's redirect program, the
+ * reflector), and the lab's queue steering (tc) too.
  *
  * BPF C only (bcc): include after the uapi headers for ethhdr, iphdr, udphdr.
  */
