@@ -18,12 +18,12 @@ from .errors import BpfError, PinnedMapError, XdpError
 from .pinned_map import PinnedMap
 from .prog_test_run import prog_test_run
 from .stats import prog_name, prog_stats, stats_enabled
-from .tc import TcError, TcFilter, tc_attach, tc_attachment, tc_detach
+from .tc import TC_PRIO, TcError, TcFilter, tc_attach, tc_attachment, tc_detach
 from .xdp import Attachment, XdpLink, attach, attach_link, attachment, detach
 
 __all__ = ["Attachment", "BpfError", "PIN_ROOT", "PinnedMap", "PinnedMapError", "Program",
            "XdpError", "XdpLink", "attach", "attach_link", "attachment", "c_string",
            "compile_program", "compiler_missing", "detach", "ensure_bpffs", "pin_dir", "prog_name",
            "prog_stats",
-           "remove_pins", "stats_enabled", "tc_attach", "tc_attachment", "tc_detach", "TcError",
+           "remove_pins", "stats_enabled", "TC_PRIO", "tc_attach", "tc_attachment", "tc_detach", "TcError",
            "TcFilter", "prog_test_run"]

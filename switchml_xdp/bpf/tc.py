@@ -1,6 +1,8 @@
 """Attach, find and detach a tc BPF program on an interface's ingress (a
 direct-action `bpf` filter under a clsact qdisc), in this network namespace or
-a named one. Used by the switch's unicast fan-out (xdp/swml_fanout.c).
+a named one. Used by the switch's unicast fan-out (xdp/swml_fanout.c), and
+by the lab's queue steering and loss injector, which attach at priorities of
+their own (and on egress) beside each other.
 
 Like the switch's XDP program (xdp.py `attach`), the filter stays until
 someone removes it, so that it outlives a crashed daemon with the XDP program
@@ -57,9 +59,9 @@ def _index(iface: str, netns: str | None) -> int:
         raise TcError(str(e)) from None
 
 
-def _ours(msg) -> TcFilter | None:
-    """The bpf filter at TC_PRIO described by a filter dump message, or None."""
-    if msg.get_attr("TCA_KIND") != "bpf" or (msg["info"] >> 16) != TC_PRIO:
+def _ours(msg, prio: int = TC_PRIO) -> TcFilter | None:
+    """The bpf filter at `prio` described by a filter dump message, or None."""
+    if msg.get_attr("TCA_KIND") != "bpf" or (msg["info"] >> 16) != prio:
         return None
     opts = msg.get_attr("TCA_OPTIONS")
     if opts is None:   # the filter's chain head, one a priority: no program
@@ -67,12 +69,15 @@ def _ours(msg) -> TcFilter | None:
     return TcFilter(opts.get_attr("TCA_BPF_NAME") or "")
 
 
-def tc_attach(iface: str, prog_fd: int, name: str, *, netns: str | None = None) -> int:
-    """Put program `prog_fd` (loaded as sched_cls) on `iface`'s ingress, in
-    place of what sits at TC_PRIO (atomically: no frame misses both). Makes
-    the clsact qdisc where there is none. Returns the program's id."""
+def tc_attach(iface: str, prog_fd: int, name: str, *, netns: str | None = None,
+              egress: bool = False, prio: int = TC_PRIO) -> int:
+    """Put program `prog_fd` (loaded as sched_cls) on `iface`'s ingress (or
+    egress), in place of what sits at `prio` there (atomically: no frame
+    misses both); filters at other priorities stay, the lower number first.
+    Makes the clsact qdisc where there is none. Returns the program's id."""
     from pyroute2.netlink.exceptions import NetlinkError
 
+    parent = TC_H_EGRESS if egress else TC_H_INGRESS
     index = _index(iface, netns)
     with contextlib.closing(_ipr(netns)) as ipr:
         try:
@@ -81,14 +86,17 @@ def tc_attach(iface: str, prog_fd: int, name: str, *, netns: str | None = None) 
             except NetlinkError as e:
                 if e.code != errno.EEXIST:
                     raise
-            ipr.tc("replace-filter", "bpf", index, handle=TC_HANDLE, prio=TC_PRIO, fd=prog_fd,
-                   name=name, parent=TC_H_INGRESS, direct_action=True)
-            found = [f for f in map(_ours, ipr.get_filters(index=index, parent=TC_H_INGRESS)) if f]
+            ipr.tc("replace-filter", "bpf", index, handle=TC_HANDLE, prio=prio, fd=prog_fd,
+                   name=name, parent=parent, direct_action=True)
+            found = [f for f in (_ours(m, prio) for m in ipr.get_filters(index=index, parent=parent))
+                     if f]
         except NetlinkError as e:
-            raise TcError(f"cannot attach tc program {name} to {iface} ingress: "
+            raise TcError(f"cannot attach tc program {name} to {iface} "
+                          f"{'egress' if egress else 'ingress'}: "
                           f"{e.args[1] if len(e.args) > 1 else e}") from None
     if not found:
-        raise TcError(f"tc program {name} on {iface} ingress: attached, but not listed after")
+        raise TcError(f"tc program {name} on {iface} {'egress' if egress else 'ingress'}: "
+                      "attached, but not listed after")
     return prog_id_of(prog_fd)
 
 

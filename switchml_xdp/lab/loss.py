@@ -47,8 +47,6 @@ import errno
 import os
 from collections.abc import Iterable, Sequence
 
-from pyroute2 import IPRoute
-
 from .. import bpf, net, wire
 from ..layout import DEFINES, ctype
 from . import burst as burst_mod
@@ -60,8 +58,11 @@ SOURCE = "lab/swml_loss.c"
 XDP_PROG, INGRESS_PROG, EGRESS_PROG = "swml_loss_xdp", "swml_loss_ingress", "swml_loss_egress"
 DIRECTIONS = ("up", "down")
 COUNTERS = ("seen", "dropped", "duplicated", "passed", "bad", "bursts", "drop_runs")
-TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks
+TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks (bench/tcp_loss.py's)
 TC_EGRESS_PARENT = "ffff:fff3"
+# The injector's tc filters sit after the lab's queue steering (bpf.TC_PRIO,
+# lab/steering.py) on a bridge port's ingress: a copy it makes is then steered.
+TC_PRIO = bpf.TC_PRIO + 1
 
 _D = DEFINES["swml_loss.h"]
 MAX_LINKS = _D["SWML_LOSS_MAX_LINKS"]
@@ -144,11 +145,10 @@ class LossInjector:
             raise
 
     @classmethod
-    def attach(cls, lab, bridge_ipr: IPRoute) -> LossInjector:
+    def attach(cls, lab) -> LossInjector:
         """Compile xdp/lab/swml_loss.c once and put it on every bridge-side end:
         XDP (replacing the pass program), tc ingress and tc egress. Loss starts
-        at 0 and the port at the switch's default data port. `bridge_ipr`: a
-        netlink socket in the lab's bridge namespace, for tc."""
+        at 0 and the port at the switch's default data port."""
         if len(lab.hosts) > MAX_LINKS:
             raise LabError(f"the loss injector handles at most {MAX_LINKS} hosts")
         try:
@@ -160,19 +160,17 @@ class LossInjector:
             raise LabError(f"cannot load the loss injector: {e}") from e
         self = cls(lab, program)
         try:
-            tc_progs = [(program.load(name, "sched_cls"), name, parent) for name, parent in
-                        ((INGRESS_PROG, TC_INGRESS_PARENT), (EGRESS_PROG, TC_EGRESS_PARENT))]
+            tc_progs = [(program.load(name, "sched_cls"), name, egress) for name, egress in
+                        ((INGRESS_PROG, False), (EGRESS_PROG, True))]
             self.set_port(wire.DEFAULT_PORT)
             links = program.table("links")
             for link, host in enumerate(lab.hosts):
                 idx = net.link_index(host.peer, lab.bridge_ns)
                 links[ct.c_uint32(idx)] = ct.c_uint32(link)
-                with contextlib.suppress(Exception):   # a clsact left by an earlier attach
-                    bridge_ipr.tc("del", "clsact", idx)
-                bridge_ipr.tc("add", "clsact", idx)
-                for fd, name, parent in tc_progs:
-                    bridge_ipr.tc("add-filter", "bpf", idx, ":1", fd=fd, name=name,
-                                  parent=parent, classid=1, direct_action=True)
+                # In place of an earlier attach's filters; the steering's stay.
+                for fd, name, egress in tc_progs:
+                    bpf.tc_attach(host.peer, fd, name, netns=lab.bridge_ns, egress=egress,
+                                  prio=TC_PRIO)
                 bpf.attach(host.peer, program.fd, "native", replace=True, netns=lab.bridge_ns)
         except bpf.BpfError as e:
             self.close()

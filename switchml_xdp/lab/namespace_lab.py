@@ -259,8 +259,7 @@ class Lab:
             if self._loss is None and self._started and not self._closed:
                 self._loss = loss_mod.LossInjector.open(self)
                 if self._loss is None and create:
-                    with contextlib.closing(netns.iproute_in(self.bridge_ns)) as br:
-                        self._loss = loss_mod.LossInjector.attach(self, br)
+                    self._loss = loss_mod.LossInjector.attach(self)
             if self._loss is None and create:
                 raise LabError(f"lab {self.prefix} is not up")
             return self._loss
@@ -402,7 +401,7 @@ class Lab:
 
     def _attach_loss_injector(self) -> None:
         """The loss injector instead of the pass program (it passes by default)."""
-        self._loss = loss_mod.LossInjector.attach(self, self._ipr(self.bridge_ns))
+        self._loss = loss_mod.LossInjector.attach(self)
         if self.loss_port is not None:
             self._loss.set_port(self.loss_port)
         self._loss.set(self.loss or 0.0, self.dup or 0.0, burst=self.burst)

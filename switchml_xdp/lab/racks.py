@@ -209,7 +209,7 @@ class RacksLab(Lab):
         if self.loss is None and self.dup is None and self.burst is None:
             self._attach_pass_program()
         else:
-            self._loss = loss_mod.LossInjector.attach(self, br)
+            self._loss = loss_mod.LossInjector.attach(self)
             self._loss.set(self.loss or 0.0, self.dup or 0.0, hosts=self.cable_links,
                            burst=self.burst)
         self._shape()

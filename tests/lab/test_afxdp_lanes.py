@@ -119,15 +119,22 @@ def test_swml_worker_bench_streams_afxdp_in_lanes(lab):
         [("afxdp", QUEUES, 0)] * 2
 
 
-def test_the_steering_leaves_the_loss_injector_its_duplicates():
-    """Both sit on a bridge port's tc ingress: the steering lets the
-    injector's filter after it run (it duplicated nothing when the steering
-    ended the port's filters), and the lanes stay exact through the copies."""
+def test_the_steering_and_the_loss_injector_share_a_port():
+    """Both sit on a bridge port's tc ingress, at priorities of their own:
+    the injector, attached at run time, leaves the steering in place (it
+    used to remove the ports' clsact qdiscs, and the steering with them),
+    and the steering lets the injector's filter after it run (it duplicated
+    nothing when the steering ended the port's filters); the lanes stay
+    exact through the copies."""
+    from switchml_xdp import bpf
     from switchml_xdp.lab import Lab
     from switchml_xdp.lab.cluster import SwitchProcess
+    from switchml_xdp.lab.steering import STEER_PROG
 
-    with Lab(workers=2, link_queues=QUEUES, loss=0.0) as lab, SwitchProcess(lab):
+    with Lab(workers=2, link_queues=QUEUES) as lab, SwitchProcess(lab):
         lab.set_loss(0.0, dup=0.2, direction="up")
+        assert all(bpf.tc_attachment(h.peer, netns=lab.bridge_ns).name == STEER_PROG
+                   for h in lab.hosts)
         ints = [np.arange(N, dtype=np.int32) * (r + 1) for r in range(2)]
 
         def body(rank, w):
