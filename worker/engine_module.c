@@ -11,8 +11,10 @@
  *     backend's, with ifname "" and xskmap_fd -1: udp_port.h; the caller
  *     keeps the socket open while the engine is, and closes it; udp_gso:
  *     runs of datagrams as UDP GSO messages where the kernel takes them.
- *     udp_fd with an AF_XDP socket: it receives, and while it is in copy
- *     mode the sends go through udp_fd: port.h; stats()["udp_tx"] says so)
+ *     udp_fd with an AF_XDP socket: RESULTs that the NIC put on another
+ *     queue come in there (stats()["stray_results"]), and while the AF_XDP
+ *     socket is in copy mode the sends go through udp_fd unless udp_tx is
+ *     False: port.h; stats()["udp_tx"] says whether they do)
  *     (the rto_* are a switchml_xdp.client.retransmit.RetransmitPolicy; their,
  *     stall_timeout's, spin's and coalesce's defaults are engine_policy.h's; window a
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
@@ -657,13 +659,23 @@ fail:
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {
-		"ifname",      "xskmap_fd",  "abort",   "job",           "rank",   "world",
-		"k",           "slots",      "src_mac", "dst_mac",       "src_ip", "dst_ip",
-		"src_port",    "dst_port",   "key",     "seq_base",      "queue",  "frames",
-		"rto_initial", "rto_min",    "rto_max", "stall_timeout", "spin",   "rto_adaptive",
-		"window",      "result_key", "auth",    "coalesce",      "udp_fd", "udp_gso",
-		"lanes",       "lane",       NULL};
+	static char *kwlist[] = {"ifname",      "xskmap_fd",
+				 "abort",       "job",
+				 "rank",        "world",
+				 "k",           "slots",
+				 "src_mac",     "dst_mac",
+				 "src_ip",      "dst_ip",
+				 "src_port",    "dst_port",
+				 "key",         "seq_base",
+				 "queue",       "frames",
+				 "rto_initial", "rto_min",
+				 "rto_max",     "stall_timeout",
+				 "spin",        "rto_adaptive",
+				 "window",      "result_key",
+				 "auth",        "coalesce",
+				 "udp_fd",      "udp_gso",
+				 "lanes",       "lane",
+				 "udp_tx",      NULL};
 	const char *ifname;
 	int xskmap_fd;
 	PyObject *abort_obj, *src_mac = NULL, *dst_mac = NULL, *src_ip = NULL, *dst_ip = NULL;
@@ -677,7 +689,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	int rto_adaptive = 1;
 	PyObject *window_obj = NULL, *result_key = NULL;
 	unsigned int auth = SWML_AUTH_HEADER;
-	int udp_fd = -1, udp_gso = 1;
+	int udp_fd = -1, udp_gso = 1, udp_tx = 1;
 	unsigned int lanes = 1, lane = 0;
 	double rto_initial = SWML_RTO_INITIAL_US / 1e6, rto_min = SWML_RTO_MIN_US / 1e6;
 	double rto_max = SWML_RTO_MAX_US / 1e6, stall_timeout = SWML_STALL_TIMEOUT_S;
@@ -690,12 +702,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(
-		    args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIipII", kwlist, &ifname, &xskmap_fd,
-		    &abort_obj, &job, &rank, &world, &k, &slots, &src_mac, &dst_mac, &src_ip,
-		    &dst_ip, &src_port, &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
-		    &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin, &rto_adaptive,
-		    &window_obj, &result_key, &auth, &coalesce, &udp_fd, &udp_gso, &lanes, &lane))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "siO|$IIIIISSSSIIOOIIddddIpOSIIipIIp", kwlist,
+					 &ifname, &xskmap_fd, &abort_obj, &job, &rank, &world, &k,
+					 &slots, &src_mac, &dst_mac, &src_ip, &dst_ip, &src_port,
+					 &dst_port, &key_obj, &seq_base_obj, &queue, &frames,
+					 &rto_initial, &rto_min, &rto_max, &stall_timeout, &spin,
+					 &rto_adaptive, &window_obj, &result_key, &auth, &coalesce,
+					 &udp_fd, &udp_gso, &lanes, &lane, &udp_tx))
 		return -1;
 	if (window_arg(window_obj, &cfg.window))
 		return -1;
@@ -777,13 +790,15 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 	}
 
 	/* udp_fd alone: the udp backend's datapath. Beside an AF_XDP socket
-	 * (xskmap_fd): the way its sends go while it is in copy mode (port.h). */
+	 * (xskmap_fd): where strays come in, and the way its sends go while it
+	 * is in copy mode, unless udp_tx is 0 (port.h). */
 	port_cfg = (struct swml_port_cfg){.ifname = ifname,
 					  .queue = queue,
 					  .frames = frames,
 					  .xskmap_fd = xskmap_fd,
 					  .udp_fd = udp_fd,
 					  .udp_gso = udp_gso,
+					  .udp_tx = udp_tx,
 					  .dst_port = cfg.addrs.dst_port};
 	memcpy(port_cfg.dst_ip, cfg.addrs.dst_ip, 4);
 	Py_BEGIN_ALLOW_THREADS
@@ -958,6 +973,7 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 		if (put_u64(d, "udp_rx_truncated", self->port.udp.rx_truncated))
 			goto fail;
 	} else if (put_u64(d, "udp_tx", (uint64_t)(self->port.tx_kind == SWML_PORT_UDP)) ||
+		   put_u64(d, "stray_results", self->port.strays) ||
 		   put_u64(d, "zero_copy", (uint64_t)self->port.xsk.zero_copy) ||
 		   put_u64(d, "xsk_rx_dropped", xs.rx_dropped) ||
 		   put_u64(d, "xsk_rx_ring_full", xs.rx_ring_full) ||
@@ -1109,6 +1125,7 @@ static PyObject *py_raw_pingpong(PyObject *self, PyObject *args)
 					  .xskmap_fd = xskmap_fd,
 					  .udp_fd = udp_fd,
 					  .udp_gso = 1,
+					  .udp_tx = 1,
 					  .dst_port = cfg.addrs.dst_port};
 	memcpy(port_cfg.dst_ip, cfg.addrs.dst_ip, 4);
 	ret = swml_port_open(&port, &port_cfg, err, sizeof err);

@@ -691,6 +691,7 @@ static uint32_t rx_batch(struct swml_stream *st, struct plan *pl, int *disagree)
 				st->stats.forged++;
 				continue;
 			}
+			swml_port_result_seen(st->port);
 			box_pace(st, pl, &r);
 			if (on_result(st, pl, &r))
 				*disagree = 1;
@@ -849,10 +850,14 @@ static uint64_t pace_slack_ns(const struct swml_stream *st, const struct plan *p
 static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 {
 	uint64_t t = SLEEP_MAX_NS, probe_at, c;
-	/* the socket, and the wake fd (stream.h) where there is one */
-	struct pollfd pfd[2] = {{.fd = swml_port_fd(st->port), .events = POLLIN},
-				{.fd = st->cfg.wake_fd, .events = POLLIN}};
+	/* the wake fd (stream.h) where there is one, then the socket, and
+	 * under an AF_XDP socket the UDP socket that strays reach (port.h) */
+	struct pollfd pfd[3] = {{.fd = st->cfg.wake_fd, .events = POLLIN},
+				{.fd = swml_port_fd(st->port), .events = POLLIN},
+				{.fd = swml_port_stray_fd(st->port), .events = POLLIN}};
 	const nfds_t wake = st->cfg.wake_fd >= 0;
+	const nfds_t socks = pfd[2].fd >= 0 ? 2 : 1;
+	struct pollfd *from = wake ? pfd : &pfd[1];
 	struct timespec ts;
 
 	if (pl->next_check > pl->now)
@@ -873,7 +878,7 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 		ts.tv_sec = 0;
 		ts.tv_nsec = (long)c;
 		st->stats.coalesced++;
-		ppoll(&pfd[1], wake, &ts, NULL);
+		ppoll(pfd, wake, &ts, NULL);
 		*woken = 1;
 		return;
 	}
@@ -882,7 +887,12 @@ static void sleep_rx(struct swml_stream *st, struct plan *pl, int *woken)
 	ts.tv_sec = t / 1000000000ull;
 	ts.tv_nsec = t % 1000000000ull;
 	st->stats.sleeps++;
-	*woken = ppoll(pfd, 1 + wake, &ts, NULL) > 0 && (pfd[0].revents & POLLIN);
+	*woken = 0;
+	if (ppoll(from, wake + socks, &ts, NULL) <= 0)
+		return;
+	if (socks == 2 && (pfd[2].revents & POLLIN))
+		swml_port_arm_strays(st->port);
+	*woken = (pfd[1].revents | pfd[2].revents) & POLLIN;
 }
 
 static void flush_tx(struct swml_stream *st, int *io_error)

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import click
 
+from .. import wire
 from .constants import GLOO_PORT
 from .cpu import CPU_FIELDS, machine_cpu_times, self_cpu_s
 
@@ -30,8 +31,11 @@ class _SwmlRank:
         from ..client.api import Worker
 
         self.np = np
+        # SWML_PORT, as the torch backend reads it (`swml-lab bench --env
+        # SWML_PORT=P`): on a lab of several queues, which queue the job's
+        # RESULTs land on (lab/steering.py)
         self.w = Worker(a.switch, a.job, a.rank, a.world, backend=a.backend, verbose=False,
-                        join_timeout=120)
+                        join_timeout=120, port=int(os.environ.get("SWML_PORT", wire.DEFAULT_PORT)))
         self._one = np.zeros(1, np.int32)
         self.precision = a.precision
         self.scatter = a.collective == "reduce_scatter"

@@ -88,7 +88,7 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
         PORT_RCVBUF,
         SPIN,
         compile_redirect,
-        copy_mode_sender,
+        copy_mode_sends,
         set_peer,
         unavailable_reason,
     )
@@ -123,7 +123,8 @@ def measure(switch_ip: str, k: int = 256, window: int = DEFAULT_WINDOW,
                     wire.mac_to_bytes(box_mac), socket.inet_aton(local_ip),
                     socket.inet_aton(switch_ip), port, reflect_port, k, window,
                     batch, SPIN if spin is None else spin, warmup, seconds,
-                    copy_mode_sender(sock, switch_ip, reflect_port, local_ip, iface))
+                    sock.fileno() if copy_mode_sends(sock, switch_ip, reflect_port, local_ip,
+                                                     iface) else -1)
         ended = time.monotonic()
     except (bpf.XdpError, net.NetError, OSError, ValueError) as e:
         raise RuntimeError(f"raw path to {switch_ip}:{reflect_port}: {e}") from None

@@ -22,6 +22,13 @@ port-holding socket, an engine and its socket at XSKMAP[q], one program
 for them all; the NIC must steer port + q to queue q (docs/performance.md,
 "Several queues per worker").
 
+A RESULT that the NIC puts on another receive queue than its lane's socket
+(RSS on a NIC of several queues, with no ntuple rule for the port) cannot
+reach that socket: the redirect program passes it to the stack, counted
+(xdp_misqueued), and the engine reads it from the port's UDP socket
+(stats' stray_results, worker/port.h). The call goes on at the stack's
+cost; a verbose worker says once how to steer the port for AF_XDP's.
+
 The calls, the abort and the counters are engine_backend.py's. The streaming
 rules, packet format and quantization are those of the udp backend (plans.py,
 quant.py; quant16.py at precision "16"), so both kinds of worker can share a
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 from .. import bpf, net, wire
 from .engine_backend import COALESCE, SPIN, EngineBackend, engine_missing, tunable
@@ -46,9 +54,9 @@ RX_COUNTERS = ("xdp_redirected", "xdp_passed", "xdp_misqueued")
 # SWML_AFXDP_COALESCE the waiting (engine_backend.py: SPIN, COALESCE);
 # SWML_AFXDP_UDP_TX=0 keeps the sends on the AF_XDP socket in copy mode too.
 ENV_PREFIX = "SWML_AFXDP_"
-# The port-holding socket reads nothing (frames come through AF_XDP): what the
-# redirect program passes to the stack may fill this little and be dropped.
-PORT_RCVBUF = 4096
+# The port-holding socket takes the RESULTs the NIC put on another queue (the
+# engine reads them there): room for as many as the udp backend's.
+PORT_RCVBUF = 8 << 20
 
 
 def unavailable_reason() -> str | None:
@@ -83,21 +91,20 @@ def set_peer(prog: bpf.Program, switch_ip: str, switch_port: int, group_ip: str)
                                      switch_port=socket.htons(switch_port))
 
 
-def copy_mode_sender(sock, switch_ip: str, switch_port: int, local_ip: str, iface: str) -> int:
-    """The fd the engine sends through while its AF_XDP socket is in copy
-    mode (worker/port.h; the engine decides, once it knows the mode): the
-    port's UDP socket `sock`, made non-blocking, where the kernel routes the
-    switch's address out of `iface` from `local_ip`, as the AF_XDP frames go,
-    and not under SWML_AFXDP_UDP_TX=0; else -1 (the sends stay on AF_XDP)."""
-    if not tunable(ENV_PREFIX, "UDP_TX", 1):
-        return -1
-    try:
-        if net.route_to(switch_ip, switch_port) != (local_ip, iface):
-            return -1
-    except net.NetError:
-        return -1
+def copy_mode_sends(sock, switch_ip: str, switch_port: int, local_ip: str, iface: str) -> bool:
+    """Whether the engine sends through the port's UDP socket `sock` while
+    its AF_XDP socket is in copy mode (worker/port.h; the engine decides,
+    once it knows the mode): where the kernel routes the switch's address
+    out of `iface` from `local_ip`, as the AF_XDP frames go, and not under
+    SWML_AFXDP_UDP_TX=0. `sock` is made non-blocking either way: the engine
+    reads the strays from it."""
     sock.setblocking(False)
-    return sock.fileno()
+    if not tunable(ENV_PREFIX, "UDP_TX", 1):
+        return False
+    try:
+        return net.route_to(switch_ip, switch_port) == (local_ip, iface)
+    except net.NetError:
+        return False
 
 
 class AfxdpBackend(EngineBackend):
@@ -130,6 +137,7 @@ class AfxdpBackend(EngineBackend):
         if info.lanes > 1:
             self.where += f" queues 0-{info.lanes - 1}"
         self._port_socks: list = []
+        self._strays_told = False   # the verbose note on strays, once
         self._prog: bpf.Program | None = prog
         self._link: bpf.XdpLink | None = None
         try:
@@ -156,8 +164,9 @@ class AfxdpBackend(EngineBackend):
             self._open(local.iface, self._prog.map_fd("xsks"), queue=lane, lane=lane,
                        spin=spin if spin is not None else tunable(ENV_PREFIX, "SPIN", SPIN),
                        coalesce=tunable(ENV_PREFIX, "COALESCE", COALESCE),
-                       udp_fd=copy_mode_sender(sock, info.switch_ip, info.switch_port, local.ip,
-                                               self.iface))
+                       udp_fd=sock.fileno(),
+                       udp_tx=copy_mode_sends(sock, info.switch_ip, info.switch_port, local.ip,
+                                              self.iface))
         except OSError as e:
             if info.lanes == 1:
                 raise
@@ -218,15 +227,34 @@ class AfxdpBackend(EngineBackend):
         misqueued = self._misqueued()
         return f"; {self._misqueue_reason(misqueued)}" if misqueued else ""
 
+    def _strays(self) -> int:
+        """RESULTs the engines read from their ports' UDP sockets: those the
+        NIC put on another receive queue (worker/port.h)."""
+        return sum(engine.stats().get("stray_results", 0) for engine in list(self._engines))
+
     def misroute_check(self):
-        """RESULTs of this call that came in on another lane's queue: they
-        can reach no engine, however long the call waits (backend.py)."""
-        before = self._misqueued()
+        """RESULTs of this call that came in on another lane's queue and
+        reached no engine through the stack either (a firewall on the port,
+        say): however long the call waits, it gets none of them (backend.py)."""
+        before = self._misqueued(), self._strays()
 
         def check() -> str | None:
-            misqueued = self._misqueued() - before
-            return self._misqueue_reason(misqueued) if misqueued > 0 else None
+            misqueued = self._misqueued() - before[0]
+            if misqueued <= 0 or self._strays() > before[1]:
+                return None
+            return (f"{self._misqueue_reason(misqueued)}; they did not reach the port's UDP "
+                    f"socket through the stack either (is UDP port {self.info.port} filtered?)")
         return check
+
+    def allreduce(self, flat, call) -> None:
+        try:
+            super().allreduce(flat, call)
+        finally:
+            if self.verbose and not self._strays_told and self._engines and self._strays():
+                self._strays_told = True
+                print(f"switchml-xdp: {self._misqueue_reason(self._misqueued())}; they reach "
+                      "the engine through the kernel's UDP path, slower than AF_XDP's",
+                      file=sys.stderr)
 
     def _misqueue_reason(self, misqueued: int) -> str:
         """`misqueued` RESULTs came in on the wrong receive queue: what the

@@ -97,7 +97,8 @@ class Backend(ABC):
     def misroute_check(self) -> Callable[[], str | None]:
         """For a call about to begin: a check that says why, once this
         datapath has seen the call's RESULTs reach the host but not itself
-        (afxdp: on another lane's receive queue), else None. The box watch
+        (afxdp: on another lane's receive queue, and not through the
+        stack either), else None. The box watch
         fails a call that stalls on it at once (box_watch.py), where the
         stall timeout would wait for nothing."""
         return lambda: None

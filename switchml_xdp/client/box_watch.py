@@ -15,7 +15,8 @@ unwinding on a loaded host, so the call fails within `box_timeout` of the
 box's silence).
 A box that answers is alive and waited for as long as the stall timeout
 says, unless its datapath has seen the call's RESULTs reach the host and go
-astray (afxdp: on another lane's receive queue, Backend.misroute_check):
+astray (afxdp: on another lane's receive queue, and not at the port's
+socket through the stack either, Backend.misroute_check):
 then waiting cannot help, and the part fails at the ask's time (40% of
 `box_timeout` without a result) as a TimeoutError that says why.
 

@@ -1,8 +1,10 @@
-"""When the afxdp backend hands the engine its port's UDP socket for the sends
-of copy mode (switchml_xdp/client/afxdp_backend.py, copy_mode_sender;
+"""When the afxdp backend's engine sends through its port's UDP socket in
+copy mode (switchml_xdp/client/afxdp_backend.py, copy_mode_sends;
 docs/performance.md, "The afxdp backend's sends in copy mode"): only where
 the kernel's route to the switch leaves as the AF_XDP frames would, and not
-when SWML_AFXDP_UDP_TX=0. No root: the route is stubbed."""
+when SWML_AFXDP_UDP_TX=0. The socket is made non-blocking either way: the
+engine reads the RESULTs that stray onto other queues from it. No root: the
+route is stubbed."""
 from __future__ import annotations
 
 import socket
@@ -11,7 +13,7 @@ import pytest
 
 from switchml_xdp import net
 from switchml_xdp.client import afxdp_backend
-from switchml_xdp.client.afxdp_backend import copy_mode_sender
+from switchml_xdp.client.afxdp_backend import copy_mode_sends
 
 LOCAL = ("10.0.0.2", "w0")
 
@@ -39,8 +41,8 @@ def route(monkeypatch):
 
 
 def test_the_port_socket_sends_where_the_route_leaves_as_the_frames_would(sock, route):
-    assert copy_mode_sender(sock, "10.0.0.1", 48864, *LOCAL) == sock.fileno()
-    assert not sock.getblocking()   # the engine's sendmmsg must never block
+    assert copy_mode_sends(sock, "10.0.0.1", 48864, *LOCAL)
+    assert not sock.getblocking()   # the engine's sendmmsg must never block, nor its recvmmsg
 
 
 @pytest.mark.parametrize("elsewhere", [("10.0.1.2", "w0"), ("10.0.0.2", "eth9"),
@@ -48,10 +50,10 @@ def test_the_port_socket_sends_where_the_route_leaves_as_the_frames_would(sock, 
 def test_a_route_out_of_another_address_or_interface_keeps_the_sends_on_af_xdp(
         sock, route, elsewhere):
     route["route"] = elsewhere
-    assert copy_mode_sender(sock, "10.0.0.1", 48864, *LOCAL) == -1
-    assert sock.getblocking()
+    assert not copy_mode_sends(sock, "10.0.0.1", 48864, *LOCAL)
+    assert not sock.getblocking()
 
 
 def test_swml_afxdp_udp_tx_0_keeps_the_sends_on_af_xdp(sock, route, monkeypatch):
     monkeypatch.setenv("SWML_AFXDP_UDP_TX", "0")
-    assert copy_mode_sender(sock, "10.0.0.1", 48864, *LOCAL) == -1
+    assert not copy_mode_sends(sock, "10.0.0.1", 48864, *LOCAL)
