@@ -83,6 +83,28 @@ def test_verifier_rejection_is_one_line_with_the_verifier_s_words(tmp_path):
 
 
 @needs_lab
+def test_bcc_loads_no_bpf_loop_callback(tmp_path):
+    """What holds k at one page's worth (docs/performance.md, "Larger
+    frames"): the switch's payload loops are walked by the verifier element
+    by element (654 k instructions at k = 858, of the 1 M limit), and the
+    way past that, a loop whose body is verified once (bpf_loop with a
+    callback), is not open to a program compiled by this bcc: it leaves the
+    callback's address 0 instead of relocating it. When this test fails,
+    bcc can, and frames beyond a page (XDP multi-buffer) become possible."""
+    src = tmp_path / "loop.c"
+    src.write_text("#include <uapi/linux/bpf.h>\n"
+                   "static long step(u32 i, void *sum) { *(u32 *)sum += i; return 0; }\n"
+                   "int p(struct xdp_md *ctx) {\n"
+                   "    u32 sum = 0;\n"
+                   "    bpf_loop(10, step, &sum, 0);\n"
+                   "    return sum == 45 ? XDP_PASS : XDP_DROP;\n"
+                   "}\n")
+    with pytest.raises(bpf.BpfError, match="cannot load p") as e:
+        bpf.compile_program(src, "p")
+    assert "expected=func" in e.value.log
+
+
+@needs_lab
 def test_missing_source_and_missing_function():
     with pytest.raises(bpf.BpfError, match="no BPF source"):
         bpf.compile_program("nope.c", "p")
