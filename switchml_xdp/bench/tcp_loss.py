@@ -3,14 +3,15 @@
 The lab's loss injector (switchml_xdp/lab/loss.py) drops swml's UDP only, by
 design: the control protocol's TCP must not depend on the injected loss. To
 compare with a TCP peer (Gloo) at the same loss rates, the benchmark puts this
-second, TCP-only dropper on the same hooks, in front of the injector's filters:
-tc ingress (up: what the worker sends) and tc egress (down: what it receives)
-of every worker's bridge-side end. Frames it does not drop go on to the
-injector unchanged. Only for labs where no swml job runs at the time (its
-control connection is TCP too).
+second, TCP-only dropper on the same hooks, in front of the lab's filters
+there (priority 1, before the steering's and the injector's): tc ingress (up:
+what the worker sends) and tc egress (down: what it receives) of every
+worker's bridge-side end, through the door (bpf.tc_attach). Frames it does
+not drop go on to them unchanged. Only for labs where no swml job runs at the
+time (its control connection is TCP too).
 
     with Lab(workers=4) as lab:
-        lab.set_loss(0)                    # the injector (and its clsact hooks) first
+        lab.set_loss(0)
         with TcpLoss(lab) as tl:
             tl.set(0.01)                   # 1 % each way on every worker link
             ...
@@ -21,14 +22,13 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 
-from .. import bpf, net
-from ..lab import LabError, netns
-from ..lab.loss import TC_EGRESS_PARENT, TC_INGRESS_PARENT, threshold
+from .. import bpf
+from ..lab.loss import threshold
 
 SOURCE = "lab/swml_tcp_loss.c"
-PRIO = 1          # before the loss injector's filters (kernel-chosen, 49152 and down)
+PRIO = 1          # before the lab's steering (bpf.TC_PRIO) and loss injector (loss.TC_PRIO)
 DIRECTIONS = ("up", "down")
-HOOKS = {"swml_tcp_loss_up": TC_INGRESS_PARENT, "swml_tcp_loss_down": TC_EGRESS_PARENT}
+HOOKS = {"swml_tcp_loss_up": False, "swml_tcp_loss_down": True}   # program: on egress
 
 
 class TcpLoss(contextlib.ExitStack):
@@ -39,7 +39,7 @@ class TcpLoss(contextlib.ExitStack):
         super().__init__()
         self.lab = lab
         self._prog = bpf.compile_program(SOURCE, None, maps_only=True)
-        self._attached: list[tuple[int, str]] = []
+        self._attached: list[tuple[str, str, bool]] = []   # (port, program, egress)
         self.callback(self._remove)
         try:
             self._attach({name: self._prog.load(name, "sched_cls") for name in HOOKS})
@@ -49,17 +49,11 @@ class TcpLoss(contextlib.ExitStack):
         self.set(0.0)
 
     def _attach(self, fds: dict[str, int]) -> None:
-        with contextlib.closing(netns.iproute_in(self.lab.bridge_ns)) as br:
-            for w in self.lab.workers:
-                idx = net.link_index(w.peer, self.lab.bridge_ns)
-                qdiscs = [q.get_attr("TCA_KIND") for q in br.get_qdiscs(index=idx)]
-                if "clsact" not in qdiscs:
-                    raise LabError(f"{w.peer} has no clsact: attach the lab's loss injector "
-                                   "first (lab.set_loss(0))")
-                for name, parent in HOOKS.items():
-                    br.tc("add-filter", "bpf", idx, ":1", fd=fds[name], name=name,
-                          parent=parent, prio=PRIO, classid=1, direct_action=True)
-                    self._attached.append((idx, parent))
+        for w in self.lab.workers:
+            for name, egress in HOOKS.items():
+                bpf.tc_attach(w.peer, fds[name], name, netns=self.lab.bridge_ns, egress=egress,
+                              prio=PRIO)
+                self._attached.append((w.peer, name, egress))
 
     def set(self, loss: float) -> None:
         """Drop TCP with probability `loss` in both directions of every worker link."""
@@ -85,10 +79,8 @@ class TcpLoss(contextlib.ExitStack):
     def _remove(self) -> None:
         """Remove the filters (if the lab is still there), then the programs;
         what is already gone is no error."""
-        with contextlib.suppress(Exception):
-            with contextlib.closing(netns.iproute_in(self.lab.bridge_ns)) as br:
-                for idx, parent in self._attached:
-                    with contextlib.suppress(Exception):
-                        br.tc("del-filter", "bpf", idx, ":1", parent=parent, prio=PRIO)
+        for port, name, egress in self._attached:
+            with contextlib.suppress(Exception):
+                bpf.tc_detach(port, netns=self.lab.bridge_ns, name=name, egress=egress, prio=PRIO)
         with contextlib.suppress(Exception):
             self._prog.close()

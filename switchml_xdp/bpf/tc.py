@@ -1,8 +1,8 @@
 """Attach, find and detach a tc BPF program on an interface's ingress (a
 direct-action `bpf` filter under a clsact qdisc), in this network namespace or
 a named one. Used by the switch's unicast fan-out (xdp/swml_fanout.c), and
-by the lab's queue steering and loss injector, which attach at priorities of
-their own (and on egress) beside each other.
+by the lab's queue steering and loss injector and the bench's TCP dropper,
+which attach at priorities of their own (and on egress) beside each other.
 
 Like the switch's XDP program (xdp.py `attach`), the filter stays until
 someone removes it, so that it outlives a crashed daemon with the XDP program
@@ -110,36 +110,38 @@ def prog_id_of(prog_fd: int) -> int:
     return info[1]
 
 
-def tc_attachment(iface: str, *, netns: str | None = None) -> TcFilter | None:
-    """The program at TC_PRIO on `iface`'s ingress, or None."""
+def tc_attachment(iface: str, *, netns: str | None = None, egress: bool = False,
+                  prio: int = TC_PRIO) -> TcFilter | None:
+    """The program at `prio` on `iface`'s ingress (or egress), or None."""
     from pyroute2.netlink.exceptions import NetlinkError
 
     index = _index(iface, netns)
     with contextlib.closing(_ipr(netns)) as ipr:
         try:
-            msgs = ipr.get_filters(index=index, parent=TC_H_INGRESS)
+            msgs = ipr.get_filters(index=index, parent=TC_H_EGRESS if egress else TC_H_INGRESS)
         except NetlinkError as e:
             if e.code in (errno.EINVAL, errno.ENOENT):   # no clsact qdisc
                 return None
             raise TcError(f"cannot list tc filters of {iface}: {e}") from None
-    found = [f for f in map(_ours, msgs) if f]
+    found = [f for f in (_ours(m, prio) for m in msgs) if f]
     return found[0] if found else None
 
 
-def tc_detach(iface: str, *, netns: str | None = None, name: str | None = None) -> bool:
-    """Remove the filter at TC_PRIO from `iface`'s ingress (with `name`, only
-    if its program has that name), then the clsact qdisc if no filter is left
-    under it. Returns whether a filter was removed."""
+def tc_detach(iface: str, *, netns: str | None = None, name: str | None = None,
+              egress: bool = False, prio: int = TC_PRIO) -> bool:
+    """Remove the filter at `prio` from `iface`'s ingress (or egress; with
+    `name`, only if its program has that name), then the clsact qdisc if no
+    filter is left under it. Returns whether a filter was removed."""
     from pyroute2.netlink.exceptions import NetlinkError
 
-    current = tc_attachment(iface, netns=netns)
+    current = tc_attachment(iface, netns=netns, egress=egress, prio=prio)
     if current is None or (name is not None and current.name != name):
         return False
     index = _index(iface, netns)
     with contextlib.closing(_ipr(netns)) as ipr:
         try:
-            ipr.tc("del-filter", "bpf", index, handle=TC_HANDLE, prio=TC_PRIO,
-                   parent=TC_H_INGRESS)
+            ipr.tc("del-filter", "bpf", index, handle=TC_HANDLE, prio=prio,
+                   parent=TC_H_EGRESS if egress else TC_H_INGRESS)
         except NetlinkError as e:
             if e.code != errno.ENOENT:
                 raise TcError(f"cannot remove tc program {current.name} from {iface}: "

@@ -58,8 +58,6 @@ SOURCE = "lab/swml_loss.c"
 XDP_PROG, INGRESS_PROG, EGRESS_PROG = "swml_loss_xdp", "swml_loss_ingress", "swml_loss_egress"
 DIRECTIONS = ("up", "down")
 COUNTERS = ("seen", "dropped", "duplicated", "passed", "bad", "bursts", "drop_runs")
-TC_INGRESS_PARENT = "ffff:fff2"   # clsact's ingress and egress hooks (bench/tcp_loss.py's)
-TC_EGRESS_PARENT = "ffff:fff3"
 # The injector's tc filters sit after the lab's queue steering (bpf.TC_PRIO,
 # lab/steering.py) on a bridge port's ingress: a copy it makes is then steered.
 TC_PRIO = bpf.TC_PRIO + 1
