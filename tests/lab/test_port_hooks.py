@@ -8,15 +8,13 @@ GSO skbs. `swml-lab bench --port-hooks boxes` measures on such a lab
 leaves one up."""
 from __future__ import annotations
 
-import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
 from clis import LAB_CLI
-from lab_jobs import K, run_job, skip_without_afxdp
+from lab_jobs import K, run_job, skip_without_afxdp, tcp_stream
 from requires import NO_LAB
 
 pytestmark = pytest.mark.skipif(bool(NO_LAB), reason=f"lab tests: {NO_LAB}")
@@ -62,36 +60,7 @@ def test_every_send_path_reaches_the_box_and_back(lab, monkeypatch, backend, udp
 
 def test_a_tcp_stream_between_workers_gets_through(lab):
     """Gloo's path: a worker's TCP segments cross the hook-less bridge."""
-    from switchml_xdp.lab.cluster import run_ranks
-
-    server_ip = lab.workers[1].ip
-
-    def body(rank, host):
-        if rank == 1:
-            with socket.socket() as srv:
-                srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                srv.bind((server_ip, TCP_PORT))
-                srv.listen(1)
-                srv.settimeout(30)
-                conn, _ = srv.accept()
-                got = 0
-                with conn:
-                    while chunk := conn.recv(1 << 20):
-                        got += len(chunk)
-                return got
-        for _ in range(100):             # until the peer listens
-            try:
-                c = socket.create_connection((server_ip, TCP_PORT), timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("the peer never listened")
-        with c:
-            c.sendall(b"\x5a" * TCP_BYTES)
-        return TCP_BYTES
-
-    assert run_ranks(lab, lab.workers, body, timeout=60) == [TCP_BYTES, TCP_BYTES]
+    assert tcp_stream(lab, TCP_PORT, TCP_BYTES) == [TCP_BYTES, TCP_BYTES]
 
 
 def test_swml_lab_up_builds_such_a_lab_and_a_handle_on_it_knows():

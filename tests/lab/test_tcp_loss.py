@@ -5,11 +5,9 @@ loss injector's filters, which stay; it drops TCP and counts it both ways,
 passes everything at 0, and leaves the injector in place when it goes."""
 from __future__ import annotations
 
-import socket
-import time
-
 import pytest
 
+from lab_jobs import tcp_stream
 from requires import NO_LAB
 
 pytestmark = pytest.mark.skipif(bool(NO_LAB), reason=f"lab tests: {NO_LAB}")
@@ -19,37 +17,7 @@ TCP_BYTES = 4 << 20
 
 
 def stream(lab) -> list:
-    """TCP_BYTES from worker 0 to worker 1; what each end saw."""
-    from switchml_xdp.lab.cluster import run_ranks
-
-    server_ip = lab.workers[1].ip
-
-    def body(rank, host):
-        if rank == 1:
-            with socket.socket() as srv:
-                srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                srv.bind((server_ip, TCP_PORT))
-                srv.listen(1)
-                srv.settimeout(60)
-                conn, _ = srv.accept()
-                got = 0
-                with conn:
-                    while chunk := conn.recv(1 << 20):
-                        got += len(chunk)
-                return got
-        for _ in range(200):             # until the peer listens
-            try:
-                c = socket.create_connection((server_ip, TCP_PORT), timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("the peer never listened")
-        with c:
-            c.sendall(b"\x5a" * TCP_BYTES)
-        return TCP_BYTES
-
-    return run_ranks(lab, lab.workers, body, timeout=120)
+    return tcp_stream(lab, TCP_PORT, TCP_BYTES)
 
 
 def test_the_tcp_dropper_sits_before_the_injector_drops_tcp_and_leaves_it_alone():

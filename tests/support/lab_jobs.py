@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,38 @@ def xdp_and_userspace_boxes(lab, xdp_args=(), userspace_args=()):
     with SwitchProcess(lab, list(xdp_args), box=0) as xdp, \
             SwitchProcess(lab, ["--dataplane", "userspace", *userspace_args], box=1) as userspace:
         yield xdp, userspace
+
+
+def tcp_stream(lab, port: int, nbytes: int, timeout: float = 60.0) -> list[int]:
+    """`nbytes` over TCP from worker 0 to worker 1 at `port` (Gloo's path
+    through the lab); what each end counted: [sent, received]."""
+    from switchml_xdp.lab.cluster import run_ranks
+
+    server_ip = lab.workers[1].ip
+
+    def body(rank, host):
+        if rank == 1:
+            with socket.socket() as srv:
+                srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                srv.bind((server_ip, port))
+                srv.listen(1)
+                srv.settimeout(timeout)
+                conn, _ = srv.accept()
+                got = 0
+                with conn:
+                    while chunk := conn.recv(1 << 20):
+                        got += len(chunk)
+                return got
+        for _ in range(200):             # until the peer listens
+            try:
+                c = socket.create_connection((server_ip, port), timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("the peer never listened")
+        with c:
+            c.sendall(b"\x5a" * nbytes)
+        return nbytes
+
+    return run_ranks(lab, lab.workers[:2], body, timeout=2 * timeout)
