@@ -20,6 +20,8 @@
  *     switchml_xdp.client.window.WindowPolicy.as_tuple(); key and
  *     seq_base the join's; dst_* the switch: RESULTs come only from there)
  *     .wake()                      a running allreduce reads the abort flag now
+ *     .rebind(queue)               between calls: the AF_XDP socket moves to that
+ *                                   rx queue (port.h, swml_port_rebind)
  *     .allreduce(array, op, tag, fmt, shard=0) -> status  whole tensor, GIL
  *                                   released; OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
  *                                   fmt SWML_FMT_INT16: the 16-bit format,
@@ -62,6 +64,8 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <net/if.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -81,6 +85,8 @@ typedef struct {
 	int wake_fd; /* an eventfd: wake() ends a running call's sleep (stream.h) */
 	int open;
 	int busy;
+	char ifname[IF_NAMESIZE]; /* the AF_XDP socket's interface and map (rebind) */
+	int xskmap_fd;
 } EngineObject;
 
 /* ------------------------------------------------------------ buffer helpers */
@@ -811,6 +817,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 		PyErr_Format(PyExc_OSError, "%s", err);
 		return -1;
 	}
+	snprintf(self->ifname, sizeof self->ifname, "%s", ifname);
+	self->xskmap_fd = xskmap_fd;
 	if (swml_stream_init(&self->stream, &cfg, &self->port)) {
 		swml_port_close(&self->port);
 		PyBuffer_Release(&self->abort_buf);
@@ -1009,6 +1017,38 @@ static PyObject *Engine_wake(EngineObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+/* rebind(queue): between calls, the AF_XDP socket moves to rx queue
+ * `queue` (port.h, swml_port_rebind); OSError where it cannot (the old one
+ * kept). */
+static PyObject *Engine_rebind(EngineObject *self, PyObject *args)
+{
+	unsigned int queue;
+	char err[256];
+	int ret;
+
+	if (!PyArg_ParseTuple(args, "I", &queue))
+		return NULL;
+	if (!self->open || self->busy) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"the socket moves between calls of an open engine only");
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	ret = swml_port_rebind(&self->port, self->ifname, queue, self->xskmap_fd, err, sizeof err);
+	Py_END_ALLOW_THREADS
+	if (ret) {
+		errno = -ret;
+		if (!self->port.xsk.xsk) { /* no socket at all: nothing left to stream over */
+			engine_close(self);
+			PyErr_Format(PyExc_OSError, "%s: the engine is closed", err);
+		} else {
+			PyErr_Format(PyExc_OSError, "%s", err);
+		}
+		return NULL;
+	}
+	Py_RETURN_NONE;
+}
+
 static PyObject *Engine_get_next_index(EngineObject *self, void *closure)
 {
 	return PyLong_FromUnsignedLongLong(self->stream.next_index);
@@ -1050,6 +1090,8 @@ static PyMethodDef Engine_methods[] = {
 	 "Slots that were still waiting for a result when the last allreduce failed."},
 	{"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters as a dict."},
 	{"close", (PyCFunction)Engine_close, METH_NOARGS, "Close the socket and free the UMEM."},
+	{"rebind", (PyCFunction)Engine_rebind, METH_VARARGS,
+	 "rebind(queue): between calls, move the AF_XDP socket to that rx queue."},
 	{"wake", (PyCFunction)Engine_wake, METH_NOARGS,
 	 "End a running allreduce's sleep now, so that it reads the abort flag (set it first)."},
 	{NULL}};

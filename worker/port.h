@@ -48,6 +48,7 @@ struct swml_port {
 	int strays_open;             /* an XSK receives and the UDP socket is open beside it */
 	int strays_armed;            /* read the UDP socket when the XSK ring is empty */
 	uint64_t strays;             /* RESULTs of the job read there (swml_port_stray_result) */
+	int udp_tx;                  /* the cfg's: copy mode may send through the UDP socket */
 };
 
 /* How to open a port: an AF_XDP socket (xskmap_fd >= 0, on ifname's queue),
@@ -67,6 +68,14 @@ struct swml_port_cfg {
 /* 0, or -errno with a message in err; nothing is left open on failure. */
 int swml_port_open(struct swml_port *p, const struct swml_port_cfg *cfg, char *err, size_t errlen);
 void swml_port_close(struct swml_port *p);
+
+/* Between calls: the AF_XDP socket moved to rx queue `queue` of ifname (the
+ * old UMEM and socket closed, which takes them out of xskmap_fd; new ones
+ * there, inserted at that queue). 0, or -errno with a message in err: the
+ * socket is back on its old queue, or where that failed too, the port has
+ * no AF_XDP socket (p->xsk.xsk NULL) and must be closed. */
+int swml_port_rebind(struct swml_port *p, const char *ifname, uint32_t queue, int xskmap_fd,
+		     char *err, size_t errlen);
 
 static inline int swml_port_fd(const struct swml_port *p)
 {

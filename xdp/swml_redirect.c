@@ -11,22 +11,28 @@
  *   q < SWML_LANES), IP destination the worker's own address (a unicast
  *   shadow reply) or the job's multicast group, IP source the switch's
  *   address and UDP source port the switch's, swml header present with
- *   ver_type RESULT, arrived on rx queue q            -> XSKMAP[q]
+ *   ver_type RESULT, arrived on lane q's rx queue      -> XSKMAP[that queue]
  *   the same on another rx queue                      -> XDP_PASS, counted
  *   anything else                                     -> XDP_PASS
  *
  * What is passed goes to the kernel stack, where the backend's socket that
- * holds the port (switchml_xdp/client/port.py) takes it and nobody reads it: a
- * forged RESULT never reaches the engine.
+ * holds the port (switchml_xdp/client/port.py) takes it; the engine reads
+ * that socket too, and takes only RESULTs from the switch's address and
+ * port with a valid authenticator from it, as from its AF_XDP socket.
  *
- * Lane q's engine binds rx queue q, and an AF_XDP socket takes frames from
- * its own queue alone: the NIC must steer port + q to queue q (an ntuple
- * rule; the lab's bridge does it, xdp/lab/swml_steer.c). A RESULT that
- * arrives on another queue can reach no socket: it is passed and counted as
- * misqueued, and a call that stalls on it says so (afxdp_backend.py). The
- * redirect falls back to XDP_PASS when no socket sits at the queue, so a
- * frame is never lost to a missing socket. The engine checks source, job id,
- * length, seq, tag and op itself.
+ * Lane q's engine binds rx queue q at first, and an AF_XDP socket takes
+ * frames from its own queue alone: the NIC should steer port + q to queue q
+ * (an ntuple rule; the lab's bridge does it, xdp/lab/swml_steer.c). A RESULT
+ * that arrives on another queue can reach no socket: it is passed, counted
+ * as misqueued, and the queue it came in on is kept in misqueued_on; the
+ * engine reads it from the port's socket (worker/port.h), and between calls
+ * the backend moves the lane's socket to that queue where no other lane's
+ * socket is, saying so in lane_queue (afxdp_backend.py, follow_results):
+ * RSS puts a flow on one queue, so with no rule at all a lane's RESULTs
+ * come to its socket from its second call on. The redirect falls back to
+ * XDP_PASS when no socket sits at the queue, so a frame is never lost to a
+ * missing socket. The engine checks source, job id, length, seq, tag and op
+ * itself.
  *
  * Specialised at load time by compiler defines, what a worker knows before
  * it joins its job:
@@ -66,7 +72,7 @@
 /* Rows of rx_counters. */
 #define SWML_RX_REDIRECTED 0 /* handed to XSKMAP (the socket may still drop it) */
 #define SWML_RX_PASSED 1     /* everything else, the misqueued too */
-#define SWML_RX_MISQUEUED 2  /* a lane's RESULT on another lane's rx queue: passed */
+#define SWML_RX_MISQUEUED 2  /* a lane's RESULT on another rx queue than its socket's: passed */
 #define SWML_RX_NUM 3
 
 /* Where this worker's RESULTs come from: written once, after the join. */
@@ -80,6 +86,10 @@ struct swml_redirect_peer {
 BPF_XSKMAP(xsks, SWML_XSKS);
 BPF_ARRAY(peer, struct swml_redirect_peer, 1);
 BPF_PERCPU_ARRAY(rx_counters, u64, SWML_RX_NUM);
+/* A lane's socket's queue + 1 where the backend moved it (0: queue q, lane q's own). */
+BPF_ARRAY(lane_queue, u32, SWML_LANES);
+/* The queue + 1 a lane's last misqueued RESULT came in on (0: none since the backend looked). */
+BPF_ARRAY(misqueued_on, u32, SWML_LANES);
 
 static __always_inline void swml_rx_count(u32 row)
 {
@@ -95,7 +105,7 @@ int swml_redirect(struct xdp_md *ctx)
 	struct iphdr *ip = 0;
 	struct udphdr *udp = 0;
 	struct swml_hdr *h;
-	u32 zero = 0, lane;
+	u32 zero = 0, lane, queue, *moved, *on;
 	struct swml_redirect_peer *from = peer.lookup(&zero);
 
 	if (!from || !from->switch_ip)
@@ -113,12 +123,17 @@ int swml_redirect(struct xdp_md *ctx)
 	h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end || h->ver_type != ((SWML_VERSION << 4) | SWML_TYPE_RESULT))
 		goto pass;
-	if (lane != ctx->rx_queue_index) {
+	moved = lane_queue.lookup(&lane);
+	queue = moved && *moved ? *moved - 1 : lane;
+	if (queue != ctx->rx_queue_index) {
+		on = misqueued_on.lookup(&lane);
+		if (on)
+			*on = ctx->rx_queue_index + 1;
 		swml_rx_count(SWML_RX_MISQUEUED);
 		goto pass;
 	}
 	swml_rx_count(SWML_RX_REDIRECTED);
-	return xsks.redirect_map(lane, XDP_PASS);
+	return xsks.redirect_map(queue, XDP_PASS);
 
 pass:
 	swml_rx_count(SWML_RX_PASSED);

@@ -9,7 +9,7 @@ joins, so the join's barrier finds every rank a few milliseconds from
 streaming), tell it the switch's data address and port and the job's
 multicast group from the join's reply (set_peer), attach it to the worker's
 interface (native XDP, generic if the driver has none), and open the
-engine: a UMEM plus an AF_XDP socket on queue 0 (zero-copy where the driver
+engine: a UMEM plus an AF_XDP socket on queue 0 at first (zero-copy where the driver
 has it, else copy mode), inserted into the program's XSKMAP. From then on
 the switch's RESULTs for this worker land in the socket's rx ring and
 everything else still goes to the kernel stack. In copy mode the DATA goes
@@ -26,8 +26,12 @@ A RESULT that the NIC puts on another receive queue than its lane's socket
 (RSS on a NIC of several queues, with no ntuple rule for the port) cannot
 reach that socket: the redirect program passes it to the stack, counted
 (xdp_misqueued), and the engine reads it from the port's UDP socket
-(stats' stray_results, worker/port.h). The call goes on at the stack's
-cost; a verbose worker says once how to steer the port for AF_XDP's.
+(stats' stray_results, worker/port.h), so the call goes on at the stack's
+cost. After the call the lane's socket moves to the queue they came in on,
+where no other lane's is (follow_results): RSS keeps a flow on one queue,
+so from the next call on they come through AF_XDP. A verbose worker says
+what moved, or once that RESULTs keep taking the stack, and which ntuple
+rule would bring them to AF_XDP.
 
 The calls, the abort and the counters are engine_backend.py's. The streaming
 rules, packet format and quantization are those of the udp backend (plans.py,
@@ -91,6 +95,22 @@ def set_peer(prog: bpf.Program, switch_ip: str, switch_port: int, group_ip: str)
                                      switch_port=socket.htons(switch_port))
 
 
+def move_lane(prog: bpf.Program, lane: int, queue: int) -> None:
+    """Tell the redirect program that lane `lane`'s socket is on rx queue `queue`."""
+    table = prog.table("lane_queue")
+    table[table.Key(lane)] = table.Leaf(queue + 1)
+
+
+def take_misqueued_on(prog: bpf.Program, lane: int) -> int | None:
+    """The rx queue lane `lane`'s last misqueued RESULT came in on since the
+    last look (None: none came), and look no more at it."""
+    table = prog.table("misqueued_on")
+    on = table[table.Key(lane)].value
+    if on:
+        table[table.Key(lane)] = table.Leaf(0)
+    return on - 1 if on else None
+
+
 def copy_mode_sends(sock, switch_ip: str, switch_port: int, local_ip: str, iface: str) -> bool:
     """Whether the engine sends through the port's UDP socket `sock` while
     its AF_XDP socket is in copy mode (worker/port.h; the engine decides,
@@ -138,6 +158,8 @@ class AfxdpBackend(EngineBackend):
             self.where += f" queues 0-{info.lanes - 1}"
         self._port_socks: list = []
         self._strays_told = False   # the verbose note on strays, once
+        self._strays_seen = 0       # stray_results after the last call
+        self._queues = list(range(info.lanes))   # lane q's socket's rx queue
         self._prog: bpf.Program | None = prog
         self._link: bpf.XdpLink | None = None
         try:
@@ -250,21 +272,61 @@ class AfxdpBackend(EngineBackend):
         try:
             super().allreduce(flat, call)
         finally:
-            if self.verbose and not self._strays_told and self._engines and self._strays():
-                self._strays_told = True
-                print(f"switchml-xdp: {self._misqueue_reason(self._misqueued())}; they reach "
-                      "the engine through the kernel's UDP path, slower than AF_XDP's",
-                      file=sys.stderr)
+            with self._call_lock:     # between calls: close() waits, no call runs
+                if not self._closed and self._prog is not None:
+                    moved = self.follow_results()
+                    self._tell_strays(moved)
+
+    def follow_results(self) -> list[int]:
+        """Between calls: the lanes whose RESULTs came in on another rx
+        queue than their sockets' have them moved to that queue, where no
+        other lane's socket is (the redirect program kept the queue,
+        misqueued_on); the lanes moved."""
+        moved = []
+        for lane, engine in enumerate(self._engines):
+            queue = take_misqueued_on(self._prog, lane)
+            if queue is None or queue in self._queues:
+                continue
+            where = (f"the RESULTs of port {self.info.port + lane} come in on receive queue "
+                     f"{queue} of {self.iface}")
+            try:
+                engine.rebind(queue)
+            except OSError as e:
+                if self.verbose:
+                    print(f"switchml-xdp: {where}, where its AF_XDP socket cannot move: {e}",
+                          file=sys.stderr)
+                continue
+            move_lane(self._prog, lane, queue)
+            if self.verbose:
+                print(f"switchml-xdp: {where}: its AF_XDP socket moved there from queue "
+                      f"{self._queues[lane]}", file=sys.stderr)
+            self._queues[lane] = queue
+            moved.append(lane)
+        return moved
+
+    def _tell_strays(self, moved: list[int]) -> None:
+        """Once, where verbose: RESULTs of a call came through the stack and
+        no socket could move to them (another lane's socket holds their queue)."""
+        if not self.verbose or self._strays_told or not self._engines:
+            return
+        strays = self._strays()
+        grew, self._strays_seen = strays > self._strays_seen, strays
+        if grew and not moved:
+            self._strays_told = True
+            print(f"switchml-xdp: {self._misqueue_reason(self._misqueued())}; they reach "
+                  "the engine through the kernel's UDP path, slower than AF_XDP's",
+                  file=sys.stderr)
 
     def _misqueue_reason(self, misqueued: int) -> str:
         """`misqueued` RESULTs came in on the wrong receive queue: what the
         NIC must do about it, in one line."""
         iface, port, lanes = self.iface, self.info.port, self.info.lanes
         if lanes == 1:
-            return (f"{misqueued} RESULT(s) came in on a receive queue of {iface} other than 0, "
-                    f"where the engine's socket is: steer port {port} there (`ethtool -N {iface} "
-                    f"flow-type udp4 dst-port {port} action 0`) or give it one queue (`ethtool -L "
-                    f"{iface} combined 1`)")
+            queue = self._queues[0]
+            return (f"{misqueued} RESULT(s) came in on a receive queue of {iface} other than "
+                    f"{queue}, where the engine's socket is: steer port {port} there (`ethtool -N "
+                    f"{iface} flow-type udp4 dst-port {port} action {queue}`) or give it one queue "
+                    f"(`ethtool -L {iface} combined 1`)")
         return (f"{misqueued} RESULT(s) came in on the wrong receive queue of {iface}: lane q's "
                 f"port {port}+q must come in on queue q (`ethtool -N {iface} flow-type udp4 "
                 f"dst-port {port}+q action q` for q in 0..{lanes - 1})")

@@ -164,6 +164,36 @@ def test_a_lane_s_result_on_another_queue_is_passed_and_counted_misqueued(lanes_
         "redirected": 0, "passed": 1, "misqueued": 1}
 
 
+def test_a_misqueued_result_leaves_the_queue_it_came_in_on(lanes_rx):
+    """What the backend moves the lane's socket to, between calls
+    (afxdp_backend.follow_results); read once."""
+    from switchml_xdp.client.afxdp_backend import take_misqueued_on
+
+    prog = lanes_rx[0].prog
+    take_misqueued_on(prog, 0)
+    run_on_queue(lanes_rx, lane_result(0), 2)
+    run_on_queue(lanes_rx, lane_result(0), 3)
+    assert take_misqueued_on(prog, 0) == 3
+    assert take_misqueued_on(prog, 0) is None
+
+
+def test_a_moved_lane_s_results_go_to_the_socket_of_its_new_queue(lanes_rx):
+    from switchml_xdp.client.afxdp_backend import move_lane, take_misqueued_on
+
+    prog = lanes_rx[0].prog
+    move_lane(prog, 1, 3)
+    try:
+        assert run_on_queue(lanes_rx, lane_result(1), 3) == {
+            "redirected": 1, "passed": 0, "misqueued": 0}
+        assert run_on_queue(lanes_rx, lane_result(1), 1) == {
+            "redirected": 0, "passed": 1, "misqueued": 1}
+        assert take_misqueued_on(prog, 1) == 1
+        # the other lanes stay where they were
+        assert run_on_queue(lanes_rx, lane_result(2), 2)["redirected"] == 1
+    finally:
+        move_lane(prog, 1, 1)
+
+
 def test_past_the_last_lane_s_port_is_not_the_job_s(lanes_rx):
     for port in (LOCAL.port - 1, LOCAL.port + LANES):
         frame = udp_frame(SWITCH, replace(LOCAL, port=port), swml())

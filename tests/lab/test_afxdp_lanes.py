@@ -78,13 +78,11 @@ def test_afxdp_lanes_reduce_exactly_each_on_its_own_queue(lab):
         assert all(lane["results"] > 0 for lane in lanes), lanes
 
 
-@pytest.mark.parametrize("lanes", [1, QUEUES])
-def test_results_on_other_queues_reach_the_engine_through_the_stack(lab, lanes, capfd):
-    """Port 48865 is odd: the lab puts its RESULTs on queue 1 (and port
-    48866's on queue 0), where no socket of their lane is, as RSS does on a
-    NIC with no ntuple rule for the port. The redirect program passes them
-    to the stack, the engines read them from their ports' UDP sockets: the
-    calls are exact, and a verbose worker says once what to steer."""
+def odd_port_job(lab, job: str, lanes: int) -> list:
+    """A 2-rank afxdp job at port 48865, which is odd: the lab puts its
+    RESULTs on queue 1 (and port 48866's on queue 0), not on lane 0's (and
+    lane 1's) queue, as RSS does on a NIC with no ntuple rule for the port.
+    Three calls, float32 and int32; rank 0 verbose. What each rank got."""
     from switchml_xdp import Worker
     from switchml_xdp.lab.cluster import run_ranks
 
@@ -94,24 +92,67 @@ def test_results_on_other_queues_reach_the_engine_through_the_stack(lab, lanes, 
     def rank_body(rank, host):
         with Worker(lab.switch.ip, job, rank, 2, backend="afxdp", verbose=rank == 0,
                     port=wire.DEFAULT_PORT + 1, stall_timeout=30.0, lanes=lanes) as w:
-            x, y = data[rank].copy(), ints[rank].copy()
-            for _ in range(2):      # the note comes once
+            x = data[rank].copy()
+            w.allreduce(x)
+            first = w.stats()
+            for _ in range(2):
                 y = ints[rank].copy()
                 w.allreduce(y)
-            w.allreduce(x)
-            return x, y, w.stats()
+            return x, y, first, w.stats()
 
-    job = job_name(f"afxdp-strays-{lanes}")
     results = run_ranks(lab, lab.workers, rank_body, timeout=120)
     expected = quant.simulate_allreduce(data, K)
-    for x, y, stats in results:
-        assert np.array_equal(y, ints[0] + ints[1])
+    for x, y, _, _ in results:
         assert np.array_equal(x.view(np.uint32), expected.view(np.uint32))
-        assert stats["xdp_misqueued"] > 0 and stats["stray_results"] > 0, stats
-        assert stats["xdp_redirected"] == 0, stats
+        assert np.array_equal(y, ints[0] + ints[1])
+    return [(first, last) for _, _, first, last in results]
+
+
+def test_a_lane_s_socket_moves_to_the_queue_its_results_come_in_on(lab, capfd):
+    """The first call's RESULTs all land on queue 1: passed to the stack,
+    the engine reads them from its port's socket; after it, the socket
+    moves to queue 1 and the next calls' come through AF_XDP."""
+    for first, last in odd_port_job(lab, job_name("afxdp-moves"), 1):
+        assert first["xdp_misqueued"] == first["stray_results"] > 0, first
+        assert first["xdp_redirected"] == 0, first
+        assert last["stray_results"] == first["stray_results"], last
+        assert last["xdp_misqueued"] == first["xdp_misqueued"], last
+        assert last["xdp_redirected"] > 0, last
+    err = capfd.readouterr().err
+    assert err.count("its AF_XDP socket moved there from queue 0") == 1, err
+    assert "the RESULTs of port 48865 come in on receive queue 1 of " in err, err
+    assert "kernel's UDP path" not in err, err
+
+
+def test_results_on_queues_no_socket_can_move_to_reach_the_engine_through_the_stack(lab, capfd):
+    """Two lanes at 48865: lane 0's RESULTs land on queue 1, lane 1's on
+    queue 0, each the other's socket's queue. Neither socket can move, so
+    every call's RESULTs take the stack, exact; rank 0 says so once."""
+    for first, last in odd_port_job(lab, job_name("afxdp-strays"), QUEUES):
+        assert first["xdp_misqueued"] == first["stray_results"] > 0, first
+        assert last["stray_results"] > first["stray_results"], last
+        assert last["xdp_redirected"] == 0, last
     err = capfd.readouterr().err
     assert err.count("RESULT(s) came in on") == 1, err
     assert "reach the engine through the kernel's UDP path" in err and "`ethtool -N " in err, err
+    assert "moved there" not in err, err
+
+
+def test_a_socket_that_cannot_move_stays_where_it_was(lab):
+    """Engine.rebind to a queue the interface lacks: OSError naming it, the
+    socket back on its queue, the next call exact through it."""
+    ints = [np.arange(N, dtype=np.int32) * (r + 1) for r in range(2)]
+
+    def body(rank, w):
+        with pytest.raises(OSError, match=r"queue 7: "):
+            w._backend._engines[0].rebind(7)
+        y = ints[rank].copy()
+        w.allreduce(y)
+        return y, w.stats()
+
+    for y, stats in reduce_in(lab, job_name("afxdp-no-move"), 1, body):
+        assert np.array_equal(y, ints[0] + ints[1])
+        assert stats["xdp_redirected"] > 0 and stats["stray_results"] == 0, stats
 
 
 def test_lanes_beyond_the_interface_s_queues_are_refused_at_the_start(lab):
