@@ -71,6 +71,7 @@ int swml_port_rebind(struct swml_port *p, const char *ifname, uint32_t queue, in
 	 * copied in. */
 	swml_xsk_close(&p->xsk);
 	p->rx_n = 0;
+	p->strays_armed = p->strays_come = 0; /* the poll says again whether any come */
 	ret = xsk_open_when_free(&p->xsk, ifname, queue, nframes, xskmap_fd, err, errlen);
 	if (ret &&
 	    xsk_open_when_free(&p->xsk, ifname, was, nframes, xskmap_fd, again, sizeof again)) {

@@ -21,7 +21,8 @@
  * over the stack's path instead of stalling. The socket is read when the
  * sleep's poll saw it readable, and after that whenever the XSK ring is empty
  * once a RESULT has come that way: a flow's RSS queue does not change, so
- * either none of a lane's RESULTs stray or all of them do.
+ * either none of a lane's RESULTs stray or all of them do, until the socket
+ * moves to their queue (swml_port_rebind), which starts the watch afresh.
  */
 #ifndef SWML_PORT_H
 #define SWML_PORT_H
@@ -47,7 +48,8 @@ struct swml_port {
 	enum swml_port_kind rx_from; /* where the last swml_port_rx read */
 	int strays_open;             /* an XSK receives and the UDP socket is open beside it */
 	int strays_armed;            /* read the UDP socket when the XSK ring is empty */
-	uint64_t strays;             /* RESULTs of the job read there (swml_port_stray_result) */
+	int strays_come;             /* a RESULT came that way since the socket was bound */
+	uint64_t strays;             /* RESULTs of the job read there (swml_port_result_seen) */
 	int udp_tx;                  /* the cfg's: copy mode may send through the UDP socket */
 };
 
@@ -141,7 +143,7 @@ static inline uint32_t swml_port_rx_strays(struct swml_port *p, const uint8_t **
 	uint32_t n = swml_udp_rx(&p->udp, frames, lens, SWML_PORT_RX_BATCH);
 
 	p->rx_from = SWML_PORT_UDP;
-	if (!n && !p->strays)
+	if (!n && !p->strays_come)
 		p->strays_armed = 0; /* no RESULT has come that way: back to the poll's word */
 	return n;
 }
@@ -150,8 +152,10 @@ static inline uint32_t swml_port_rx_strays(struct swml_port *p, const uint8_t **
  * swml_port_rx read: count it if they were strays. */
 static inline void swml_port_result_seen(struct swml_port *p)
 {
-	if (p->kind == SWML_PORT_XSK && p->rx_from == SWML_PORT_UDP)
+	if (p->kind == SWML_PORT_XSK && p->rx_from == SWML_PORT_UDP) {
 		p->strays++;
+		p->strays_come = 1;
+	}
 }
 
 /* Up to SWML_PORT_RX_BATCH received frames, valid until swml_port_rx_done(). */
