@@ -22,6 +22,7 @@
  *     .wake()                      a running allreduce reads the abort flag now
  *     .rebind(queue)               between calls: the AF_XDP socket moves to that
  *                                   rx queue (port.h, swml_port_rebind)
+ *     .stray_results               stats()["stray_results"], without the rest
  *     .allreduce(array, op, tag, fmt, shard=0) -> status  whole tensor, GIL
  *                                   released; OK/ABORTED/STALLED/DISAGREE/E2BIG/...;
  *                                   fmt SWML_FMT_INT16: the 16-bit format,
@@ -1074,6 +1075,13 @@ static int Engine_set_next_index(EngineObject *self, PyObject *value, void *clos
 	return 0;
 }
 
+/* stats()["stray_results"] alone: read after every call, where a whole
+ * stats() dict would cost more than the reading needs. */
+static PyObject *Engine_get_stray_results(EngineObject *self, void *closure)
+{
+	return PyLong_FromUnsignedLongLong(self->open ? self->port.strays : 0);
+}
+
 static PyObject *Engine_get_fd(EngineObject *self, void *closure)
 {
 	return PyLong_FromLong(self->open ? swml_port_fd(&self->port) : -1);
@@ -1100,6 +1108,8 @@ static PyGetSetDef Engine_getset[] = {
 	{"next_index", (getter)Engine_get_next_index, (setter)Engine_set_next_index,
 	 "packets of the job's life so far (settable between calls)"},
 	{"fd", (getter)Engine_get_fd, NULL, "the AF_XDP or UDP socket's fd (-1 when closed)"},
+	{"stray_results", (getter)Engine_get_stray_results, NULL,
+	 "RESULTs read from the port's UDP socket under the AF_XDP one (port.h)"},
 	{NULL}};
 
 static PyTypeObject EngineType = {

@@ -252,7 +252,7 @@ class AfxdpBackend(EngineBackend):
     def _strays(self) -> int:
         """RESULTs the engines read from their ports' UDP sockets: those the
         NIC put on another receive queue (worker/port.h)."""
-        return sum(engine.stats().get("stray_results", 0) for engine in list(self._engines))
+        return sum(engine.stray_results for engine in list(self._engines))
 
     def misroute_check(self):
         """RESULTs of this call that came in on another lane's queue and

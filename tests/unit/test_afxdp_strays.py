@@ -23,8 +23,9 @@ class FakeEngine:
     def __init__(self):
         self.strays, self.queue, self.refuse = 0, None, None
 
-    def stats(self) -> dict:
-        return {"stray_results": self.strays}
+    @property
+    def stray_results(self) -> int:
+        return self.strays
 
     def rebind(self, queue: int) -> None:
         if self.refuse:
